@@ -1,0 +1,80 @@
+"""Every environment variable walkserve reads, declared once and typed.
+
+Read a knob as ``env.WALKSERVE_CACHE_DIR.get()``. ``walkserve env`` (and
+docs/configuration.md) list them all with their defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+_REGISTRY: dict[str, _Knob] = {}
+
+
+@dataclass(frozen=True)
+class _Knob(Generic[T]):
+    name: str
+    default: T
+    kind: type
+    help: str
+
+    def get(self) -> T:
+        raw = os.environ.get(self.name)
+        if raw is None or raw == "":
+            return self.default
+        try:
+            if self.kind is bool:
+                return raw.strip().lower() in ("1", "true", "yes", "on")  # type: ignore[return-value]
+            if self.kind is Path:
+                return Path(raw).expanduser()  # type: ignore[return-value]
+            return self.kind(raw)
+        except ValueError:
+            raise ValueError(f"environment variable {self.name}={raw!r} is not a valid {self.kind.__name__}") from None
+
+
+def _knob(name: str, default, kind: type, help: str) -> _Knob:
+    knob = _Knob(name, default, kind, help)
+    _REGISTRY[name] = knob
+    return knob
+
+
+def all_knobs() -> list[_Knob]:
+    return sorted(_REGISTRY.values(), key=lambda k: k.name)
+
+
+WALKSERVE_CACHE_DIR = _knob(
+    "WALKSERVE_CACHE_DIR",
+    Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "walkserve",
+    Path,
+    "Where generated tiny checkpoints (the embedded demo model) are written.",
+)
+WALKSERVE_RUNTIME_DIR = _knob(
+    "WALKSERVE_RUNTIME_DIR",
+    None,
+    Path,
+    "Parent of the private 0700 directory that holds a run's IPC sockets (default: the system temp dir).",
+)
+WALKSERVE_SHM_INLINE_BYTES = _knob(
+    "WALKSERVE_SHM_INLINE_BYTES",
+    256 * 1024,
+    int,
+    "Tensors up to this size travel inside the control message; larger ones through shared memory.",
+)
+WALKSERVE_WORKER_THREADS = _knob(
+    "WALKSERVE_WORKER_THREADS",
+    0,
+    int,
+    "torch intra-op threads per CPU worker process (0 = share the machine's cores among the workers).",
+)
+WALKSERVE_START_TIMEOUT_S = _knob(
+    "WALKSERVE_START_TIMEOUT_S",
+    300.0,
+    float,
+    "How long the runtime waits for its worker processes to load their components.",
+)
+WALKSERVE_LOG_LEVEL = _knob("WALKSERVE_LOG_LEVEL", "INFO", str, "Log level of every walkserve process.")

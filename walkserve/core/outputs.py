@@ -1,0 +1,40 @@
+"""What a request yields to its caller."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from walkserve.core.finish import FinishReason
+from walkserve.core.ids import RequestId
+from walkserve.core.request import Value
+
+
+@dataclass(frozen=True)
+class OutputEvent:
+    """One piece of output for the client.
+
+    ``modality`` is the client edge's modality (text, audio, image, video,
+    action, latent). ``iteration`` is the iteration path of the producing node
+    (loop indices, outermost first; the chunk index for a stream consumer), so
+    outputs of one modality can be put in order. ``data`` is the tensor as an
+    ArrayData (token ids for text, float PCM for audio, uint8 HWC for images).
+    """
+
+    request_id: RequestId
+    modality: str
+    walk: str
+    node: str
+    iteration: tuple[int, ...]
+    data: Value
+    index: int = 0  # per-request, per-modality sequence number, from 0
+
+
+@dataclass(frozen=True)
+class RequestFinished:
+    """The last event of a request."""
+
+    request_id: RequestId
+    reason: FinishReason
+    error: str | None = None
+    usage: dict = field(default_factory=dict)  # counters: prompt_tokens, completion_tokens, steps ...
+    timings: dict = field(default_factory=dict)  # seconds: queue, first_output, total ...

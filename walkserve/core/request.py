@@ -1,0 +1,41 @@
+"""What a request is, as the conductor and the workers see it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from walkserve.core.array import ArrayData
+from walkserve.core.ids import RequestId, new_request_id
+from walkserve.core.sampling import SamplingParams
+
+# A value that can cross the conductor: an array, or a small msgpack-able scalar/list/str.
+Value = ArrayData | int | float | str | bool | list | None
+
+
+@dataclass
+class RequestSpec:
+    """One request to a model.
+
+    ``inputs`` holds the request's named inputs (token ids, pixels, audio, a
+    voice name ...) that the model's state machine turns into walk inputs.
+    ``task`` and ``modalities`` let the state machine choose the first walk.
+    ``params`` holds model-specific settings (horizon, steps, voice ...).
+    """
+
+    inputs: dict[str, Value]
+    task: str = "generate"
+    modalities: tuple[str, ...] = ("text",)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    params: dict[str, Any] = field(default_factory=dict)
+    id: RequestId = field(default_factory=new_request_id)
+    arrival_time: float = field(default_factory=time.time)
+
+    def param(self, name: str, default: Any = None) -> Any:
+        """A request parameter by name: ``params`` first, then sampling fields."""
+        if name in self.params:
+            return self.params[name]
+        if hasattr(self.sampling, name):
+            return getattr(self.sampling, name)
+        return default

@@ -1,0 +1,1 @@
+"""Engines run the nodes of one component on one rank: KV-cache, stateless, null."""

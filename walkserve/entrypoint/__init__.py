@@ -1,0 +1,1 @@
+"""The in-process Python API: start a model on a placement, submit requests, iterate outputs."""

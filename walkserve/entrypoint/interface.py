@@ -1,0 +1,75 @@
+"""EngineClient: what the HTTP server (and any embedding program) needs from a running model."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from walkserve.core.outputs import OutputEvent, RequestFinished
+from walkserve.core.request import RequestSpec
+from walkserve.models.processor import ModelCard, Processor
+
+
+@dataclass(frozen=True)
+class Health:
+    """``ok`` only when every worker is alive and the runtime is accepting requests."""
+
+    ok: bool
+    state: str  # "starting" | "ready" | "degraded" | "draining" | "stopped"
+    detail: str = ""
+    workers: dict[int, bool] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RuntimeStats:
+    """A snapshot for /metrics. Counters only grow; gauges are current values."""
+
+    running: int = 0
+    waiting: int = 0
+    finished: int = 0
+    failed: int = 0
+    aborted: int = 0
+    rejected: int = 0
+    preemptions: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    # per node: {"batches": n, "items": n, "busy_s": s} (mean batch size = items / batches)
+    nodes: dict[str, dict[str, float]] = field(default_factory=dict)
+    # per engine/component extra gauges
+    engines: dict[str, dict[str, float]] = field(default_factory=dict)
+    requests_with_state: int = 0
+
+
+class EngineClient(ABC):
+    """A running model.
+
+    ``generate`` admits a request and yields its OutputEvents in production
+    order, then exactly one RequestFinished; it raises AdmissionRejected when
+    the running set and the waiting queue are full. Breaking out of the
+    iteration (or cancelling the task) aborts the request and frees its state.
+    """
+
+    @property
+    @abstractmethod
+    def processor(self) -> Processor: ...
+
+    @property
+    def card(self) -> ModelCard:
+        return self.processor.card()
+
+    @abstractmethod
+    def generate(self, request: RequestSpec) -> AsyncIterator[OutputEvent | RequestFinished]: ...
+
+    @abstractmethod
+    async def abort(self, request_id: str) -> None: ...
+
+    @abstractmethod
+    def health(self) -> Health: ...
+
+    @abstractmethod
+    def stats(self) -> RuntimeStats: ...
+
+    @abstractmethod
+    async def shutdown(self) -> None:
+        """Stop accepting, let running requests finish (up to a grace period), stop every process."""

@@ -1,0 +1,83 @@
+"""What a model family provides to the runtime (torch-free at import time).
+
+A Model is built in every process from a ModelRef (family name, checkpoint
+path, options): the conductor reads its graph and state machine, each worker
+builds only the components placed on its rank, the API server uses its
+processor (tokenizer, prompt format, media conversion).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from walkserve.graph.walk import WalkGraph
+
+if TYPE_CHECKING:
+    from walkserve.models.processor import Processor
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """How to build a model anywhere: registry family, checkpoint directory, options. Crosses processes."""
+
+    family: str
+    path: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """Where a component is being built: the rank, its device (``cpu``, ``cuda:0``) and dtype name."""
+
+    rank: int
+    device: str
+    dtype: str = "float32"
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    """One component of a model.
+
+    ``engine`` selects the engine kind that runs it ("kv", "stateless",
+    "null"). ``build(ctx)`` runs in the worker and returns what that engine
+    kind expects (for "kv" a paged-attention model, for "stateless" an object
+    with ``forward_batch``). ``weight_bytes`` and ``state_bytes`` feed the
+    placement's memory check. ``stateful`` components keep per-request state
+    between firings (a KV cache) and so cannot be split across ranks within
+    one request.
+    """
+
+    name: str
+    engine: str
+    build: Callable[[BuildContext], Any]
+    weight_bytes: int = 0
+    state_bytes: int = 0
+    stateful: bool = False
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Model(ABC):
+    """A model family instance: graph, components, processor, default placement."""
+
+    ref: ModelRef
+
+    @abstractmethod
+    def graph(self) -> WalkGraph:
+        """The walks and the state machine (pure; cheap to build)."""
+
+    @abstractmethod
+    def components(self) -> dict[str, ComponentSpec]:
+        """Every component the graph's nodes name, by component name."""
+
+    def processor(self) -> Processor | None:
+        """The frontend's request/response converter; None for models used only in-process."""
+        return None
+
+    def default_placement(self) -> dict:
+        """A placement (same schema as the YAML file) used when none is given: all nodes on rank 0."""
+        names = self.graph().node_names()
+        return {"ranks": [{"id": 0, "device": "cpu"}], "nodes": [{"nodes": names, "ranks": [0]}]}

@@ -1,0 +1,71 @@
+"""The frontend side of a model: from API payloads to RequestSpec, from outputs to text/audio.
+
+Torch-free: it runs in the API server process.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from walkserve.core.request import RequestSpec
+from walkserve.core.sampling import SamplingParams
+
+# Capabilities a model card may list; the API answers 400 for routes whose capability is missing.
+CAPABILITIES = ("completions", "chat", "speech", "audio_out", "image_in", "audio_in", "images", "image_edit", "generate")
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """What the API tells clients about the served model (``/v1/models``) and what it checks against."""
+
+    id: str
+    family: str
+    capabilities: frozenset[str]
+    max_context: int = 4096
+    voices: tuple[str, ...] = ()
+    default_voice: str | None = None
+    sample_rate: int | None = None  # audio output sample rate
+    random_weights: bool = False  # true for the embedded tiny demo checkpoints
+    description: str = ""
+    default_sampling: dict[str, Any] = field(default_factory=dict)
+
+
+class Detokenizer(ABC):
+    """Turns a growing list of token ids into text deltas without splitting multi-byte characters."""
+
+    @abstractmethod
+    def push(self, token_ids: list[int]) -> str:
+        """Add tokens; return the text that became final."""
+
+    @abstractmethod
+    def flush(self) -> str:
+        """End of stream: return whatever text remains."""
+
+
+class Processor(ABC):
+    """Converts protocol payloads into requests and outputs back, for one model.
+
+    ``build_request`` gets a ``task`` ("completion", "chat", "speech",
+    "image", "generate") and the already-parsed payload fields; it raises
+    ``InvalidRequest`` (with ``param``) for anything the model cannot take.
+    """
+
+    @abstractmethod
+    def card(self) -> ModelCard: ...
+
+    @abstractmethod
+    def build_request(
+        self, task: str, payload: dict[str, Any], sampling: SamplingParams, params: dict[str, Any]
+    ) -> RequestSpec: ...
+
+    def tokenize(self, text: str) -> list[int]:
+        raise NotImplementedError(f"{type(self).__name__} has no tokenizer")
+
+    def detokenizer(self, skip_special_tokens: bool = True) -> Detokenizer:
+        raise NotImplementedError(f"{type(self).__name__} has no tokenizer")
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        d = self.detokenizer(skip_special_tokens)
+        return d.push(token_ids) + d.flush()

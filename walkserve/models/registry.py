@@ -1,0 +1,40 @@
+"""Model families by name, imported lazily so a bare install imports nothing heavy."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from walkserve.core.errors import ConfigError
+from walkserve.models.base import Model, ModelRef
+
+# family -> "module:factory"; the factory takes a ModelRef and returns a Model.
+_FAMILIES: dict[str, str] = {}
+
+
+def register(family: str, target: str) -> None:
+    """Register ``family`` as ``"package.module:factory"`` (imported on first use)."""
+    _FAMILIES[family] = target
+
+
+def families() -> list[str]:
+    return sorted(_FAMILIES)
+
+
+def _resolve(target: str) -> Callable[[ModelRef], Model]:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def load_model(ref: ModelRef) -> Model:
+    """Build the model a ModelRef names. A ``module:factory`` family works without registration."""
+    target = _FAMILIES.get(ref.family)
+    if target is None and ":" in ref.family:
+        target = ref.family
+    if target is None:
+        raise ConfigError(f"unknown model family {ref.family!r} (known: {', '.join(families()) or 'none'})")
+    try:
+        factory = _resolve(target)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"model family {ref.family!r}: cannot import {target}: {e}") from None
+    return factory(ref)
