@@ -1,0 +1,1 @@
+"""Shared neural-network building blocks (torch): norms, rotary embeddings, attention, MLPs, MoE, sampling."""
