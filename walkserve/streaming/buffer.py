@@ -80,7 +80,7 @@ class StreamBuffer:
     def span(self, i: int) -> Span | None:
         return self.policy.span(i, self._n, self._ended)
 
-    def chunk(self, i: int) -> Chunk | None | _Exhausted:
+    def chunk(self, i: int) -> Chunk | _Exhausted | None:
         """Chunk ``i`` if it can be formed now; None if not yet; EXHAUSTED if never."""
         span = self.policy.span(i, self._n, self._ended)
         if span is None:

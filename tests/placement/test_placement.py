@@ -1,0 +1,91 @@
+"""Placement YAML: schema, per-walk entries, replicas, and errors that name the file and the entry."""
+
+from __future__ import annotations
+
+import pytest
+
+from walkserve.core.errors import PlacementError
+from walkserve.placement import load_placement, parse_placement
+
+WALKS = {"prefill": ["lm"], "decode": ["lm", "codec"]}
+
+
+def write(tmp_path, text):
+    p = tmp_path / "placement.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_per_walk_and_replicated_placement(tmp_path):
+    p = load_placement(
+        write(
+            tmp_path,
+            """
+ranks:
+  - {id: 0, device: cpu, memory: 2GiB}
+  - {id: 1, device: cuda:0}
+  - {id: 2, device: cuda:1, host: 10.0.0.2}
+nodes:
+  - {nodes: [lm], ranks: [0]}
+  - {nodes: [lm], ranks: [1], walks: [decode]}
+  - {nodes: [codec], ranks: [1, 2]}
+""",
+        )
+    )
+    p.check_covers(WALKS)
+    assert p.ranks_for("prefill", "lm") == (0,)
+    assert p.ranks_for("decode", "lm") == (1,)
+    assert p.ranks_for("decode", "codec") == (1, 2)
+    assert p.ranks[0].memory == 2 * 2**30 and p.ranks[2].remote and not p.ranks[0].remote
+    assert p.nodes_on(1, WALKS) == {("decode", "lm"), ("decode", "codec")}
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("ranks: [{id: 0}]\nnodes: [{nodes: [lm], ranks: [0]}]", r"placement.yaml: ranks\[0\]: rank 0 has no device"),
+        ("ranks: [{id: 0, device: tpu}]\nnodes: [{nodes: [lm], ranks: [0]}]", r"ranks\[0\]: device 'tpu'"),
+        ("ranks: [{id: 0, device: cpu}]\nnodes: [{nodes: [lm], ranks: [3]}]", r"nodes\[0\]: unknown rank 3"),
+        (
+            "ranks: [{id: 0, device: cpu}]\nnodes: [{nodes: [lm], ranks: [0]}, {nodes: [lm], ranks: [0]}]",
+            r"nodes\[1\]: node 'lm' is already placed for all walks \(conflicting entries\)",
+        ),
+        (
+            "ranks: [{id: 0, device: cpu}, {id: 0, device: cpu}]\nnodes: [{nodes: [lm], ranks: [0]}]",
+            r"ranks\[1\]: duplicate rank id 0",
+        ),
+        ("ranks: [{id: 0, device: cpu, memory: lots}]\nnodes: [{nodes: [lm], ranks: [0]}]", "memory 'lots'"),
+        ("ranks: [{id: 0, device: cpu}]\nnodes: [{nodes: [lm], rank: [0]}]", r"nodes\[0\]: unknown field"),
+        ("ranks: [{id: 0, device: cpu}]\nnodes: [{nodes: [lm], ranks: [0]}]\nextra: 1", "unknown top-level"),
+        ("ranks: [\n", "not valid YAML"),
+    ],
+)
+def test_errors_name_file_and_entry(tmp_path, text, match):
+    with pytest.raises(PlacementError, match=match):
+        load_placement(write(tmp_path, text))
+
+
+def test_coverage_errors():
+    p = parse_placement({"ranks": [{"id": 0, "device": "cpu"}], "nodes": [{"nodes": ["lm"], "ranks": [0]}]}, "p.yaml")
+    with pytest.raises(PlacementError, match="p.yaml: node 'codec' of walk 'decode' is not placed"):
+        p.check_covers(WALKS)
+    q = parse_placement({"ranks": [{"id": 0, "device": "cpu"}], "nodes": [{"nodes": ["lm", "codec", "snak"], "ranks": [0]}]}, "q.yaml")
+    with pytest.raises(PlacementError, match="q.yaml: unknown node 'snak'"):
+        q.check_covers(WALKS)
+    r = parse_placement(
+        {"ranks": [{"id": 0, "device": "cpu"}], "nodes": [{"nodes": ["lm", "codec"], "ranks": [0], "walks": ["dekode"]}]}, "r.yaml"
+    )
+    with pytest.raises(PlacementError, match="unknown walk 'dekode'"):
+        r.check_covers(WALKS)
+
+
+def test_memory_check_names_the_rank_and_the_parts():
+    p = parse_placement({"ranks": [{"id": 0, "device": "cpu", "memory": "1GiB"}], "nodes": [{"nodes": ["lm"], "ranks": [0]}]})
+    p.check_memory({0: [("weights of lm", 2**29), ("KV pool", 2**28)]})
+    with pytest.raises(PlacementError, match=r"rank 0 \(cpu\) needs 1.25 GiB .*weights of lm 0.50 GiB.*budget of 1.00 GiB"):
+        p.check_memory({0: [("weights of lm", 2**29), ("KV pool", 2**29 + 2**28)]})
+
+
+def test_missing_file():
+    with pytest.raises(PlacementError, match="cannot read placement file"):
+        load_placement("/nonexistent/placement.yaml")

@@ -1,0 +1,184 @@
+"""The placement file and the validated plan built from it.
+
+    ranks:                      # one worker process per rank
+      - id: 0
+        device: cpu             # cpu | cuda | cuda:N
+        memory: 16GiB           # optional budget for the memory check
+        host: 127.0.0.1         # optional; a rank on another host talks TCP
+      - id: 1
+        device: cuda:0
+    nodes:                      # node groups -> ranks
+      - nodes: [lm]
+        ranks: [0]
+        walks: [prefill]        # optional: only for these walks (disaggregation)
+      - nodes: [lm]
+        ranks: [1]
+        walks: [decode]
+      - nodes: [snac]
+        ranks: [1]              # several ranks = replicas; requests are spread over them
+
+An entry with ``walks`` overrides an entry without for those walks; two
+entries that place the same node for the same walk conflict. Loading against
+a model checks that every node of every walk is placed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from walkserve.core.errors import PlacementError
+
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(value: Any, where: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    m = _SIZE.match(str(value))
+    if not m:
+        raise PlacementError(f"{where}: memory {value!r} is not a size like 16GiB or 8000000000")
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "B").lower()])
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    id: int
+    device: str
+    host: str | None = None
+    memory: int | None = None  # bytes
+
+    @property
+    def remote(self) -> bool:
+        return self.host not in (None, "localhost", "127.0.0.1", "::1")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Validated placement: ranks and, per (walk, node), the ranks that may run it."""
+
+    source: str
+    ranks: dict[int, RankSpec]
+    # (walk, node) -> ranks; walk None = every walk not listed explicitly
+    entries: dict[tuple[str | None, str], tuple[int, ...]] = field(default_factory=dict)
+
+    def ranks_for(self, walk: str, node: str) -> tuple[int, ...]:
+        ranks = self.entries.get((walk, node)) or self.entries.get((None, node))
+        if not ranks:
+            raise PlacementError(f"{self.source}: node {node!r} of walk {walk!r} is not placed")
+        return ranks
+
+    def check_covers(self, walks: Mapping[str, list[str]]) -> None:
+        """``walks``: walk name -> its node names. Every node of every walk must be placed."""
+        known = {n for nodes in walks.values() for n in nodes}
+        for (walk, node) in self.entries:
+            if node not in known:
+                raise PlacementError(f"{self.source}: unknown node {node!r} (nodes: {', '.join(sorted(known))})")
+            if walk is not None and walk not in walks:
+                raise PlacementError(f"{self.source}: node {node!r} placed for unknown walk {walk!r} (walks: {', '.join(walks)})")
+        for walk, nodes in walks.items():
+            for node in nodes:
+                if (walk, node) not in self.entries and (None, node) not in self.entries:
+                    raise PlacementError(f"{self.source}: node {node!r} of walk {walk!r} is not placed on any rank")
+
+    def nodes_on(self, rank: int, walks: Mapping[str, list[str]]) -> set[tuple[str, str]]:
+        """(walk, node) pairs that may run on ``rank``."""
+        return {(w, n) for w, nodes in walks.items() for n in nodes if rank in self.ranks_for(w, n)}
+
+    def check_memory(self, demands: Mapping[int, list[tuple[str, int]]]) -> None:
+        """``demands``: rank -> [(what, bytes)]. Raise if a rank with a budget cannot hold its share."""
+        for rank, items in demands.items():
+            spec = self.ranks[rank]
+            total = sum(b for _, b in items)
+            if spec.memory is not None and total > spec.memory:
+                detail = ", ".join(f"{what} {b / 2**30:.2f} GiB" for what, b in items)
+                raise PlacementError(
+                    f"{self.source}: rank {rank} ({spec.device}) needs {total / 2**30:.2f} GiB "
+                    f"({detail}) but has a budget of {spec.memory / 2**30:.2f} GiB"
+                )
+
+
+def _rank(entry: Any, i: int, source: str) -> RankSpec:
+    where = f"{source}: ranks[{i}]"
+    if not isinstance(entry, dict):
+        raise PlacementError(f"{where}: must be a mapping with id and device")
+    unknown = set(entry) - {"id", "device", "host", "memory"}
+    if unknown:
+        raise PlacementError(f"{where}: unknown field(s) {sorted(unknown)}")
+    rid = entry.get("id", i)
+    if not isinstance(rid, int) or isinstance(rid, bool) or rid < 0:
+        raise PlacementError(f"{where}: id must be a non-negative integer, got {rid!r}")
+    device = entry.get("device")
+    if device is None:
+        raise PlacementError(f"{where}: rank {rid} has no device (cpu, cuda or cuda:N)")
+    if not isinstance(device, str) or not _DEVICE.match(device):
+        raise PlacementError(f"{where}: device {device!r} is not cpu, cuda or cuda:N")
+    memory = parse_bytes(entry["memory"], where) if entry.get("memory") is not None else None
+    return RankSpec(rid, device, entry.get("host"), memory)
+
+
+def _names(value: Any, where: str, what: str) -> list:
+    if isinstance(value, (str, int)) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise PlacementError(f"{where}: {what} must be a non-empty list")
+    return value
+
+
+def parse_placement(data: Any, source: str = "<placement>") -> Placement:
+    """Validate a placement mapping (as loaded from YAML); errors name ``source`` and the entry."""
+    if not isinstance(data, dict):
+        raise PlacementError(f"{source}: must be a mapping with 'ranks' and 'nodes'")
+    unknown = set(data) - {"ranks", "nodes"}
+    if unknown:
+        raise PlacementError(f"{source}: unknown top-level field(s) {sorted(unknown)}")
+    ranks: dict[int, RankSpec] = {}
+    for i, r in enumerate(_names(data.get("ranks"), source, "ranks")):
+        spec = _rank(r, i, source)
+        if spec.id in ranks:
+            raise PlacementError(f"{source}: ranks[{i}]: duplicate rank id {spec.id}")
+        ranks[spec.id] = spec
+    entries: dict[tuple[str | None, str], tuple[int, ...]] = {}
+    for i, e in enumerate(_names(data.get("nodes"), source, "nodes")):
+        where = f"{source}: nodes[{i}]"
+        if not isinstance(e, dict):
+            raise PlacementError(f"{where}: must be a mapping with nodes and ranks")
+        unknown = set(e) - {"nodes", "ranks", "walks"}
+        if unknown:
+            raise PlacementError(f"{where}: unknown field(s) {sorted(unknown)}")
+        nodes = _names(e.get("nodes"), where, "nodes")
+        rank_ids = _names(e.get("ranks"), where, "ranks")
+        for r in rank_ids:
+            if r not in ranks:
+                raise PlacementError(f"{where}: unknown rank {r!r} (ranks: {sorted(ranks)})")
+        if len(set(rank_ids)) != len(rank_ids):
+            raise PlacementError(f"{where}: a rank is listed twice")
+        walks = _names(e["walks"], where, "walks") if "walks" in e else [None]
+        for node in nodes:
+            for walk in walks:
+                key = (walk, str(node))
+                if key in entries:
+                    scope = f"walk {walk!r}" if walk else "all walks"
+                    raise PlacementError(f"{where}: node {node!r} is already placed for {scope} (conflicting entries)")
+                entries[key] = tuple(rank_ids)
+    return Placement(source, ranks, entries)
+
+
+def load_placement(path: str | Path) -> Placement:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise PlacementError(f"{path}: cannot read placement file: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise PlacementError(f"{path}: not valid YAML: {e}") from None
+    return parse_placement(data, str(path))

@@ -1,0 +1,1 @@
+"""Test support: the reference executor (the semantic oracle), fixture models, fakes."""
