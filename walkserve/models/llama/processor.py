@@ -1,0 +1,170 @@
+"""TextLMProcessor: completion and chat requests for a text LM (torch-free, runs in the API process)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from jinja2 import TemplateError
+
+from walkserve.core.array import ArrayData
+from walkserve.core.errors import ConfigError, InvalidRequest
+from walkserve.core.request import RequestSpec
+from walkserve.core.sampling import SamplingParams
+from walkserve.models.detokenizer import IncrementalDetokenizer
+from walkserve.models.llama.config import LMConfig
+from walkserve.models.processor import ModelCard, Processor
+from walkserve.models.tokenizer import Tokenizer
+
+
+class TextLMProcessor(Processor):
+    """Turns ``completion`` / ``chat`` payloads into ``RequestSpec(inputs={"prompt_ids": int64 [N]})``.
+
+    The model's end-of-sequence ids (config.json and generation_config.json)
+    are merged into ``sampling.stop_token_ids`` unless ``sampling.ignore_eos``.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        model_id: str | None = None,
+        family: str | None = None,
+        random_weights: bool = False,
+    ):
+        path = Path(path)
+        self.config = LMConfig.from_file(path)
+        self.tokenizer = Tokenizer.from_dir(path)
+        self.eos_token_ids = _eos_ids(path, self.config)
+        self._card = ModelCard(
+            id=model_id or path.name,
+            family=family or self.config.family,
+            capabilities=frozenset({"completions", "chat"}),
+            max_context=self.config.max_position_embeddings,
+            random_weights=random_weights,
+            description=f"{self.config.architecture} ({self.config.num_hidden_layers} layers)",
+        )
+
+    def card(self) -> ModelCard:
+        return self._card
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=True)
+
+    def detokenizer(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
+        return self.tokenizer.detokenizer(skip_special_tokens)
+
+    def build_request(
+        self, task: str, payload: dict[str, Any], sampling: SamplingParams, params: dict[str, Any]
+    ) -> RequestSpec:
+        if task == "completion":
+            ids, field = self._completion_ids(payload), "prompt"
+        elif task == "chat":
+            ids, field = self._chat_ids(payload, params), "messages"
+        else:
+            raise InvalidRequest(f"{self._card.id} does not serve task {task!r}", param="task")
+        self._check_length(ids, field, sampling)
+        return RequestSpec(
+            inputs={"prompt_ids": ArrayData.from_list(ids, "int64")},
+            task=task,
+            modalities=("text",),
+            sampling=self._with_stop_ids(sampling),
+            params=dict(params),
+        )
+
+    def _completion_ids(self, payload: dict[str, Any]) -> list[int]:
+        prompt, token_ids = payload.get("prompt"), payload.get("prompt_token_ids")
+        if prompt is not None and token_ids is not None:
+            raise InvalidRequest("give either prompt or prompt_token_ids, not both", param="prompt")
+        if token_ids is not None:
+            return self._valid_ids(token_ids)
+        if isinstance(prompt, list):  # OpenAI also accepts a prompt given as token ids
+            return self._valid_ids(prompt)
+        if not isinstance(prompt, str):
+            raise InvalidRequest("prompt must be a string", param="prompt")
+        if not prompt:
+            raise InvalidRequest("prompt is empty", param="prompt")
+        return self.tokenize(prompt)
+
+    def _valid_ids(self, token_ids: Any) -> list[int]:
+        vocab = self.config.vocab_size
+        if not isinstance(token_ids, list) or not token_ids:
+            raise InvalidRequest("prompt_token_ids must be a non-empty list of integers", param="prompt_token_ids")
+        for t in token_ids:
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
+                raise InvalidRequest(f"prompt_token_ids: {t!r} is not a token id in [0, {vocab})",
+                                     param="prompt_token_ids")
+        return list(token_ids)
+
+    def _chat_ids(self, payload: dict[str, Any], params: dict[str, Any]) -> list[int]:
+        messages = _flatten_messages(payload.get("messages"))
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=bool(params.get("add_generation_prompt", True))
+            )
+        except ConfigError as e:
+            raise InvalidRequest(f"{self._card.id}: {e}", param="messages") from None
+        except TemplateError as e:
+            raise InvalidRequest(f"chat template: {e}", param="messages") from None
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _check_length(self, ids: list[int], field: str, sampling: SamplingParams) -> None:
+        limit = self.config.max_position_embeddings
+        if not ids:
+            raise InvalidRequest("the prompt has no tokens", param=field)
+        if len(ids) >= limit:
+            raise InvalidRequest(f"the prompt has {len(ids)} tokens; the context is {limit}", param=field)
+        if len(ids) + sampling.max_tokens > limit:
+            raise InvalidRequest(
+                f"prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) exceeds the context of {limit}",
+                param="max_tokens",
+            )
+
+    def _with_stop_ids(self, sampling: SamplingParams) -> SamplingParams:
+        if sampling.ignore_eos:
+            return sampling
+        merged = tuple(dict.fromkeys((*sampling.stop_token_ids, *self.eos_token_ids)))
+        return dataclasses.replace(sampling, stop_token_ids=merged)
+
+
+def _flatten_messages(messages: Any) -> list[dict[str, Any]]:
+    """Validate chat messages; content parts [{"type": "text", "text": ...}] are joined into one string."""
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("messages must be a non-empty list", param="messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise InvalidRequest(f"messages[{i}] must be an object with a string role", param="messages")
+        out.append({**m, "content": _content_text(m.get("content"), i)})
+    return out
+
+
+def _content_text(content: Any, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if not isinstance(content, list):
+        raise InvalidRequest(f"messages[{i}].content must be a string or a list of parts", param="messages")
+    texts = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise InvalidRequest(f"messages[{i}]: content part {kind!r} is not supported (text only)",
+                                 param="messages")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _eos_ids(path: Path, config: LMConfig) -> tuple[int, ...]:
+    """config.json eos ids, then any extra ones from generation_config.json."""
+    ids = list(config.eos_token_ids)
+    gen = path / "generation_config.json"
+    if gen.is_file():
+        try:
+            value = json.loads(gen.read_text()).get("eos_token_id")
+        except (json.JSONDecodeError, AttributeError):
+            raise ConfigError(f"{gen}: invalid generation config") from None
+        ids.extend([value] if isinstance(value, int) else [v for v in value or [] if isinstance(v, int)])
+    return tuple(dict.fromkeys(ids))

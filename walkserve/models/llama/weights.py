@@ -1,0 +1,57 @@
+"""Load a Llama / Qwen2 / Qwen3 checkpoint in the official HF layout into a CausalLM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from walkserve.core.errors import ConfigError
+from walkserve.models.llama.checkpoint import SafetensorsCheckpoint, load_into, materialize
+from walkserve.models.llama.config import LMConfig
+from walkserve.models.llama.modules import CausalLM
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, config: LMConfig) -> torch.dtype:
+    """A dtype name, a torch dtype, or None for the checkpoint's own (``config.dtype``)."""
+    if dtype is None:
+        return _TORCH_DTYPES[config.dtype]
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _TORCH_DTYPES.values():
+            raise ConfigError(f"unsupported weight dtype {dtype}")
+        return dtype
+    name = str(dtype).removeprefix("torch.")
+    if name not in _TORCH_DTYPES:
+        raise ConfigError(f"unsupported weight dtype {dtype!r} (supported: {', '.join(_TORCH_DTYPES)})")
+    return _TORCH_DTYPES[name]
+
+
+def load_causal_lm(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype | None = None,
+    progress: bool = True,
+) -> CausalLM:
+    """Read ``config.json`` and the safetensors weights of ``path`` into an eval-mode CausalLM.
+
+    ``dtype`` defaults to the checkpoint's (``dtype`` / ``torch_dtype`` in
+    config.json). Raises ConfigError for an unknown architecture or a
+    missing, unexpected or mis-shaped tensor.
+    """
+    path = Path(path)
+    config = LMConfig.from_file(path)
+    checkpoint = SafetensorsCheckpoint(path)
+    with torch.device("meta"):
+        model = CausalLM(config)
+    materialize(model, device, resolve_dtype(dtype, config))
+    load_into(model, checkpoint, ignored=model.checkpoint_ignored(), progress=progress)
+    return model.eval()
+
+
+def estimate_weight_bytes(path: str | Path, dtype: str | torch.dtype | None = None) -> int:
+    """Bytes the weights of ``path`` take once loaded at ``dtype`` (read from file headers only)."""
+    config = LMConfig.from_file(path)
+    itemsize = torch.empty((), dtype=resolve_dtype(dtype, config)).element_size()
+    return SafetensorsCheckpoint(path).nbytes(itemsize)

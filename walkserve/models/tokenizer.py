@@ -1,0 +1,110 @@
+"""Tokenizer: an HF ``tokenizer.json`` (``tokenizers`` library) plus ``tokenizer_config.json``.
+
+Torch-free; used by processors in the API process. The chat template comes
+from ``tokenizer_config.json`` (``chat_template``: a string, or a list of
+``{"name", "template"}`` where "default" is used) or from a
+``chat_template.jinja`` file next to it (what transformers 5 writes).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from walkserve.core.errors import ConfigError
+from walkserve.models.chat_template import ChatTemplate
+from walkserve.models.detokenizer import IncrementalDetokenizer
+
+
+class Tokenizer:
+    """Encode, decode, stream-decode and render chat prompts for one checkpoint."""
+
+    def __init__(self, backend: Any, config: dict[str, Any] | None = None, chat_template: str | None = None):
+        self.backend = backend  # tokenizers.Tokenizer
+        self.config = dict(config or {})
+        self.chat_template = ChatTemplate(chat_template) if chat_template else None
+        self.bos_token = _token_text(self.config.get("bos_token"))
+        self.eos_token = _token_text(self.config.get("eos_token"))
+        self.pad_token = _token_text(self.config.get("pad_token"))
+
+    @classmethod
+    def from_dir(cls, directory: str | Path) -> Tokenizer:
+        """Load ``tokenizer.json`` (+ ``tokenizer_config.json``, ``chat_template.jinja``) from a checkpoint."""
+        from tokenizers import Tokenizer as Backend
+
+        directory = Path(directory)
+        path = directory / "tokenizer.json"
+        if not path.is_file():
+            raise ConfigError(f"{directory}: no tokenizer.json")
+        try:
+            backend = Backend.from_file(str(path))
+        except Exception as e:  # the library raises plain Exception subclasses
+            raise ConfigError(f"{path}: cannot load tokenizer: {e}") from None
+        config = _read_json(directory / "tokenizer_config.json")
+        return cls(backend, config, _chat_template(directory, config))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def token_id(self, token: str | None) -> int | None:
+        return None if token is None else self.backend.token_to_id(token)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self.token_id(self.bos_token)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.token_id(self.eos_token)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids; ``add_special_tokens`` runs the tokenizer's post-processor (e.g. a BOS prefix)."""
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def detokenizer(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(lambda ids: self.decode(ids, skip_special_tokens))
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **variables: Any
+    ) -> str:
+        """The prompt text (not tokenized). Raises ConfigError without a template, TemplateError from it."""
+        if self.chat_template is None:
+            raise ConfigError("this tokenizer has no chat template")
+        variables.setdefault("bos_token", self.bos_token or "")
+        variables.setdefault("eos_token", self.eos_token or "")
+        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **variables)
+
+
+def _token_text(value: Any) -> str | None:
+    """Special tokens are written as a string or as an AddedToken dict ``{"content": ...}``."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: invalid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return data
+
+
+def _chat_template(directory: Path, config: dict[str, Any]) -> str | None:
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    if isinstance(template, str) and template:
+        return template
+    jinja_file = directory / "chat_template.jinja"
+    return jinja_file.read_text() if jinja_file.is_file() else None
