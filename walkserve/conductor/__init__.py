@@ -1,0 +1,1 @@
+"""The conductor: admission, walk transitions through the model's state machine, results, aborts, failures."""

@@ -1,0 +1,126 @@
+"""One request's progress through its walks, as the conductor tracks it (pure bookkeeping).
+
+The conductor knows which node runs on which rank for this request, which
+nodes of the current walk have reported done, and the walk's outputs. When
+every node is done and every walk output arrived, the model's state machine
+picks the next walk, or the request finishes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from walkserve.core.errors import GraphError
+from walkserve.core.finish import FinishReason
+from walkserve.core.request import RequestSpec
+from walkserve.graph.plan import INPUT, ToNode
+from walkserve.graph.walk import WalkGraph, WalkStart
+from walkserve.protocol.arrays import plain_value, wire_value
+from walkserve.protocol.messages import StartWalk
+
+
+def request_params(spec: RequestSpec) -> dict[str, Any]:
+    """The mapping stop rules and iteration counts read: sampling fields, then model params."""
+    params = spec.sampling.to_dict()
+    params.update(spec.params)
+    return params
+
+
+@dataclass
+class RequestRun:
+    spec: RequestSpec
+    graph: WalkGraph
+    choose_rank: Callable[[str, str], int]  # (walk, node) -> rank, sticky per component within a request
+    walk: str | None = None
+    walks_run: list[str] = field(default_factory=list)
+    pending: set[str] = field(default_factory=set)
+    outputs: dict[str, Any] = field(default_factory=dict)
+    hit_bound: bool = False
+    ranks: dict[str, dict[str, int]] = field(default_factory=dict)  # walk -> node -> rank
+    seq: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    firings: int = 0
+    admitted_at: float = field(default_factory=time.monotonic)
+    first_output_at: float | None = None
+    finished: FinishReason | None = None
+    error: str | None = None
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    def involved_ranks(self) -> set[int]:
+        return {r for m in self.ranks.values() for r in m.values()}
+
+    def begin(self) -> list[tuple[int, StartWalk]]:
+        """Choose the first walk; return the StartWalk message for each rank it involves."""
+        return self._start(self.graph.state_machine.first(self.spec))
+
+    def _start(self, start: WalkStart) -> list[tuple[int, StartWalk]]:
+        self.graph.check_start(start)
+        plan = self.graph.plans[start.walk]
+        ranks = {node: self.choose_rank(start.walk, node) for node in plan.nodes}
+        self.walk, self.pending, self.outputs, self.hit_bound = start.walk, set(plan.nodes), {}, False
+        self.walks_run.append(start.walk)
+        self.ranks[start.walk] = ranks
+        needs: dict[int, set[str]] = defaultdict(set)
+        for (src, out), routes in plan.routes.items():
+            if src == INPUT:
+                for r in routes:
+                    if isinstance(r, ToNode):
+                        needs[ranks[r.node]].add(out)
+        params, sampling = request_params(self.spec), self.spec.sampling.to_dict()
+        messages = []
+        for rank in sorted(set(ranks.values())):
+            inputs = {name: wire_value(start.inputs[name]) for name in sorted(needs[rank])}
+            messages.append((rank, StartWalk(self.id, start.walk, ranks, inputs, params, sampling)))
+        return messages
+
+    def node_done(self, walk: str, node: str, firings: int, hit_bound: bool) -> bool:
+        """Record a node's end; True when the walk is complete."""
+        if walk != self.walk:
+            return False
+        self.pending.discard(node)
+        self.firings += firings
+        self.hit_bound |= hit_bound
+        return self.walk_complete()
+
+    def walk_output(self, walk: str, name: str, value: Any) -> bool:
+        if walk != self.walk:
+            return False
+        self.outputs[name] = plain_value(value)
+        return self.walk_complete()
+
+    def walk_complete(self) -> bool:
+        walk = self.graph.walks[self.walk]
+        return not self.pending and all(o in self.outputs for o in walk.outputs)
+
+    def advance(self) -> list[tuple[int, StartWalk]]:
+        """The current walk is complete: start the next one, or finish (returns no messages)."""
+        finished_walk, outputs = self.walk, dict(self.outputs)
+        hit = self.hit_bound
+        start = self.graph.state_machine.next(self.spec, finished_walk, outputs)
+        if start is None:
+            self.finished = FinishReason.LENGTH if hit else FinishReason.STOP
+            return []
+        return self._start(start)
+
+    def next_index(self, modality: str) -> int:
+        if self.first_output_at is None:
+            self.first_output_at = time.monotonic()
+        i = self.seq[modality]
+        self.seq[modality] += 1
+        return i
+
+
+def safe_advance(run: RequestRun, step: Callable[[], list]) -> tuple[list, str | None]:
+    """Run a state-machine step; a model bug or bad walk choice fails the request, never the conductor."""
+    try:
+        return step(), None
+    except GraphError as e:
+        return [], str(e)
+    except Exception as e:
+        return [], f"the model's state machine failed: {type(e).__name__}: {e}"

@@ -1,0 +1,28 @@
+"""The one codec: msgpack via msgspec, schema-checked on decode, never pickle."""
+
+from __future__ import annotations
+
+import msgspec
+
+from walkserve.protocol.messages import Batch, Message
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Batch)
+
+
+class BadMessage(Exception):
+    """A frame that is not a valid Batch, or carries the wrong run token."""
+
+
+def encode(token: str, messages: list[Message]) -> bytes:
+    return _encoder.encode(Batch(token, messages))
+
+
+def decode(frame: bytes, token: str) -> list[Message]:
+    try:
+        batch = _decoder.decode(frame)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise BadMessage(f"undecodable message: {e}") from None
+    if batch.token != token:
+        raise BadMessage("message with a wrong run token")
+    return batch.messages

@@ -1,0 +1,248 @@
+"""Every message that crosses a process boundary, in one place.
+
+Who fills what: the frontend (F) sends Submit/Abort/Shutdown to the
+conductor (C); C sends StartWalk/Release/Stop to workers (W); workers send
+each other Deliver/StreamItem/StreamEnd/LoopEvent/Flow; workers report
+ClientOut/WalkOut/NodeDone/Failed/Ready/WorkerStats to C; C reports
+Event/Finished/Rejected/Status to F. Tensors travel as TensorMsg: inline
+bytes for small ones, a shared-memory segment name for large ones on one
+host. Messages to one destination are sent together in a Batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from walkserve.core.request import RequestSpec
+
+Path = tuple[int, ...]
+
+
+class TensorMsg(msgspec.Struct, frozen=True, tag="t"):
+    """A tensor on the wire: ``data`` inline, or ``shm`` names a segment the receiver maps and unlinks."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes | None = None
+    shm: str | None = None
+    nbytes: int = 0
+
+
+# A value crossing between processes: a tensor, or a small msgpack-native value.
+Wire = TensorMsg | int | float | str | bool | list | None
+
+
+# ---- frontend -> conductor -----------------------------------------------------------------
+
+
+class Submit(msgspec.Struct, tag=True, array_like=True):
+    request: RequestSpec
+
+
+class Abort(msgspec.Struct, tag=True, array_like=True):
+    request_id: str
+
+
+class Shutdown(msgspec.Struct, tag=True, array_like=True):
+    drain_s: float = 0.0
+
+
+class StatusQuery(msgspec.Struct, tag=True, array_like=True):
+    pass
+
+
+# ---- conductor -> frontend -----------------------------------------------------------------
+
+
+class Event(msgspec.Struct, tag=True, array_like=True):
+    request_id: str
+    modality: str
+    walk: str
+    node: str
+    iteration: Path
+    data: Wire
+    index: int
+
+
+class Finished(msgspec.Struct, tag=True, array_like=True):
+    request_id: str
+    reason: str
+    error: str | None = None
+    usage: dict[str, int] = {}
+    timings: dict[str, float] = {}
+
+
+class Rejected(msgspec.Struct, tag=True, array_like=True):
+    request_id: str
+    message: str
+    retry_after_s: float = 1.0
+    invalid: bool = False  # True: the request itself is malformed (a 400), not the server full (a 429)
+
+
+class Status(msgspec.Struct, tag=True, array_like=True):
+    state: str  # starting | ready | degraded | draining | stopped
+    detail: str
+    workers: dict[int, bool]
+    stats: dict[str, Any]
+
+
+# ---- conductor -> worker -------------------------------------------------------------------
+
+
+class StartWalk(msgspec.Struct, tag=True, array_like=True):
+    """Start ``walk`` for a request on every rank that hosts one of its nodes.
+
+    ``ranks`` maps each node of the walk to the rank that runs it for this
+    request; ``inputs`` holds the walk inputs this rank's nodes read.
+    """
+
+    request_id: str
+    walk: str
+    ranks: dict[str, int]
+    inputs: dict[str, Wire]
+    params: dict[str, Any]
+    sampling: dict[str, Any]
+
+
+class Release(msgspec.Struct, tag=True, array_like=True):
+    """The request ended: drop every piece of its state."""
+
+    request_id: str
+
+
+class Stop(msgspec.Struct, tag=True, array_like=True):
+    pass
+
+
+class StatsQuery(msgspec.Struct, tag=True, array_like=True):
+    pass
+
+
+# ---- worker <-> worker ---------------------------------------------------------------------
+
+
+class Deliver(msgspec.Struct, tag=True, array_like=True):
+    """A producer's output value (at the path its routes use) for a consumer on the receiving rank."""
+
+    request_id: str
+    walk: str
+    node: str
+    output: str
+    path: Path
+    value: Wire
+
+
+class StreamItem(msgspec.Struct, tag=True, array_like=True):
+    request_id: str
+    walk: str
+    stream: int
+    prefix: Path
+    index: int
+    value: Wire
+
+
+class StreamEnd(msgspec.Struct, tag=True, array_like=True):
+    request_id: str
+    walk: str
+    stream: int
+    prefix: Path
+    n_items: int
+
+
+class LoopEvent(msgspec.Struct, tag=True, array_like=True):
+    """A loop instance's progress: iteration ``k`` continues (end < 0) or the loop ended with ``end`` exposed."""
+
+    request_id: str
+    walk: str
+    scope: str
+    outer: Path
+    k: int
+    end: int = -1
+
+
+class Flow(msgspec.Struct, tag=True, array_like=True):
+    """Backpressure: pause or resume the producer of a stream."""
+
+    request_id: str
+    walk: str
+    stream: int
+    pause: bool
+
+
+# ---- worker -> conductor -------------------------------------------------------------------
+
+
+class ClientOut(msgspec.Struct, tag=True, array_like=True):
+    request_id: str
+    walk: str
+    node: str
+    modality: str
+    path: Path
+    value: Wire
+
+
+class WalkOut(msgspec.Struct, tag=True, array_like=True):
+    request_id: str
+    walk: str
+    name: str
+    value: Wire
+
+
+class NodeDone(msgspec.Struct, tag=True, array_like=True):
+    request_id: str
+    walk: str
+    node: str
+    firings: int
+    hit_bound: bool = False
+
+
+class Failed(msgspec.Struct, tag=True, array_like=True):
+    request_id: str
+    error: str
+
+
+class Ready(msgspec.Struct, tag=True, array_like=True):
+    rank: int
+    pid: int
+    detail: str = ""
+
+
+class WorkerStats(msgspec.Struct, tag=True, array_like=True):
+    rank: int
+    stats: dict[str, Any]
+
+
+Message = (
+    Submit
+    | Abort
+    | Shutdown
+    | StatusQuery
+    | Event
+    | Finished
+    | Rejected
+    | Status
+    | StartWalk
+    | Release
+    | Stop
+    | StatsQuery
+    | Deliver
+    | StreamItem
+    | StreamEnd
+    | LoopEvent
+    | Flow
+    | ClientOut
+    | WalkOut
+    | NodeDone
+    | Failed
+    | Ready
+    | WorkerStats
+)
+
+
+class Batch(msgspec.Struct, array_like=True):
+    """Every message for one destination from one loop turn, plus the run token."""
+
+    token: str
+    messages: list[Message]

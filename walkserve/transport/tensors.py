@@ -1,0 +1,57 @@
+"""torch tensor <-> TensorMsg: inline bytes when small or remote, a shared-memory segment otherwise."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from walkserve.core import env
+from walkserve.engines.values import _NAME_TO_TORCH, _NP_TO_NAME
+from walkserve.protocol.messages import TensorMsg
+from walkserve.transport import shm
+
+
+class TensorCodec:
+    """Packs tensors for one sender. ``prefix`` is ``ws-<run id>-<sender>``; names get a counter."""
+
+    def __init__(self, run_id: str, sender: str, inline_bytes: int | None = None, use_shm: bool = True):
+        self.prefix = f"{shm.PREFIX}{run_id}-{sender}"
+        self.inline_bytes = env.WALKSERVE_SHM_INLINE_BYTES.get() if inline_bytes is None else inline_bytes
+        self.use_shm = use_shm and shm.available()
+        self._n = itertools.count()
+        self.shm_sent = 0
+
+    def pack(self, t: torch.Tensor, allow_shm: bool = True) -> TensorMsg:
+        t = t.detach()
+        if t.device.type != "cpu":
+            t = t.to("cpu")
+        t = t.contiguous()
+        name = _NP_TO_NAME[t.dtype]
+        raw = t.view(torch.uint8) if t.numel() and t.dtype != torch.bool else t.to(torch.uint8)
+        nbytes = t.numel() * t.element_size()
+        if allow_shm and self.use_shm and nbytes > self.inline_bytes:
+            seg = f"{self.prefix}-{next(self._n)}"
+            shm.write_segment(seg, memoryview(raw.numpy()).cast("B"))
+            self.shm_sent += 1
+            return TensorMsg(name, tuple(t.shape), shm=seg, nbytes=nbytes)
+        return TensorMsg(name, tuple(t.shape), data=raw.numpy().tobytes() if nbytes else b"", nbytes=nbytes)
+
+
+def unpack(msg: TensorMsg) -> torch.Tensor:
+    """TensorMsg -> tensor. A shared-memory segment is mapped without a copy and unlinked."""
+    dtype = _NAME_TO_TORCH[msg.dtype]
+    if msg.shm is not None:
+        if msg.nbytes == 0:
+            shm.read_segment(msg.shm, 0).close()
+            return torch.empty(msg.shape, dtype=dtype)
+        buf = shm.read_segment(msg.shm, msg.nbytes)
+        flat = torch.frombuffer(buf, dtype=torch.uint8, count=msg.nbytes)
+    else:
+        if not msg.data:
+            return torch.empty(msg.shape, dtype=dtype)
+        flat = torch.frombuffer(bytearray(msg.data), dtype=torch.uint8)
+    if dtype == torch.bool:
+        return flat.to(torch.bool).reshape(msg.shape)
+    return flat.view(dtype).reshape(msg.shape)
+

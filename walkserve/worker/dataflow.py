@@ -1,0 +1,590 @@
+"""One request's walk on one rank: which local node instance can fire, and where outputs go.
+
+The big idea: every local node has a *cursor*, the next path it will fire
+at (iteration indices of its scopes, outermost first). A node fires at its
+cursor when every input slot has a value for that path and every dynamic
+loop around it allows that iteration; firing moves the cursor one
+iteration on. Loop instances end by a stop rule, a bound, or an exhausted
+stream; an ended instance moves cursors past it. A DynamicLoop's iteration
+k may run before the stop rule for k-1 is known (speculation, one step at
+most); outputs that leave the iteration (to the client, a stream, a walk
+output or out of the loop) are held until the iteration is known to be
+exposed, and dropped if it is not.
+
+Values are opaque here (tensors in practice, or Futures of in-flight
+firings for consumers on this rank); this module never imports torch, so
+its bookkeeping tests in milliseconds.
+
+    values[(producer, output, path)]      a produced value, keyed at the producer's path
+    values[("input", name, ())]           a walk input
+    cont[(scope, outer)] = k              iterations <= k of that loop instance are known to continue
+    end[(scope, outer)] = n               that instance exposed exactly n iterations
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from walkserve.graph.compose import LAST, DynamicLoop
+from walkserve.graph.plan import (
+    INPUT,
+    FromCarry,
+    FromEdge,
+    FromStream,
+    StreamInfo,
+    ToCarry,
+    ToClient,
+    ToNode,
+    ToOutput,
+    ToStream,
+    WalkPlan,
+)
+from walkserve.graph.stop import resolve_count
+from walkserve.streaming.buffer import EXHAUSTED, StreamBuffer, StreamOverflow
+
+Path = tuple[int, ...]
+DONE = None
+
+
+class DataflowError(Exception):
+    """The request cannot go on (bad iteration count, stream overflow, a loop with no last value)."""
+
+
+class Sink(Protocol):
+    """Where a WalkState's effects go; the worker implements it."""
+
+    def fire(self, ws: WalkState, node: str, path: Path, inputs: dict, spans: dict, speculative: bool) -> None: ...
+
+    def send(self, rank: int, kind: str, ws: WalkState, **fields: Any) -> None: ...
+
+    def report(self, kind: str, ws: WalkState, **fields: Any) -> None: ...
+
+
+@dataclass
+class PlanIndex:
+    """Per-plan facts the dataflow looks up on every event, computed once."""
+
+    depth: dict[str, int] = field(default_factory=dict)  # scope -> number of enclosing scopes
+    bound_spec: dict[str, Any] = field(default_factory=dict)  # scope -> Count
+    stop_of: dict[str, tuple[str, str, Any]] = field(default_factory=dict)  # stop node -> (scope, output, rule)
+    speculate: dict[str, bool] = field(default_factory=dict)  # node -> may run ahead of the stop rule
+    scope_nodes: dict[str, list[str]] = field(default_factory=dict)
+    consumers: dict[str, set[str]] = field(default_factory=dict)  # node/input -> nodes it feeds directly
+    produces: dict[str, list[StreamInfo]] = field(default_factory=dict)  # node -> streams it produces
+    exit_routes: dict[tuple[str, str], list] = field(default_factory=dict)
+    route_src: dict[Any, tuple[str, str]] = field(default_factory=dict)  # exit route -> (node, output)
+    held_routes: dict[tuple[str, str], list] = field(default_factory=dict)
+
+
+def index_of(plan: WalkPlan) -> PlanIndex:
+    idx = getattr(plan, "_dataflow_index", None)
+    if idx is not None:
+        return idx
+    idx = PlanIndex()
+    for sid, scope in plan.scopes.items():
+        idx.depth[sid] = len(scope.chain) - 1
+        idx.scope_nodes[sid] = plan.scope_nodes(sid)
+        if scope.loop is not None:
+            idx.bound_spec[sid] = scope.loop.iterations
+            if isinstance(scope.loop, DynamicLoop):
+                node, out = scope.loop.stop.output.split(".")
+                idx.stop_of[node] = (sid, out, scope.loop.stop)
+    for name, node in plan.nodes.items():
+        ok = node.speculate
+        for sid in plan.chains[name]:
+            loop = plan.scopes[sid].loop
+            if isinstance(loop, DynamicLoop) and not loop.speculate:
+                ok = False
+        idx.speculate[name] = ok
+    for (src, out), routes in plan.routes.items():
+        for r in routes:
+            if isinstance(r, (ToNode, ToCarry)):
+                idx.consumers.setdefault(src, set()).add(r.node)
+                if isinstance(r, ToNode) and r.exits:
+                    idx.exit_routes.setdefault((src, out), []).append(r)
+                    idx.route_src[r] = (src, out)
+            elif isinstance(r, ToOutput) and r.exits:
+                idx.exit_routes.setdefault((src, out), []).append(r)
+                idx.route_src[r] = (src, out)
+            elif isinstance(r, (ToClient, ToStream, ToOutput)):
+                idx.held_routes.setdefault((src, out), []).append(r)
+            if isinstance(r, ToStream):
+                idx.produces.setdefault(src, []).append(plan.streams[r.stream])
+    plan._dataflow_index = idx
+    return idx
+
+
+class WalkState:
+    """The dataflow of one (request, walk) on one rank."""
+
+    def __init__(
+        self,
+        plan: WalkPlan,
+        request_id: str,
+        rank: int,
+        ranks: Mapping[str, int],
+        params: Mapping[str, Any],
+        sink: Sink,
+        concat: Callable[[list, Any], Any],
+        speculate: bool = True,
+    ):
+        self.plan, self.idx = plan, index_of(plan)
+        self.request_id, self.walk = request_id, plan.name
+        self.rank, self.ranks, self.params = rank, dict(ranks), params
+        self.sink, self.concat = sink, concat
+        self.speculate = speculate
+        self.local = [n for n in plan.nodes if self.ranks.get(n) == rank]
+        self.values: dict[tuple, Any] = {}
+        self.cursor: dict[str, Path | None] = {n: (0,) * len(plan.chains[n]) for n in self.local}
+        self.inflight: dict[str, int] = defaultdict(int)
+        self.fired: dict[str, int] = defaultdict(int)
+        self.cont: dict[tuple[str, Path], int] = {}
+        self.end: dict[tuple[str, Path], int] = {}
+        self.bounds: dict[str, int] = {}
+        self.buffers: dict[tuple[int, Path], StreamBuffer] = {}
+        self.reorder: dict[tuple[int, Path], dict[int, Any]] = defaultdict(dict)
+        self.templates: dict[tuple[int, Path], Any] = {}
+        self.held: list[tuple[str, Path, dict]] = []
+        self.items_sent: dict[tuple[int, Path], int] = defaultdict(int)
+        self.prefixes: dict[int, set[Path]] = defaultdict(set)  # producer side: stream -> outer instances seen
+        self.stream_ended: set[tuple[int, Path]] = set()
+        self.paused: set[tuple[int, Path]] = set()  # producer side: streams a consumer paused
+        self.pausing: set[tuple[int, Path]] = set()  # consumer side: streams we asked to pause
+        self.agg: dict[tuple, dict[int, Any]] = {}
+        self.done: set[str] = set()
+        self.hit_bound: set[str] = set()
+        self.failed = False
+        self.wasted: dict[tuple, int] = defaultdict(int)  # (node, loop instance) -> firings not exposed
+
+    # ---- entry points (called by the worker) ----------------------------------------------
+    def start(self, inputs: Mapping[str, Any]) -> None:
+        for name, value in inputs.items():
+            self.values[(INPUT, name, ())] = value
+        self._guard(self._try_all)
+
+    def deliver(self, node: str, output: str, path: Path, value: Any) -> None:
+        self.values[(node, output, tuple(path))] = value
+        self._guard(self._try_consumers, node)
+
+    def launched(self, node: str, path: Path, futures: Mapping[str, Any]) -> None:
+        """A local firing was handed to an engine: its outputs exist as futures for local consumers."""
+        for out, fut in futures.items():
+            self.values.setdefault((node, out, path), fut)
+        self._guard(self._try_consumers, node)
+
+    def completed(self, node: str, path: Path, outputs: Mapping[str, Any]) -> None:
+        self._guard(self._completed, node, path, outputs)
+
+    def stream_item(self, stream: int, prefix: Path, index: int, value: Any) -> None:
+        self._guard(self._stream_item, stream, tuple(prefix), index, value)
+
+    def stream_end(self, stream: int, prefix: Path, n_items: int) -> None:
+        self._guard(self._stream_end, stream, tuple(prefix), n_items)
+
+    def loop_event(self, scope: str, outer: Path, k: int, end: int) -> None:
+        outer = tuple(outer)
+        if end >= 0:
+            self._guard(self._claim_end, scope, outer, end, False)
+        else:
+            key = (scope, outer)
+            if self.cont.get(key, -1) < k:
+                self.cont[key] = k
+            self._guard(self._loop_changed, scope, outer)
+
+    def flow(self, stream: int, prefix: Path, pause: bool) -> None:
+        key = (stream, tuple(prefix))
+        (self.paused.add if pause else self.paused.discard)(key)
+        if not pause:
+            self._guard(self._try, self.plan.streams[stream].producer)
+
+    def is_done(self) -> bool:
+        return len(self.done) == len(self.local)
+
+    # ---- firing ----------------------------------------------------------------------------
+    def _guard(self, fn: Callable, *args: Any) -> None:
+        if self.failed:
+            return
+        try:
+            fn(*args)
+        except (DataflowError, StreamOverflow, ValueError) as e:
+            self.failed = True
+            self.sink.report("failed", self, error=str(e))
+
+    def _try_all(self) -> None:
+        for node in self.local:
+            self._try(node)
+
+    def _try_consumers(self, node: str) -> None:
+        for consumer in self.idx.consumers.get(node, ()):
+            if self.ranks.get(consumer) == self.rank:
+                self._try(consumer)
+
+    def _try(self, node: str) -> None:
+        """Fire ``node`` at its cursor, repeatedly, while it can."""
+        while not self.failed and self._try_once(node):
+            pass
+        self._check_done(node)
+
+    def _try_once(self, node: str) -> bool:
+        path = self._normalize(node)
+        if path is DONE:
+            return False
+        speculative = self._permission(node, path)
+        if speculative is None or self._paused_producer(node, path):
+            return False
+        gathered = self._gather(node, path)
+        if gathered is None:
+            return False
+        inputs, spans = gathered
+        self.cursor[node] = (*path[:-1], path[-1] + 1) if path else DONE
+        for info in self.idx.produces.get(node, ()):
+            self.prefixes[info.index].add(path[:-1])
+        self.inflight[node] += 1
+        self.fired[node] += 1
+        self.sink.fire(self, node, path, inputs, spans, speculative)
+        return self.cursor[node] is not DONE
+
+    def _gather(self, node: str, path: Path) -> tuple[dict, dict] | None:
+        inputs, spans = {}, {}
+        for slot in self.plan.nodes[node].inputs:
+            source = self.plan.sources[(node, slot)]
+            if isinstance(source, FromStream):
+                info = self.plan.streams[source.stream]
+                d = self.idx.depth[info.consumer_scope]
+                key, k = (source.stream, path[:d]), path[d]
+                chunk = self._buffer(key).chunk(k)
+                if chunk is None:
+                    return None
+                if chunk is EXHAUSTED:
+                    self._claim_end(info.consumer_scope, path[:d], k, True)
+                    return None
+                inputs[slot] = self.concat(list(chunk.items), self.templates.get(key))
+                spans[slot] = chunk.span
+                continue
+            key = self._key(source, path)
+            if key not in self.values:
+                return None
+            inputs[slot] = self.values[key]
+        return inputs, spans
+
+    def _key(self, source: FromEdge | FromCarry, path: Path) -> tuple:
+        if isinstance(source, FromCarry):
+            d = self.idx.depth[source.scope]
+            if path[d] == 0:
+                return self._key(source.initial, path)
+            return (source.node, source.output, (*path[:d], path[d] - 1))
+        if source.node == INPUT:
+            return (INPUT, source.output, ())
+        if source.exits:
+            return (source.node, source.output, path[: self.idx.depth[source.exits[-1]]])
+        return (source.node, source.output, path[: len(self.plan.chains[source.node])])
+
+    def _permission(self, node: str, path: Path) -> bool | None:
+        """None: must wait; else whether firing at ``path`` is speculative."""
+        speculative = False
+        for d, sid in enumerate(self.plan.chains[node]):
+            k = path[d]
+            if k == 0 or self.plan.scopes[sid].kind != "dynamic":
+                continue
+            key = (sid, path[:d])
+            if key in self.end:
+                continue
+            c = self.cont.get(key, -1)
+            if c >= k - 1:
+                continue
+            if self.speculate and self.idx.speculate[node] and c >= k - 2:
+                speculative = True
+                continue
+            return None
+        return speculative
+
+    def _paused_producer(self, node: str, path: Path) -> bool:
+        return any((info.index, path[:-1]) in self.paused for info in self.idx.produces.get(node, ()))
+
+    # ---- loop bookkeeping ------------------------------------------------------------------
+    def _bound(self, scope: str) -> int:
+        if scope not in self.bounds:
+            try:
+                self.bounds[scope] = resolve_count(self.idx.bound_spec[scope], self.params, f"loop {scope!r}")
+            except ValueError as e:
+                raise DataflowError(str(e)) from None
+        return self.bounds[scope]
+
+    def _limit(self, scope: str, outer: Path) -> int | None:
+        """How many iterations of this loop instance run, if known."""
+        end = self.end.get((scope, outer))
+        if self.plan.scopes[scope].kind == "stream":
+            return end
+        bound = self._bound(scope)
+        return bound if end is None else min(end, bound)
+
+    def _normalize(self, node: str) -> Path | None:
+        path = self.cursor[node]
+        chain = self.plan.chains[node]
+        while path is not DONE:
+            for d in range(len(chain) - 1, -1, -1):
+                limit = self._limit(chain[d], path[:d])
+                if limit is not None and path[d] >= limit:
+                    path = DONE if d == 0 else (*path[: d - 1], path[d - 1] + 1, *(0,) * (len(chain) - d))
+                    break
+            else:
+                break
+        self.cursor[node] = path
+        return path
+
+    def _claim_end(self, scope: str, outer: Path, n: int, broadcast: bool) -> None:
+        key = (scope, outer)
+        if key in self.end and self.end[key] <= n:
+            return
+        self.end[key] = n
+        for node in self.idx.scope_nodes[scope]:
+            for info in self.idx.produces.get(node, ()):
+                if info.producer_scope == scope and self.ranks.get(node) == self.rank:
+                    self.prefixes[info.index].add(outer)
+        if broadcast:
+            self._broadcast(scope, outer, n - 1, n)
+        self._loop_changed(scope, outer)
+
+    def _broadcast(self, scope: str, outer: Path, k: int, end: int) -> None:
+        ranks = {self.ranks[n] for n in self.idx.scope_nodes[scope]} - {self.rank}
+        for rank in sorted(ranks):
+            self.sink.send(rank, "loop", self, scope=scope, outer=outer, k=k, end=end)
+
+    def _loop_changed(self, scope: str, outer: Path) -> None:
+        self._flush_held()
+        self._flush_exits()
+        for node in self.idx.scope_nodes[scope]:
+            if self.ranks.get(node) == self.rank:
+                self._try(node)
+        for node in self.local:
+            self._check_done(node)
+
+    def _exposed(self, node: str, path: Path) -> bool | None:
+        """Whether the iteration ``path`` of ``node`` is real (True), dropped (False) or not known yet (None)."""
+        for d, sid in enumerate(self.plan.chains[node]):
+            kind = self.plan.scopes[sid].kind
+            if kind == "loop":
+                continue
+            key, k = (sid, path[:d]), path[d]
+            end = self.end.get(key)
+            if end is not None:
+                if k >= end:
+                    return False
+                continue
+            if kind == "stream" or self.cont.get(key, -1) >= k:
+                continue
+            return None
+        return True
+
+    def _decide(self, node: str, path: Path, outputs: Mapping[str, Any]) -> None:
+        """The stop node of a DynamicLoop finished an iteration: continue, stop, or hit the bound."""
+        scope, out, rule = self.idx.stop_of[node]
+        d = self.idx.depth[scope]
+        outer, k = path[:d], path[d]
+        end = self.end.get((scope, outer))
+        if end is not None and k >= end:
+            return
+        try:
+            stop = rule.should_stop(outputs[out], self.params, k)
+        except Exception as e:
+            raise DataflowError(f"stop rule of loop {scope!r} failed: {type(e).__name__}: {e}") from None
+        if stop:
+            self._claim_end(scope, outer, k + 1 if rule.include_stopping else k, True)
+        elif k + 1 >= self._bound(scope):
+            self.hit_bound.add(node)
+            self._claim_end(scope, outer, k + 1, True)
+        else:
+            self.cont[(scope, outer)] = k
+            self._broadcast(scope, outer, k, -1)
+            self._loop_changed(scope, outer)
+
+    # ---- outputs ---------------------------------------------------------------------------
+    def _completed(self, node: str, path: Path, outputs: Mapping[str, Any]) -> None:
+        self.inflight[node] -= 1
+        for out, value in outputs.items():
+            self.values[(node, out, path)] = value
+        if self._exposed(node, path) is False:
+            self.wasted[(node, path[:-1])] += 1
+        self._consumed_chunks(node, path)
+        sent: set[tuple[int, str]] = set()
+        for out, value in outputs.items():
+            for r in self.plan.routes.get((node, out), ()):
+                if isinstance(r, (ToNode, ToCarry)) and not getattr(r, "exits", ()):
+                    rank = self.ranks[r.node]
+                    if rank != self.rank and (rank, out) not in sent:
+                        sent.add((rank, out))
+                        self.sink.send(rank, "deliver", self, node=node, output=out, path=path, value=value)
+            for r in self.idx.exit_routes.get((node, out), ()):
+                self._aggregate(r, node, out, path, value)
+        if any((node, out) in self.idx.held_routes for out in outputs):
+            self.held.append((node, path, dict(outputs)))
+        if node in self.idx.stop_of:
+            self._decide(node, path, outputs)
+        self._flush_held()
+        self._flush_exits()
+        self._try(node)
+        self._try_consumers(node)
+
+    def _flush_held(self) -> None:
+        keep = []
+        for node, path, outputs in self.held:
+            exposed = self._exposed(node, path)
+            if exposed is None:
+                keep.append((node, path, outputs))
+            elif exposed:
+                for out, value in outputs.items():
+                    for r in self.idx.held_routes.get((node, out), ()):
+                        self._emit(r, node, out, path, value)
+        self.held = keep
+        self._end_streams()
+
+    def _emit(self, route: Any, node: str, out: str, path: Path, value: Any) -> None:
+        if isinstance(route, ToClient):
+            self.sink.report("client", self, node=node, modality=route.modality, path=path, value=value)
+        elif isinstance(route, ToOutput):
+            self.sink.report("output", self, name=route.name, value=value)
+        elif isinstance(route, ToStream):
+            info = self.plan.streams[route.stream]
+            key = (route.stream, path[:-1])
+            self.items_sent[key] += 1
+            rank = self.ranks[info.consumer]
+            if rank == self.rank:
+                self._stream_item(route.stream, path[:-1], path[-1], value)
+            else:
+                self.sink.send(rank, "item", self, stream=route.stream, prefix=path[:-1], index=path[-1], value=value)
+
+    def _prefixes(self, info: StreamInfo) -> set[Path]:
+        """Outer instances of the producer's loop that this stream has (or will have) items for."""
+        return {(info.index, prefix) for prefix in self.prefixes[info.index]}
+
+    def _end_streams(self) -> None:
+        for node in self.local:
+            for info in self.idx.produces.get(node, ()):
+                for key in self._prefixes(info):
+                    if key in self.stream_ended:
+                        continue
+                    limit = self._limit(info.producer_scope, key[1])
+                    if limit is None or self.items_sent[key] < limit or self._held_for(node):
+                        continue
+                    self.stream_ended.add(key)
+                    rank = self.ranks[info.consumer]
+                    if rank == self.rank:
+                        self._stream_end(info.index, key[1], limit)
+                    else:
+                        self.sink.send(rank, "end", self, stream=info.index, prefix=key[1], n_items=limit)
+
+    def _held_for(self, node: str) -> bool:
+        return any(n == node for n, _, _ in self.held)
+
+    # ---- leaving loops ---------------------------------------------------------------------
+    def _aggregate(self, route: Any, node: str, out: str, path: Path, value: Any) -> None:
+        if self._exposed(node, path) is False:
+            return
+        scope = route.exits[0]
+        d = self.idx.depth[scope]
+        self.agg.setdefault((route, 0, path[:d]), {})[path[d]] = value
+
+    def _flush_exits(self) -> None:
+        progress = True
+        while progress:
+            progress = False
+            for (route, level, outer), per_iter in list(self.agg.items()):
+                scope = route.exits[level]
+                limit = self._limit(scope, outer)
+                if limit is None or any(k not in per_iter for k in range(limit)):
+                    continue
+                del self.agg[(route, level, outer)]
+                value = self._combine(route, scope, [per_iter[k] for k in range(limit)])
+                progress = True
+                if level + 1 < len(route.exits):
+                    d = self.idx.depth[route.exits[level + 1]]
+                    self.agg.setdefault((route, level + 1, outer[:d]), {})[outer[d]] = value
+                else:
+                    self._deliver_exit(route, outer, value)
+
+    def _combine(self, route: Any, scope: str, values: list) -> Any:
+        src = self.idx.route_src[route]
+        mode = self.plan.loop(scope).outputs[f"{src[0]}.{src[1]}"]
+        if mode == LAST:
+            if not values:
+                raise DataflowError(f"loop {scope!r} exposed no iteration, so {src[0]}.{src[1]} has no last value")
+            return values[-1]
+        return self.concat(values, None)
+
+    def _deliver_exit(self, route: Any, outer: Path, value: Any) -> None:
+        src = self.idx.route_src[route]
+        if isinstance(route, ToOutput):
+            self.sink.report("output", self, name=route.name, value=value)
+            return
+        rank = self.ranks[route.node]
+        if rank == self.rank:
+            self.values[(src[0], src[1], outer)] = value
+            self._try(route.node)
+        else:
+            self.sink.send(rank, "deliver", self, node=src[0], output=src[1], path=outer, value=value)
+
+    # ---- streams, consumer side -------------------------------------------------------------
+    def _buffer(self, key: tuple[int, Path]) -> StreamBuffer:
+        buf = self.buffers.get(key)
+        if buf is None:
+            info = self.plan.streams[key[0]]
+            buf = self.buffers[key] = StreamBuffer(info.policy, info.capacity)
+        return buf
+
+    def _stream_item(self, stream: int, prefix: Path, index: int, value: Any) -> None:
+        key = (stream, prefix)
+        buf = self._buffer(key)
+        pending = self.reorder[key]
+        pending[index] = value
+        while buf.n_items in pending:
+            item = pending.pop(buf.n_items)
+            self.templates.setdefault(key, item)
+            buf.push(item)
+        info = self.plan.streams[stream]
+        if buf.full and key not in self.pausing:
+            self.pausing.add(key)
+            self._flow(info, prefix, True)
+        self._try(info.consumer)
+
+    def _stream_end(self, stream: int, prefix: Path, n_items: int) -> None:
+        key = (stream, prefix)
+        buf = self._buffer(key)
+        if buf.n_items != n_items or self.reorder.get(key):
+            raise DataflowError(f"stream {stream} ended with {n_items} items but {buf.n_items} arrived in order")
+        buf.end()
+        self._try(self.plan.streams[stream].consumer)
+
+    def _consumed_chunks(self, node: str, path: Path) -> None:
+        for slot in self.plan.nodes[node].inputs:
+            source = self.plan.sources[(node, slot)]
+            if isinstance(source, FromStream):
+                info = self.plan.streams[source.stream]
+                d = self.idx.depth[info.consumer_scope]
+                key = (source.stream, path[:d])
+                buf = self._buffer(key)
+                buf.consumed(path[d])
+                if key in self.pausing and not buf.full:
+                    self.pausing.discard(key)
+                    self._flow(info, path[:d], False)
+
+    def _flow(self, info: StreamInfo, prefix: Path, pause: bool) -> None:
+        rank = self.ranks[info.producer]
+        if rank == self.rank:
+            self.flow(info.index, prefix, pause)
+        else:
+            self.sink.send(rank, "flow", self, stream=info.index, prefix=prefix, pause=pause)
+
+    # ---- completion ------------------------------------------------------------------------
+    def _check_done(self, node: str) -> None:
+        if node in self.done or self.cursor.get(node) is not DONE or self.inflight[node] > 0:
+            return
+        if self._held_for(node) or any(self.idx.route_src[key[0]][0] == node for key in self.agg):
+            return
+        for info in self.idx.produces.get(node, ()):
+            if any(key not in self.stream_ended for key in self._prefixes(info)):
+                return
+        self.done.add(node)
+        self.sink.report("done", self, node=node, firings=self.fired[node], hit_bound=node in self.hit_bound)
