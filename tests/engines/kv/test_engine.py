@@ -1,0 +1,303 @@
+"""KVCacheEngine driven by firings against transformers on the same tiny random Llama."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.engines.kv.kv_driver import Generation, drive, firing, hf_greedy
+from walkserve.core.sampling import SamplingParams
+from walkserve.engines.kv.engine import KVCacheEngine
+from walkserve.layers.attention import DenseCausalAttention, flashinfer_available
+
+pytestmark = pytest.mark.parity
+
+
+def _engine(model, **kw) -> KVCacheEngine:
+    kw = {"block_size": 4, "num_blocks": 64, "max_batch_tokens": 64, "seed": 0, **kw}
+    return KVCacheEngine("lm", model, "cpu", torch.float32, **kw)
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _hf_last(hf_lm, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        out = hf_lm(torch.tensor([tokens]), output_hidden_states=True)
+    return out.logits[0, -1], out.hidden_states[-1][0, -1]
+
+
+def test_greedy_parity_with_joins_shared_prefixes_chunking_and_preemption(tiny_lm, hf_lm):
+    shared = _prompt(20, 1)
+    gens = [
+        Generation("r0", shared + _prompt(3, 2), 12, join_step=0),
+        Generation("r1", _prompt(7, 3), 12, join_step=0),
+        Generation("r2", shared + _prompt(21, 4), 12, join_step=2),
+        Generation("r3", list(shared), 12, join_step=5),
+        Generation("r4", _prompt(33, 5), 12, join_step=9),
+        Generation("r5", _prompt(7, 3), 12, join_step=30),  # r1's prompt again, after r1 is done
+    ]
+    engine = _engine(tiny_lm, num_blocks=24, max_batch_tokens=16, max_running=8)  # 96 tokens of KV
+    drive(engine, gens)
+    for g in gens:
+        assert g.tokens == hf_greedy(hf_lm, g.prompt, g.max_new), g.request_id
+    stats = engine.stats()
+    assert stats["preemptions"] > 0
+    assert stats["prefix_hit_tokens"] >= 16 + 4  # r2/r3 reuse the shared prefix, r5 reuses r1's blocks
+    assert engine.state_count() == 0 and stats["kv_blocks_used"] == 0
+    assert stats["running"] == stats["waiting"] == 0 and not engine.has_work()
+
+
+def test_seeded_sampling_is_the_same_alone_and_in_a_batch(tiny_lm):
+    params = SamplingParams(temperature=0.9, top_k=50, top_p=0.9, repetition_penalty=1.2, seed=7)
+
+    def mine() -> Generation:
+        return Generation("x", _prompt(11, 9), 10, sampling=params, join_step=3)
+
+    alone = mine()
+    drive(_engine(tiny_lm, seed=1), [alone])
+    crowded = mine()
+    others = [
+        Generation("o1", _prompt(30, 10), 10, sampling=SamplingParams(temperature=1.0), join_step=0),
+        Generation("o2", _prompt(5, 11), 10, sampling=SamplingParams(temperature=0.7, seed=99), join_step=4),
+        Generation("o3", _prompt(17, 12), 10, join_step=6),
+    ]
+    engine = _engine(tiny_lm, seed=2, num_blocks=16, max_batch_tokens=12)
+    drive(engine, [crowded, *others])
+    assert crowded.tokens == alone.tokens
+    assert engine.stats()["preemptions"] > 0  # the draws survive recomputation too
+    reseeded = Generation("x", _prompt(11, 9), 10, sampling=SamplingParams(temperature=0.9, seed=8))
+    drive(_engine(tiny_lm), [reseeded])
+    assert reseeded.tokens != alone.tokens
+
+
+def test_long_prompt_is_answered_after_its_last_chunk(tiny_lm, hf_lm):
+    prompt = _prompt(40, 13)
+    engine = _engine(tiny_lm, max_batch_tokens=16)
+    engine.submit(firing("a", prompt, outputs=("logits", "hidden", "token")))
+    assert engine.step() == [] and engine.step() == []
+    assert engine.stats()["running"] == 1
+    (result,) = engine.step()
+    logits, hidden = _hf_last(hf_lm, prompt)
+    assert result.error is None and set(result.outputs) == {"logits", "hidden", "token"}
+    torch.testing.assert_close(result.outputs["logits"], logits, atol=1e-4, rtol=1e-4)
+    assert result.outputs["hidden"].shape == (1, tiny_lm.config.hidden_size)
+    assert result.outputs["hidden"].dtype == torch.float32
+    torch.testing.assert_close(result.outputs["hidden"][0], hidden, atol=1e-4, rtol=1e-4)
+    assert result.outputs["token"].tolist() == [int(logits.argmax())]
+
+
+def test_fill_only_firing_then_decode_reuses_the_kv(tiny_lm, hf_lm):
+    prompt = _prompt(9, 14)
+    engine = _engine(tiny_lm)
+    engine.submit(firing("a", prompt, outputs=()))
+    (filled,) = engine.step()
+    assert filled.error is None and filled.outputs == {}
+    engine.submit(firing("a", [42], outputs=("logits",)))
+    plan_tokens = engine.scheduler.schedule()
+    assert [c.num_tokens for c in plan_tokens.chunks] == [1]  # only the new token runs
+    outputs = engine.runner.execute(plan_tokens.chunks)
+    engine.scheduler.finish(plan_tokens)
+    torch.testing.assert_close(outputs[0]["logits"], _hf_last(hf_lm, [*prompt, 42])[0], atol=1e-4, rtol=1e-4)
+
+
+def test_contexts_of_one_request_are_separate_and_released_together(tiny_lm, hf_lm):
+    cond, uncond = _prompt(12, 15), _prompt(6, 16)
+    engine = _engine(tiny_lm)
+    engine.submit(firing("img", cond, outputs=("logits",), context="cond"))
+    engine.submit(firing("img", uncond, outputs=("logits",), context="uncond"))
+    engine.submit(firing("other", cond, outputs=("logits",)))
+    results = {(r.firing.request_id, r.firing.node_params["context"]): r for r in engine.step()}
+    assert len(results) == 3
+    for key, prompt in [(("img", "cond"), cond), (("img", "uncond"), uncond), (("other", "main"), cond)]:
+        torch.testing.assert_close(results[key].outputs["logits"], _hf_last(hf_lm, prompt)[0], atol=1e-4, rtol=1e-4)
+    assert engine.state_count() == 2
+    engine.release("img")
+    engine.release("img")  # idempotent
+    assert engine.state_count() == 1
+    engine.release("other")
+    assert engine.state_count() == 0 and engine.stats()["kv_blocks_used"] == 0
+
+
+def test_a_context_larger_than_the_pool_is_answered_with_an_error(tiny_lm, hf_lm):
+    engine = _engine(tiny_lm, num_blocks=8)  # 32 tokens
+    engine.submit(firing("big", _prompt(40, 17)))
+    ok = Generation("ok", _prompt(10, 18), 3)
+    engine.submit(ok.first())
+    results = engine.step()
+    errors = [r for r in results if r.error]
+    assert len(errors) == 1 and errors[0].firing.request_id == "big"
+    assert "40 tokens" in errors[0].error and "32 tokens" in errors[0].error
+    ok_result = [r for r in results if r.firing.request_id == "ok"]
+    assert ok_result and ok_result[0].outputs["token"].tolist() == hf_greedy(hf_lm, ok.prompt, 1)
+    engine.release("big")
+    engine.release("ok")
+    assert engine.state_count() == 0
+
+
+@pytest.mark.parametrize(
+    ("inputs", "outputs", "message"),
+    [
+        ({"tokens": torch.tensor([1.0, 2.0])}, ("token",), "integer ids"),
+        ({"tokens": torch.tensor([1, 512])}, ("token",), "outside the vocabulary"),
+        ({"tokens": torch.tensor([], dtype=torch.long)}, ("token",), "empty"),
+        ({"tokens": torch.tensor([1, 2])}, ("token", "pixels"), "unknown outputs"),
+        ({}, ("token",), "without input 'tokens'"),
+        ({"tokens": torch.tensor([1, 2]), "embeds": torch.zeros(3, 4)}, ("token",), "'embeds'"),
+    ],
+)
+def test_bad_firings_become_error_results(tiny_lm, inputs, outputs, message):
+    engine = _engine(tiny_lm)
+    bad = firing("bad", [1], outputs=outputs)
+    bad.inputs = inputs
+    engine.submit(bad)
+    assert engine.has_work()
+    (result,) = engine.step()
+    assert result.outputs is None and message in result.error
+    assert not engine.has_work() and engine.state_count() == 0
+
+
+def test_release_mid_prefill_drops_the_firing_and_frees_the_blocks(tiny_lm):
+    engine = _engine(tiny_lm, max_batch_tokens=16)
+    engine.submit(firing("a", _prompt(40, 19)))
+    assert engine.step() == []
+    assert engine.stats()["kv_blocks_used"] == 4
+    engine.release("a")
+    assert not engine.has_work() and engine.step() == []
+    assert engine.state_count() == 0 and engine.stats()["kv_blocks_used"] == 0
+
+
+def test_embeds_replace_token_embeddings_and_stay_out_of_the_prefix_cache(tiny_lm):
+    prompt = _prompt(10, 20)
+    ids = torch.tensor(prompt)
+    features = torch.randn(4, tiny_lm.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        embeds = tiny_lm.embed(ids).clone()
+        embeds[3:7] = features  # four "image" positions
+        want = tiny_lm.compute_logits(tiny_lm(ids, torch.arange(10), DenseCausalAttention(), inputs_embeds=embeds))
+    engine = _engine(tiny_lm)
+    engine.submit(firing("mm", prompt[:3], outputs=()))
+    engine.submit(firing("mm", prompt[3:7], outputs=(), embeds=features))
+    engine.submit(firing("mm", prompt[7:], outputs=("logits",)))
+    results = [r for _ in range(3) for r in engine.step()]
+    assert [r.outputs for r in results[:2]] == [{}, {}]
+    torch.testing.assert_close(results[2].outputs["logits"], want[-1], atol=1e-4, rtol=1e-4)
+    engine.submit(firing("text", prompt, outputs=("logits",)))
+    (text,) = engine.step()
+    assert engine.stats()["prefix_hit_tokens"] == 0  # the same ids, but not the same inputs
+    assert not torch.allclose(text.outputs["logits"], want[-1], atol=1e-3)
+
+
+def test_logprob_outputs(tiny_lm, hf_lm):
+    prompt = _prompt(8, 21)
+    engine = _engine(tiny_lm)
+    sampling = SamplingParams(temperature=0.0, logprobs=3)
+    engine.submit(firing("a", prompt, outputs=("token", "logprob", "top_logprobs", "top_logprob_ids"), sampling=sampling))
+    (result,) = engine.step()
+    ref = torch.log_softmax(_hf_last(hf_lm, prompt)[0], -1)
+    top = ref.topk(3)
+    assert result.outputs["top_logprob_ids"].tolist() == top.indices.tolist()
+    assert result.outputs["token"].tolist() == [int(top.indices[0])]
+    torch.testing.assert_close(result.outputs["top_logprobs"], top.values, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(result.outputs["logprob"], top.values[:1], atol=1e-4, rtol=1e-4)
+
+
+def test_kv_bytes_sizes_the_pool_and_bfloat16_runs(tiny_llama_dir, tiny_lm):
+    from walkserve.models.llama.weights import load_causal_lm
+
+    cfg = tiny_lm.config
+    per_block = 2 * cfg.num_hidden_layers * 16 * cfg.num_key_value_heads * cfg.head_dim * 2  # bf16
+    bf16 = load_causal_lm(tiny_llama_dir, dtype="bfloat16", progress=False)
+    engine = KVCacheEngine("lm", bf16, "cpu", "bfloat16", kv_bytes=10 * per_block + 5)
+    assert engine.stats()["kv_blocks_total"] == 10 and engine.pool.k.dtype == torch.bfloat16
+    prompt = _prompt(20, 22)
+    engine.submit(firing("a", prompt, outputs=("logits",)))
+    (result,) = engine.step()
+    with torch.no_grad():
+        want = tiny_lm.compute_logits(tiny_lm(torch.tensor(prompt), torch.arange(20), DenseCausalAttention()))[-1]
+    torch.testing.assert_close(result.outputs["logits"], want, atol=0.1, rtol=0.05)
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(tiny_lm, hf_lm, monkeypatch):
+    engine = _engine(tiny_lm)
+    engine.submit(firing("a", _prompt(5, 23)))
+    real = engine.runner.execute
+    monkeypatch.setattr(engine.runner, "execute", lambda chunks: (_ for _ in ()).throw(RuntimeError("boom")))
+    (result,) = engine.step()
+    assert result.outputs is None and "boom" in result.error
+    assert not engine.has_work() and engine.state_count() == 0 and engine.stats()["kv_blocks_used"] == 0
+    monkeypatch.setattr(engine.runner, "execute", real)
+    ok = Generation("b", _prompt(6, 24), 4)
+    drive(engine, [ok])
+    assert ok.tokens == hf_greedy(hf_lm, ok.prompt, 4)
+
+
+def test_malformed_inputs_never_raise_from_submit(tiny_lm):
+    engine = _engine(tiny_lm)
+    for inputs in ({"tokens": "abc"}, {"tokens": [1, 2], "embeds": "not a tensor"}, {"tokens": object()}):
+        bad = firing("bad", [1])
+        bad.inputs = inputs
+        engine.submit(bad)
+    results = engine.step()
+    assert len(results) == 3 and all(r.error for r in results)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_engine_matches_the_cpu_engine(tiny_llama_dir, tiny_lm):
+    """float32 on CUDA takes the PyTorch paged path (FlashInfer has no fp32 KV); tokens equal the CPU run's."""
+    from walkserve.models.llama.weights import load_causal_lm
+
+    gpu_lm = load_causal_lm(tiny_llama_dir, device="cuda", progress=False)
+    prompts = [_prompt(n, 30 + n) for n in (5, 19, 33)]
+    cpu = [Generation(f"r{i}", p, 8, join_step=i) for i, p in enumerate(prompts)]
+    gpu = [Generation(f"r{i}", p, 8, join_step=i) for i, p in enumerate(prompts)]
+    drive(_engine(tiny_lm, max_batch_tokens=16), cpu)
+    drive(KVCacheEngine("lm", gpu_lm, "cuda", torch.float32, block_size=16, num_blocks=32, max_batch_tokens=16), gpu)
+    assert [g.tokens for g in gpu] == [g.tokens for g in cpu]
+
+
+@pytest.mark.skipif(not flashinfer_available(torch.device("cuda"), torch.bfloat16), reason="needs CUDA and flashinfer")
+def test_flashinfer_engine_logits_match_the_torch_backend(tiny_llama_dir):
+    from walkserve.models.llama.weights import load_causal_lm
+
+    lm = load_causal_lm(tiny_llama_dir, device="cuda", dtype="bfloat16", progress=False)
+    logits = {}
+    for backend in ("flashinfer", "torch"):
+        engine = KVCacheEngine("lm", lm, "cuda", "bfloat16", num_blocks=32, max_batch_tokens=16, attention=backend)
+        for i, n in enumerate((5, 19, 33)):
+            engine.submit(firing(f"r{i}", _prompt(n, 40 + n), outputs=("logits",)))
+        got = {}
+        while engine.has_work():
+            for r in engine.step():
+                got[r.firing.request_id] = r.outputs["logits"].float().cpu()
+        for i in range(3):  # then one decode each, batched
+            engine.submit(firing(f"r{i}", [7], outputs=("logits",)))
+        for r in engine.step():
+            got[r.firing.request_id + "+1"] = r.outputs["logits"].float().cpu()
+        logits[backend] = got
+    assert logits["flashinfer"].keys() == logits["torch"].keys() and len(logits["torch"]) == 6
+    for key, want in logits["torch"].items():
+        torch.testing.assert_close(logits["flashinfer"][key], want, atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_greedy_parity_on_qwen(arch, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from walkserve.models.llama.tiny import write_tiny
+    from walkserve.models.llama.weights import load_causal_lm
+
+    path = write_tiny(arch, tmp_path / arch, init_std=0.1)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    hf.generation_config.eos_token_id = None
+    shared = _prompt(9, 50)
+    gens = [
+        Generation("a", shared + _prompt(4, 51), 8),
+        Generation("b", shared + _prompt(13, 52), 8, join_step=2),
+        Generation("c", _prompt(6, 53), 8, join_step=3),
+    ]
+    engine = _engine(load_causal_lm(path, progress=False), num_blocks=12, max_batch_tokens=8)
+    drive(engine, gens)
+    for g in gens:
+        assert g.tokens == hf_greedy(hf, g.prompt, g.max_new), g.request_id
+    assert engine.stats()["preemptions"] > 0 and engine.stats()["prefix_hit_tokens"] > 0

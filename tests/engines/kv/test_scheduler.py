@@ -1,0 +1,168 @@
+"""Scheduler bookkeeping on plain ints: budget, chunking, decode priority, prefix hits, preemption."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from walkserve.engines.kv.block_manager import BlockManager
+from walkserve.engines.kv.scheduler import Scheduler, SchedulerConfig
+
+
+@dataclass
+class FakeFiring:
+    name: str
+    outputs: tuple[str, ...] = ("token",)
+
+
+def _sched(num_blocks=16, block_size=4, max_batch_tokens=8, max_running=8) -> Scheduler:
+    return Scheduler(BlockManager(num_blocks, block_size), SchedulerConfig(max_batch_tokens, max_running))
+
+
+def _submit(s: Scheduler, req: str, tokens: list[int], tag: str = "main") -> FakeFiring:
+    ctx = s.context((req, tag))
+    firing = FakeFiring(f"{req}:{len(ctx.token_ids) + len(tokens)}")  # named after where its tokens end
+    ctx.append(firing, tokens)
+    return firing
+
+
+def _run(s: Scheduler) -> tuple[list[tuple[str, int, int]], list[str]]:
+    """One step: the plan as (request, start, n) and the names of the answered firings."""
+    plan = s.schedule()
+    chunks = [(c.context.key[0], c.start, c.num_tokens) for c in plan.chunks]
+    done = [p.firing.name for _, p in s.finish(plan)]
+    s.bm.check()
+    return chunks, done
+
+
+def test_long_prompt_runs_in_chunks_and_is_answered_after_the_last():
+    s = _sched()
+    _submit(s, "a", list(range(20)))
+    assert _run(s) == ([("a", 0, 8)], [])
+    assert _run(s) == ([("a", 8, 8)], [])
+    assert _run(s) == ([("a", 16, 4)], ["a:20"])
+    assert _run(s) == ([], [])
+    assert s.bm.table(("a", "main")) == [0, 1, 2, 3, 4]
+
+
+def test_decodes_go_first_and_prefill_takes_the_rest_of_the_budget():
+    s = _sched()
+    _submit(s, "a", [1, 2, 3])
+    _run(s)
+    _submit(s, "b", list(range(10, 30)))  # a 20-token prompt joins
+    _submit(s, "a", [4])  # a's decode
+    assert _run(s) == ([("a", 3, 1), ("b", 0, 7)], ["a:4"])
+    _submit(s, "a", [5])
+    assert _run(s) == ([("a", 4, 1), ("b", 7, 7)], ["a:5"])
+    assert _run(s) == ([("b", 14, 6)], ["b:20"])
+
+
+def test_max_running_caps_the_batch():
+    s = _sched(max_batch_tokens=100, max_running=2)
+    for req in "abc":
+        _submit(s, req, [1, 2])
+    assert [c[0] for c in _run(s)[0]] == ["a", "b"]
+    assert [c[0] for c in _run(s)[0]] == ["c"]
+
+
+def test_firings_queued_on_one_context_are_answered_in_order():
+    s = _sched(max_batch_tokens=100)
+    first = _submit(s, "a", [1, 2, 3])  # a prefill that only fills the KV
+    first.outputs = ()
+    _submit(s, "a", [4])  # its next token is asked for right away
+    assert _run(s) == ([("a", 0, 3)], ["a:3"])
+    assert _run(s) == ([("a", 3, 1)], ["a:4"])
+
+
+def test_prefix_hits_skip_cached_blocks_but_keep_the_last_token():
+    s = _sched(max_batch_tokens=100)
+    prompt = list(range(12))  # exactly three blocks
+    _submit(s, "a", prompt)
+    _run(s)
+    _submit(s, "b", prompt + [50, 51])
+    assert _run(s) == ([("b", 12, 2)], ["b:14"])
+    assert s.bm.table(("b", "main"))[:3] == s.bm.table(("a", "main"))
+    _submit(s, "c", prompt)  # identical prompt: the last block is recomputed for its logits
+    assert _run(s) == ([("c", 8, 4)], ["c:12"])
+    assert s.prefix_hit_tokens == 12 + 8
+
+
+def test_running_context_preempts_idle_holders_latest_first():
+    s = _sched(num_blocks=6, block_size=4, max_batch_tokens=100)
+    _submit(s, "a", list(range(100, 108)))
+    _submit(s, "b", list(range(8)))
+    _submit(s, "c", list(range(8)))  # b's prompt in the same step: nothing is cached yet, no hit
+    _run(s)
+    assert [s.bm.table((r, "main")) for r in "abc"] == [[0, 1], [2, 3], [4, 5]] and s.bm.num_free == 0
+    _submit(s, "a", list(range(108, 113)))  # 5 more tokens: 2 blocks needed, none free
+    assert _run(s) == ([("a", 8, 5)], ["a:13"])
+    assert s.preemptions == 1 and not s.bm.has(("c", "main")) and s.bm.has(("b", "main"))
+    assert s.bm.table(("a", "main")) == [0, 1, 5, 4]  # c's blocks were duplicates, never cached: freed tail first
+
+
+def test_running_contexts_preempt_later_ones_and_the_victim_resumes():
+    s = _sched(num_blocks=4, block_size=2, max_batch_tokens=100)
+    _submit(s, "a", [1, 2, 3, 4])
+    _submit(s, "b", [5, 6, 7, 8])
+    assert _run(s) == ([("a", 0, 4), ("b", 0, 4)], ["a:4", "b:4"])
+    _submit(s, "a", [9])
+    _submit(s, "b", [10])
+    # a needs a block, none is free, nothing is idle: the later b is preempted (and not readmitted this step)
+    assert _run(s) == ([("a", 4, 1)], ["a:5"])
+    assert s.preemptions == 1 and s.num_waiting() == 1
+    assert s.bm.table(("a", "main")) == [0, 1, 3]  # b's tail block (3) was evicted first
+    # b comes back: its head block is still cached, and idle a is preempted since nothing else runs
+    assert _run(s) == ([("b", 2, 3)], ["b:5"])
+    assert s.preemptions == 2 and s.prefix_hit_tokens == 2
+    assert not s.bm.has(("a", "main")) and s.bm.table(("b", "main")) == [2, 3, 1]
+
+
+def test_a_context_short_of_blocks_shrinks_its_chunk():
+    s = _sched(num_blocks=4, block_size=2, max_batch_tokens=100)
+    _submit(s, "x", [1, 2])
+    _submit(s, "y", [3, 4])
+    _run(s)  # x: [0], y: [1]
+    _submit(s, "x", [5])
+    _submit(s, "y", [6, 7, 8, 9, 10])  # y needs 3 blocks; x's decode takes one of the 2 free first
+    assert _run(s) == ([("x", 2, 1), ("y", 2, 2)], ["x:3"])  # y cannot preempt the earlier x: it shrinks
+    assert s.preemptions == 0
+    assert _run(s) == ([("y", 4, 3)], ["y:7"])  # now x is idle and gets preempted
+    assert s.preemptions == 1 and not s.bm.has(("x", "main"))
+
+
+def test_a_context_that_fits_nowhere_preempts_itself():
+    s = _sched(num_blocks=4, block_size=2, max_batch_tokens=100)
+    _submit(s, "a", [1, 2, 3, 4])
+    _submit(s, "b", [5, 6])
+    _run(s)  # a: [0, 1], b: [2]
+    _submit(s, "a", [7])
+    _submit(s, "b", [8, 9, 10, 11, 12])
+    # a's decode takes the last block; b (later, its block full) cannot preempt a: it preempts itself
+    assert _run(s) == ([("a", 4, 1)], ["a:5"])
+    assert s.preemptions == 1 and not s.bm.has(("b", "main")) and s.num_waiting() == 1
+    # next step nothing runs: b reattaches its cached block and preempts idle a
+    assert _run(s) == ([("b", 2, 5)], ["b:7"])
+    assert s.bm.table(("b", "main")) == [2, 3, 1, 0] and s.preemptions == 2
+
+
+def test_waiting_context_preempts_idle_ones_only_when_nothing_runs():
+    s = _sched(num_blocks=5, block_size=2, max_batch_tokens=100)
+    _submit(s, "a", [1, 2, 3, 4, 5, 6])
+    _submit(s, "c", [7, 8])
+    _run(s)  # a: [0, 1, 2], c: [3]; both idle
+    _submit(s, "c", [9])
+    _submit(s, "b", [10, 11, 12, 13])  # needs 2 blocks; c's decode takes the only free one
+    assert _run(s) == ([("c", 2, 1)], ["c:3"])
+    assert s.preemptions == 0 and s.num_waiting() == 1 and s.bm.has(("a", "main"))
+    assert _run(s) == ([("b", 0, 4)], ["b:4"])  # nothing else runs: the latest idle holder (c) goes
+    assert s.preemptions == 1 and not s.bm.has(("c", "main")) and s.bm.has(("a", "main"))
+    assert s.bm.table(("b", "main")) == [4, 3]
+
+
+def test_drop_request_frees_all_its_contexts():
+    s = _sched()
+    _submit(s, "a", [1, 2, 3], tag="cond")
+    _submit(s, "a", [1, 2, 3], tag="uncond")
+    _submit(s, "b", [1, 2, 3])
+    _run(s)
+    assert len(s.drop_request("a")) == 2
+    assert list(s.contexts) == [("b", "main")] and s.bm.keys() == [("b", "main")]

@@ -1,0 +1,1 @@
+"""The paged-KV engine: block manager, KV pool, scheduler, model runner, KVCacheEngine."""
