@@ -44,6 +44,8 @@ class RequestRun:
     seq: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     firings: int = 0
     admitted_at: float = field(default_factory=time.monotonic)
+    queue_s: float = 0.0
+    loaded: set[int] = field(default_factory=set)  # ranks whose load count includes this request
     first_output_at: float | None = None
     finished: FinishReason | None = None
     error: str | None = None

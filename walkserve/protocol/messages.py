@@ -206,12 +206,19 @@ class Failed(msgspec.Struct, tag=True, array_like=True):
 class Ready(msgspec.Struct, tag=True, array_like=True):
     rank: int
     pid: int
+    address: str
     detail: str = ""
 
 
 class WorkerStats(msgspec.Struct, tag=True, array_like=True):
     rank: int
     stats: dict[str, Any]
+
+
+class Peers(msgspec.Struct, tag=True, array_like=True):
+    """Conductor -> workers: every rank's inbox address (sent after start and after a restart)."""
+
+    addresses: dict[int, str]
 
 
 Message = (
@@ -238,6 +245,7 @@ Message = (
     | Failed
     | Ready
     | WorkerStats
+    | Peers
 )
 
 
@@ -246,3 +254,4 @@ class Batch(msgspec.Struct, array_like=True):
 
     token: str
     messages: list[Message]
+

@@ -1,0 +1,304 @@
+"""The conductor: owns request state, drives walks through the state machine, watches the workers.
+
+Heartbeat: receive (frontend submissions and aborts, worker reports) ->
+admit from the queue -> notice dead workers -> publish status. Outputs for
+clients come from workers and leave for the frontend in the same turn.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from typing import Any
+
+import zmq
+
+from walkserve.conductor.admission import Admission
+from walkserve.conductor.request_run import RequestRun, safe_advance
+from walkserve.conductor.supervisor import Supervisor
+from walkserve.core.finish import FinishReason
+from walkserve.core.request import RequestSpec
+from walkserve.graph.walk import WalkGraph
+from walkserve.placement.plan import Placement
+from walkserve.protocol import messages as m
+from walkserve.protocol.run import RunSpec
+from walkserve.transport import shm
+from walkserve.transport.ipc import Inbox, Outbox
+
+log = logging.getLogger(__name__)
+
+FRONTEND = "frontend"
+
+
+class Conductor:
+    def __init__(self, spec: RunSpec, graph: WalkGraph, placement: Placement):
+        self.spec, self.graph, self.placement = spec, graph, placement
+        self.ctx = zmq.Context()
+        self.inbox = Inbox(self.ctx, spec.conductor_address, spec.token)
+        self.outbox = Outbox(self.ctx, spec.token)
+        self.outbox.connect(FRONTEND, spec.frontend_address)
+        self.supervisor = Supervisor(spec.address_path("spec.msgpack"), sorted(placement.ranks))
+        self.admission = Admission(spec.config.max_running, spec.config.max_waiting)
+        self.runs: dict[str, RequestRun] = {}
+        self.ready: dict[int, bool] = {r: False for r in placement.ranks}
+        self.addresses: dict[int, str] = {}
+        self.load: dict[int, int] = defaultdict(int)
+        self.state, self.detail = "starting", "starting workers"
+        self.counters: dict[str, int] = defaultdict(int)
+        self.worker_stats: dict[int, dict[str, Any]] = {}
+        self.started_once = False
+        self.draining_until: float | None = None
+        self.stopping = False
+        self._last_status = 0.0
+
+    # ---- heartbeat ---------------------------------------------------------------------------
+    def run(self) -> None:
+        shm.sweep()
+        for rank in self.placement.ranks:
+            self.connect_rank(rank)
+        self.supervisor.start_all()
+        self.publish_status(force=True)
+        try:
+            while not self.stopping:
+                self.poll()
+                for msg in self.inbox.receive():
+                    self.handle(msg)
+                self.watch_workers()
+                self.admit()
+                self.check_drain()
+                self.publish_status()
+                self.outbox.flush()
+        finally:
+            self.shutdown_workers()
+
+    def poll(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.inbox.socket, zmq.POLLIN)
+        for fd in self.supervisor.sentinels():
+            poller.register(fd, zmq.POLLIN)
+        poller.poll(50)
+
+    def handle(self, msg: Any) -> None:
+        handler = self._handlers.get(type(msg))
+        if handler is None:
+            log.warning("conductor ignores %s", type(msg).__name__)
+            return
+        handler(self, msg)
+
+    # ---- frontend messages -------------------------------------------------------------------
+    def on_submit(self, msg: m.Submit) -> None:
+        spec = msg.request
+        if self.state in ("draining", "stopped", "failed"):
+            self.outbox.put(FRONTEND, m.Rejected(spec.id, f"the server is {self.state}", 5.0))
+            return
+        decision = self.admission.decide(len(self.runs))
+        if decision == "reject":
+            self.counters["rejected"] += 1
+            retry = self.admission.retry_after()
+            self.outbox.put(FRONTEND, m.Rejected(spec.id, "too many requests: the queue is full", retry))
+        elif decision == "run" and self.state == "ready":
+            self.start_request(spec, time.monotonic())
+        else:
+            self.admission.enqueue(spec)
+
+    def on_abort(self, msg: m.Abort) -> None:
+        if self.admission.remove(msg.request_id):
+            self.counters["aborted"] += 1
+            self.outbox.put(FRONTEND, m.Finished(msg.request_id, FinishReason.ABORT.value))
+            return
+        run = self.runs.get(msg.request_id)
+        if run is not None:
+            self.finish(run, FinishReason.ABORT)
+
+    def on_shutdown(self, msg: m.Shutdown) -> None:
+        self.state, self.detail = "draining", "shutting down"
+        self.draining_until = time.monotonic() + msg.drain_s
+        for spec, _ in list(self.admission.queue):
+            self.admission.remove(spec.id)
+            self.outbox.put(FRONTEND, m.Finished(spec.id, FinishReason.ABORT.value, error="the server is shutting down"))
+        self.publish_status(force=True)
+
+    def on_status_query(self, msg: m.StatusQuery) -> None:
+        self.publish_status(force=True)
+
+    # ---- requests ----------------------------------------------------------------------------
+    def start_request(self, spec: RequestSpec, queued_at: float) -> None:
+        sticky: dict[tuple[str, tuple[int, ...]], int] = {}
+
+        def choose(walk: str, node: str) -> int:
+            candidates = self.placement.ranks_for(walk, node)
+            if len(candidates) == 1:
+                return candidates[0]
+            key = (self.graph.plans[walk].nodes[node].component, candidates)
+            if key not in sticky:
+                sticky[key] = min(candidates, key=lambda r: (self.load[r], r))
+            return sticky[key]
+
+        run = RequestRun(spec, self.graph, choose)
+        run.admitted_at = queued_at
+        run.queue_s = time.monotonic() - queued_at
+        self.runs[spec.id] = run
+        messages, error = safe_advance(run, run.begin)
+        if error is not None:
+            self.finish(run, FinishReason.ERROR, error)
+            return
+        self.send_walk(run, messages)
+
+    def send_walk(self, run: RequestRun, messages: list) -> None:
+        for rank, start in messages:
+            self.outbox.put(("rank", rank), start)
+        self.unload(run)
+        run.loaded = {r for r, _ in messages}
+        for rank in run.loaded:
+            self.load[rank] += 1
+
+    def unload(self, run: RequestRun) -> None:
+        for rank in run.loaded:
+            self.load[rank] -= 1
+        run.loaded = set()
+
+    def on_client_out(self, msg: m.ClientOut) -> None:
+        run = self.runs.get(msg.request_id)
+        if run is None:
+            return
+        index = run.next_index(msg.modality)
+        self.outbox.put(FRONTEND, m.Event(msg.request_id, msg.modality, msg.walk, msg.node, msg.path, msg.value, index))
+
+    def on_walk_out(self, msg: m.WalkOut) -> None:
+        run = self.runs.get(msg.request_id)
+        if run is not None and run.walk_output(msg.walk, msg.name, msg.value):
+            self.advance(run)
+
+    def on_node_done(self, msg: m.NodeDone) -> None:
+        run = self.runs.get(msg.request_id)
+        if run is not None and run.node_done(msg.walk, msg.node, msg.firings, msg.hit_bound):
+            self.advance(run)
+
+    def advance(self, run: RequestRun) -> None:
+        messages, error = safe_advance(run, run.advance)
+        if error is not None:
+            self.finish(run, FinishReason.ERROR, error)
+        elif run.finished is not None:
+            self.finish(run, run.finished)
+        else:
+            self.send_walk(run, messages)
+
+    def on_failed(self, msg: m.Failed) -> None:
+        if msg.request_id.startswith("rank:"):
+            self.state, self.detail = "failed", msg.error
+            self.publish_status(force=True)
+            return
+        run = self.runs.get(msg.request_id)
+        if run is not None:
+            self.finish(run, FinishReason.ERROR, msg.error)
+
+    def finish(self, run: RequestRun, reason: FinishReason, error: str | None = None) -> None:
+        self.runs.pop(run.id, None)
+        self.unload(run)
+        now = time.monotonic()
+        timings = {"queue_s": getattr(run, "queue_s", 0.0), "total_s": now - run.admitted_at}
+        if run.first_output_at is not None:
+            timings["first_output_s"] = run.first_output_at - run.admitted_at
+        usage = {"firings": run.firings, **{f"{k}_outputs": v for k, v in run.seq.items()}}
+        key = {FinishReason.ERROR: "failed", FinishReason.ABORT: "aborted"}.get(reason, "finished")
+        self.counters[key] += 1
+        self.outbox.put(FRONTEND, m.Finished(run.id, reason.value, error, usage, timings))
+        for rank in run.involved_ranks():
+            self.outbox.put(("rank", rank), m.Release(run.id))
+
+    def admit(self) -> None:
+        if self.state not in ("ready",):
+            return
+        while (item := self.admission.next_ready(len(self.runs))) is not None:
+            self.start_request(*item)
+
+    # ---- workers -----------------------------------------------------------------------------
+    def on_ready(self, msg: m.Ready) -> None:
+        self.ready[msg.rank] = True
+        self.addresses[msg.rank] = msg.address
+        log.info("rank %d ready (pid %d)", msg.rank, msg.pid)
+        if all(self.ready.values()):
+            for rank in self.placement.ranks:
+                self.outbox.put(("rank", rank), m.Peers(dict(self.addresses)))
+            if self.state in ("starting", "degraded"):
+                self.state, self.detail = "ready", "serving"
+            self.started_once = True
+            self.publish_status(force=True)
+
+    def connect_rank(self, rank: int) -> None:
+        self.outbox.connect(("rank", rank), self.spec.address(f"rank{rank}"))
+
+    def watch_workers(self) -> None:
+        for rank, why in self.supervisor.dead():
+            self.ready[rank] = False
+            message = f"worker rank {rank} died ({why})"
+            log.error(message)
+            if not self.started_once:
+                self.state, self.detail = "failed", f"{message} while starting"
+                self.supervisor.forget(rank)
+                self.publish_status(force=True)
+                continue
+            for run in [r for r in self.runs.values() if rank in r.involved_ranks()]:
+                self.finish(run, FinishReason.ERROR, message)
+            if self.spec.config.restart_workers and not self.stopping and self.state != "draining":
+                self.state, self.detail = "degraded", f"{message}; restarting it"
+                self.supervisor.restart(rank)
+                self.connect_rank(rank)
+            else:
+                self.supervisor.forget(rank)
+                self.state, self.detail = "degraded", message
+            self.publish_status(force=True)
+
+    def on_worker_stats(self, msg: m.WorkerStats) -> None:
+        self.worker_stats[msg.rank] = msg.stats
+
+    def check_drain(self) -> None:
+        if self.draining_until is None:
+            return
+        if self.runs and time.monotonic() < self.draining_until:
+            return
+        for run in list(self.runs.values()):
+            self.finish(run, FinishReason.ABORT, "the server shut down before this request finished")
+        self.stopping = True
+
+    def shutdown_workers(self) -> None:
+        for rank in self.placement.ranks:
+            self.outbox.put(("rank", rank), m.Stop())
+        self.state, self.detail = "stopped", "stopped"
+        self.publish_status(force=True)
+        self.outbox.flush()
+        self.supervisor.stop_all()
+        shm.sweep(self.spec.run_id)
+        self.inbox.close()
+        self.outbox.close()
+        self.ctx.term()
+
+    # ---- status ------------------------------------------------------------------------------
+    def publish_status(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_status < self.spec.config.status_interval_s:
+            return
+        self._last_status = now
+        stats = {
+            "running": len(self.runs),
+            "waiting": len(self.admission.queue),
+            "counters": dict(self.counters),
+            "workers": self.worker_stats,
+            "restarts": dict(self.supervisor.restarts),
+        }
+        alive = {r: bool(self.ready.get(r)) for r in self.placement.ranks}
+        self.outbox.put(FRONTEND, m.Status(self.state, self.detail, alive, stats))
+
+    _handlers = {
+        m.Submit: on_submit,
+        m.Abort: on_abort,
+        m.Shutdown: on_shutdown,
+        m.StatusQuery: on_status_query,
+        m.ClientOut: on_client_out,
+        m.WalkOut: on_walk_out,
+        m.NodeDone: on_node_done,
+        m.Failed: on_failed,
+        m.Ready: on_ready,
+        m.WorkerStats: on_worker_stats,
+    }

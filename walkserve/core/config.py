@@ -1,0 +1,40 @@
+"""Runtime configuration: frozen, validated at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from walkserve.core.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How the runtime behaves, whatever the model.
+
+    ``max_running`` requests run at once; ``max_waiting`` more wait in a
+    queue; past that, submissions are rejected (HTTP 429). ``speculation``
+    lets a DynamicLoop run one iteration ahead of its stop rule.
+    ``engine_options`` override per-engine-kind options, e.g.
+    ``{"kv": {"num_blocks": 64}, "stateless": {"max_batch": 16}}``.
+    """
+
+    max_running: int = 256
+    max_waiting: int = 1024
+    speculation: bool = True
+    start_timeout_s: float = 300.0
+    worker_threads: int = 0  # 0 = cores / workers on this host
+    status_interval_s: float = 0.25
+    restart_workers: bool = True
+    dtype: str | None = None  # override the model's dtype on every rank ("float32", "bfloat16", "float16")
+    engine_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.max_running < 1:
+            raise ConfigError(f"max_running must be >= 1, got {self.max_running}")
+        if self.max_waiting < 0:
+            raise ConfigError(f"max_waiting must be >= 0, got {self.max_waiting}")
+        if self.dtype not in (None, "float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.start_timeout_s <= 0:
+            raise ConfigError("start_timeout_s must be > 0")

@@ -1,0 +1,43 @@
+"""NullEngine: deterministic outputs of the declared shapes, no model. For runtime tests and overhead benchmarks.
+
+ComponentSpec.options["outputs"] maps each output name to (dtype, shape);
+values are a small hash of (request, node, path), so runs are reproducible.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import deque
+
+import torch
+
+from walkserve.engines.base import Engine, Firing, FiringResult
+from walkserve.engines.values import _NAME_TO_TORCH
+
+
+class NullEngine(Engine):
+    def __init__(self, component: str, outputs: dict[str, tuple[str, tuple[int, ...]]], max_batch: int = 256):
+        self.component = component
+        self.outputs = {k: (_NAME_TO_TORCH[d], tuple(s)) for k, (d, s) in outputs.items()}
+        self.max_batch = max_batch
+        self.queue: deque[Firing] = deque()
+        self.steps = 0
+
+    def submit(self, firing: Firing) -> None:
+        self.queue.append(firing)
+
+    def has_work(self) -> bool:
+        return bool(self.queue)
+
+    def step(self) -> list[FiringResult]:
+        self.steps += 1
+        batch = [self.queue.popleft() for _ in range(min(self.max_batch, len(self.queue)))]
+        return [FiringResult(f, outputs={o: self._value(f, o) for o in f.outputs}) for f in batch]
+
+    def _value(self, f: Firing, output: str) -> torch.Tensor:
+        dtype, shape = self.outputs.get(output, (torch.int64, (1,)))
+        seed = zlib.crc32(f"{f.request_id}/{f.node}/{f.path}/{output}".encode())
+        return torch.full(shape, seed % 97, dtype=dtype)
+
+    def release(self, request_id: str) -> None:
+        self.queue = deque(f for f in self.queue if f.request_id != request_id)

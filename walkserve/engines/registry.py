@@ -1,0 +1,31 @@
+"""Engine kinds by name; heavy ones (the KV engine, CUDA backends) are imported only when used."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from walkserve.core.errors import ConfigError
+from walkserve.engines.base import Engine
+from walkserve.models.base import BuildContext, ComponentSpec
+
+KINDS = ("stateless", "null", "kv")
+
+
+def build_engine(spec: ComponentSpec, ctx: BuildContext, overrides: Mapping[str, Any] | None = None) -> Engine:
+    """Build the engine for one component on one rank, its module included."""
+    overrides = dict(overrides or {})
+    if spec.engine == "stateless":
+        from walkserve.engines.stateless import StatelessEngine
+
+        return StatelessEngine(spec.name, spec.build(ctx), max_batch=int(overrides.get("max_batch", spec.options.get("max_batch", 64))))
+    if spec.engine == "null":
+        from walkserve.engines.null import NullEngine
+
+        return NullEngine(spec.name, dict(spec.options.get("outputs", {})))
+    if spec.engine == "kv":
+        from walkserve.engines.kv.engine import KVCacheEngine
+
+        options = {**spec.options, **overrides}
+        return KVCacheEngine(spec.name, model=spec.build(ctx), device=ctx.device, dtype=ctx.dtype, **options)
+    raise ConfigError(f"component {spec.name!r}: unknown engine kind {spec.engine!r} (known: {', '.join(KINDS)})")

@@ -1,0 +1,262 @@
+"""AsyncEngine: start a model on a placement and iterate over each request's outputs.
+
+    engine = await AsyncEngine.start("orpheus", model_path=..., placement="two_ranks.yaml")
+    async for out in engine.generate(request):
+        ...                      # OutputEvent ..., then one RequestFinished
+    await engine.shutdown()
+
+The engine runs the conductor in a child process, which runs one worker
+process per rank; this process only encodes requests and decodes outputs,
+so HTTP work here never stalls scheduling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from walkserve.core.config import RuntimeConfig
+from walkserve.core.errors import AdmissionRejected, EngineDead, InvalidRequest, WalkserveError
+from walkserve.core.finish import FinishReason
+from walkserve.core.ids import new_run_id
+from walkserve.core.outputs import OutputEvent, RequestFinished
+from walkserve.core.request import RequestSpec
+from walkserve.entrypoint.interface import EngineClient, Health, RuntimeStats
+from walkserve.entrypoint.stats import runtime_stats
+from walkserve.models.base import Model, ModelRef
+from walkserve.models.processor import Processor
+from walkserve.placement.plan import Placement, load_placement, parse_placement
+from walkserve.placement.resolve import check_placement
+from walkserve.protocol import messages as m
+from walkserve.protocol.arrays import plain_value
+from walkserve.protocol.codec import BadMessage, decode, encode
+from walkserve.conductor.supervisor import Child
+from walkserve.core.proc import describe_exit
+from walkserve.protocol.run import RunSpec, save_run_spec
+from walkserve.transport import rundir, shm
+
+log = logging.getLogger(__name__)
+
+
+def default_device() -> str:
+    try:
+        import torch
+
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "cpu"
+
+
+def resolve_placement(model: Model, placement: Any) -> tuple[dict, str]:
+    """The placement as a validated mapping plus a name for error messages."""
+    if placement is None:
+        data = model.default_placement()
+        device = default_device()
+        for rank in data["ranks"]:
+            if rank.get("device") == "cpu" and device != "cpu":
+                rank["device"] = device
+        return data, "<default placement>"
+    if isinstance(placement, Placement):
+        raise TypeError("pass the placement as a mapping or a YAML path")
+    if isinstance(placement, (str, Path)):
+        path = Path(placement)
+        load_placement(path)
+        import yaml
+
+        return yaml.safe_load(path.read_text()), str(path)
+    parse_placement(placement, "<placement>")
+    return dict(placement), "<placement>"
+
+
+class AsyncEngine(EngineClient):
+    def __init__(self, model: Model, spec: RunSpec):
+        self.model = model
+        self.spec = spec
+        self.process: Child | None = None
+        self._processor = model.processor()
+        self.ctx = zmq.asyncio.Context()
+        self.inbox = self.ctx.socket(zmq.PULL)
+        self.inbox.setsockopt(zmq.LINGER, 0)
+        self.inbox.bind(spec.frontend_address)
+        self.outbox = self.ctx.socket(zmq.PUSH)
+        self.outbox.setsockopt(zmq.LINGER, 1000)
+        self.outbox.connect(spec.conductor_address)
+        self.streams: dict[str, asyncio.Queue] = {}
+        self.status = m.Status("starting", "starting the conductor", {}, {})
+        self.status_changed = asyncio.Event()
+        self.closed = False
+        self._tasks: list[asyncio.Task] = []
+
+    # ---- life cycle --------------------------------------------------------------------------
+    @classmethod
+    async def start(
+        cls,
+        model: str | ModelRef | Model,
+        placement: Any = None,
+        config: RuntimeConfig | None = None,
+        model_path: str | None = None,
+        model_options: dict | None = None,
+    ) -> AsyncEngine:
+        import walkserve.models.builtin  # noqa: F401
+        from walkserve.models.registry import load_model
+
+        if isinstance(model, str):
+            model = ModelRef(model, model_path, model_options or {})
+        if isinstance(model, ModelRef):
+            model = load_model(model)
+        config = config or RuntimeConfig()
+        data, source = resolve_placement(model, placement)
+        comps = model.components()
+        check_placement(
+            parse_placement(data, source),
+            model.graph(),
+            {c for c, s in comps.items() if s.stateful},
+            {c: s.weight_bytes for c, s in comps.items()},
+            {c: s.state_bytes for c, s in comps.items()},
+        )
+        run_id = new_run_id()
+        run_dir = rundir.make_run_dir(run_id)
+        ref = model.ref
+        spec = RunSpec(run_id, secrets.token_hex(16), str(run_dir), ref.family, ref.path, dict(ref.options), data, source, config)
+        save_run_spec(spec, spec.address_path("spec.msgpack"))
+        engine = cls(model, spec)
+        engine.process = Child([sys.executable, "-m", "walkserve.conductor.main", spec.address_path("spec.msgpack"), str(os.getpid())])
+        engine._tasks = [asyncio.create_task(engine._reader()), asyncio.create_task(engine._watch())]
+        try:
+            await engine._wait_ready(config.start_timeout_s)
+        except BaseException:
+            await engine.shutdown(drain_s=0)
+            raise
+        return engine
+
+    async def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.status.state not in ("ready",):
+            if self.status.state in ("failed", "stopped"):
+                raise WalkserveError(f"the runtime did not start: {self.status.detail}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise WalkserveError(f"the runtime did not start within {timeout_s:.0f} s ({self.status.detail})")
+            self.status_changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.status_changed.wait(), timeout=min(remaining, 0.5))
+
+    async def shutdown(self, drain_s: float = 10.0) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.process is not None and self.process.exitcode is None:
+            with contextlib.suppress(zmq.ZMQError):
+                await self.outbox.send(encode(self.spec.token, [m.Shutdown(drain_s)]))
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, self.process.wait, drain_s + 15)
+            if self.process.exitcode is None:
+                self.process.kill()
+                await loop.run_in_executor(None, self.process.wait, 5)
+        if self.process is not None:
+            self.process.close()
+        for task in self._tasks:
+            task.cancel()
+        self._fail_all("the runtime shut down")
+        self.inbox.close(0)
+        self.outbox.close(0)
+        self.ctx.term()
+        shm.sweep(self.spec.run_id)
+        rundir.remove_run_dir(Path(self.spec.run_dir))
+
+    # ---- background tasks --------------------------------------------------------------------
+    async def _reader(self) -> None:
+        while True:
+            frame = await self.inbox.recv()
+            try:
+                messages = decode(frame, self.spec.token)
+            except BadMessage as e:
+                log.warning("dropped a frame from the conductor: %s", e)
+                continue
+            for msg in messages:
+                if isinstance(msg, m.Status):
+                    self.status = msg
+                    self.status_changed.set()
+                    continue
+                queue = self.streams.get(msg.request_id)
+                if queue is not None:
+                    queue.put_nowait(msg)
+
+    async def _watch(self) -> None:
+        while self.process.exitcode is None:
+            await asyncio.sleep(0.25)
+        why = describe_exit(self.process.exitcode)
+        self.status = m.Status("stopped", f"the conductor process {why}", {}, self.status.stats)
+        self.status_changed.set()
+        self._fail_all("the runtime stopped")
+
+    def _fail_all(self, error: str) -> None:
+        for rid, queue in self.streams.items():
+            queue.put_nowait(m.Finished(rid, FinishReason.ERROR.value, error))
+
+    # ---- EngineClient ------------------------------------------------------------------------
+    @property
+    def processor(self) -> Processor:
+        if self._processor is None:
+            raise WalkserveError(f"model {self.model.ref.family!r} has no processor")
+        return self._processor
+
+    async def generate(self, request: RequestSpec) -> AsyncIterator[OutputEvent | RequestFinished]:
+        if self.closed or self.status.state in ("stopped", "failed"):
+            raise EngineDead(f"the runtime is {self.status.state}: {self.status.detail}")
+        rid = request.id
+        if rid in self.streams:
+            raise InvalidRequest(f"request id {rid!r} is already running", param="request_id")
+        queue: asyncio.Queue = asyncio.Queue()
+        self.streams[rid] = queue
+        finished = False
+        try:
+            await self.outbox.send(encode(self.spec.token, [m.Submit(request)]))
+            while True:
+                msg = await queue.get()
+                if isinstance(msg, m.Rejected):
+                    finished = True
+                    if msg.invalid:
+                        raise InvalidRequest(msg.message)
+                    raise AdmissionRejected(msg.message, msg.retry_after_s)
+                if isinstance(msg, m.Event):
+                    yield OutputEvent(rid, msg.modality, msg.walk, msg.node, tuple(msg.iteration), plain_value(msg.data), msg.index)
+                    continue
+                finished = True
+                yield RequestFinished(rid, FinishReason(msg.reason), msg.error, dict(msg.usage), dict(msg.timings))
+                return
+        finally:
+            self.streams.pop(rid, None)
+            if not finished and not self.closed:
+                with contextlib.suppress(zmq.ZMQError):
+                    await self.outbox.send(encode(self.spec.token, [m.Abort(rid)]))
+
+    async def abort(self, request_id: str) -> None:
+        await self.outbox.send(encode(self.spec.token, [m.Abort(request_id)]))
+
+    def health(self) -> Health:
+        s = self.status
+        workers = {int(k): bool(v) for k, v in s.workers.items()}
+        ok = s.state == "ready" and bool(workers) and all(workers.values()) and not self.closed
+        return Health(ok, "stopped" if self.closed else s.state, s.detail, workers)
+
+    def stats(self) -> RuntimeStats:
+        return runtime_stats(self.status.stats)
+
+    async def refresh_status(self, timeout_s: float = 2.0) -> None:
+        """Ask the conductor for a fresh status and wait for it."""
+        self.status_changed.clear()
+        await self.outbox.send(encode(self.spec.token, [m.StatusQuery()]))
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.status_changed.wait(), timeout_s)

@@ -1,0 +1,91 @@
+"""Worker process entry: ``python -m walkserve.worker.main SPEC_FILE RANK PARENT_PID``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import traceback
+
+from walkserve.core.proc import die_with_parent, set_title, setup_logging
+import sys
+
+from walkserve.protocol.run import RunSpec, load_run_spec
+
+log = logging.getLogger("walkserve.worker")
+
+
+def _threads(spec: RunSpec, device: str) -> int:
+    if spec.config.worker_threads > 0:
+        return spec.config.worker_threads
+    n_ranks = max(1, len(spec.placement.get("ranks", [])))
+    return max(1, (os.cpu_count() or 1) // n_ranks) if device == "cpu" else 1
+
+
+def main(argv: list[str]) -> int:
+    spec = load_run_spec(argv[1])
+    worker_main(spec, int(argv[2]), int(argv[3]))
+    return 0
+
+
+def worker_main(spec: RunSpec, rank: int, parent_pid: int) -> None:
+    """Runs in the child process."""
+    set_title(f"walkserve: worker rank {rank} ({spec.model_family})")
+    die_with_parent(parent_pid)
+    setup_logging(f"rank{rank}")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the conductor decides when workers stop
+    try:
+        worker = build_worker(spec, rank)
+    except Exception as e:
+        _report_start_failure(spec, rank, e)
+        raise SystemExit(3) from None
+    worker.run()
+
+
+def build_worker(spec: RunSpec, rank: int):
+    import torch
+
+    import walkserve.models.builtin  # noqa: F401  (model families)
+    from walkserve.engines.registry import build_engine
+    from walkserve.models.base import BuildContext, ModelRef
+    from walkserve.models.registry import load_model
+    from walkserve.placement.plan import parse_placement
+    from walkserve.worker.worker import Worker
+
+    placement = parse_placement(spec.placement, spec.placement_source)
+    device = placement.ranks[rank].device
+    torch.set_num_threads(_threads(spec, device))
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device if ":" in device else "cuda:0"))
+    model = load_model(ModelRef(spec.model_family, spec.model_path, spec.model_options))
+    graph = model.graph()
+    walks = {w: [n.name for n in walk.nodes()] for w, walk in graph.walks.items()}
+    hosted = {graph.plans[w].nodes[n].component for w, n in placement.nodes_on(rank, walks)}
+    ctx = BuildContext(rank=rank, device=device, dtype=spec.config.dtype or "")
+    components = model.components()
+    engines = {}
+    for name in sorted(hosted):
+        comp = components[name]
+        engines[name] = build_engine(comp, ctx, spec.config.engine_options.get(comp.engine))
+        log.info("rank %d built component %s (%s engine) on %s", rank, name, comp.engine, device)
+    return Worker(spec, rank, graph, engines, list(engines.values()))
+
+
+def _report_start_failure(spec: RunSpec, rank: int, e: Exception) -> None:
+    """Tell the conductor why this rank could not start, then exit."""
+    import zmq
+
+    from walkserve.protocol import messages as m
+    from walkserve.transport.ipc import Outbox
+
+    log.error("rank %d failed to start: %s\n%s", rank, e, traceback.format_exc())
+    ctx = zmq.Context()
+    out = Outbox(ctx, spec.token)
+    out.connect("conductor", spec.conductor_address)
+    out.send_now("conductor", m.Failed(f"rank:{rank}", f"rank {rank} could not start: {type(e).__name__}: {e}"))
+    out.close()
+    ctx.term()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,308 @@
+"""The worker: one process per rank, a heartbeat of receive -> schedule -> collect -> route.
+
+    receive   apply messages: start walks, deliveries, stream items, loop events, releases
+    schedule  each walk dataflow fires what is ready (Firing -> compute thread, with Futures)
+    collect   results from the compute thread go back into their dataflows
+    route     outputs leave: other ranks (shared memory for big tensors), the conductor
+
+A failing request becomes a Failed report for that request; nothing a
+request does unwinds this loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from collections import defaultdict
+from typing import Any
+
+import zmq
+
+from walkserve.core.sampling import SamplingParams
+from walkserve.engines.base import Firing, FiringResult
+from walkserve.engines.values import concat
+from walkserve.graph.walk import WalkGraph
+from walkserve.protocol import messages as m
+from walkserve.protocol.run import RunSpec
+from walkserve.transport.ipc import Inbox, Outbox
+from walkserve.transport.tensors import TensorCodec, unpack
+from walkserve.worker.compute import ComputeThread, Future
+from walkserve.worker.dataflow import WalkState
+
+log = logging.getLogger(__name__)
+
+CONDUCTOR = "conductor"
+EARLY_TTL_S = 30.0
+STATS_INTERVAL_S = 0.5
+
+
+class Worker:
+    def __init__(self, spec: RunSpec, rank: int, graph: WalkGraph, engines: dict, node_stats_sources: list):
+        self.spec, self.rank, self.graph = spec, rank, graph
+        self.ctx = zmq.Context()
+        self.inbox = Inbox(self.ctx, spec.address(f"rank{rank}"), spec.token)
+        self.outbox = Outbox(self.ctx, spec.token)
+        self.outbox.connect(CONDUCTOR, spec.conductor_address)
+        self.codec = TensorCodec(spec.run_id, f"r{rank}")
+        self.compute = ComputeThread(engines)
+        self.engines = engines
+        self.node_stats_sources = node_stats_sources
+        self.walks: dict[tuple[str, str], WalkState] = {}
+        self.sampling: dict[str, SamplingParams] = {}
+        self.early: dict[tuple[str, str], list[tuple[float, Any]]] = defaultdict(list)
+        self.released: dict[str, float] = {}
+        self.inflight: dict[int, tuple[WalkState, str, tuple[int, ...], str]] = {}
+        self.deferred: list[tuple[WalkState, str, tuple[int, ...], dict]] = []
+        self.ids = itertools.count()
+        self.stopping = False
+        self.counters = defaultdict(int)
+        self._last_stats = 0.0
+        self._last_sweep = time.monotonic()
+
+    # ---- the heartbeat -----------------------------------------------------------------------
+    def run(self) -> None:
+        self.compute.start()
+        self.outbox.send_now(CONDUCTOR, m.Ready(self.rank, os.getpid(), self.inbox.address))
+        poller = zmq.Poller()
+        poller.register(self.inbox.socket, zmq.POLLIN)
+        poller.register(self.compute.notify_fd, zmq.POLLIN)
+        try:
+            while not self.stopping:
+                poller.poll(100)
+                self.receive()
+                self.collect()
+                self.housekeeping()
+                self.outbox.flush()
+        finally:
+            self.compute.stop()
+            self.outbox.flush()
+            self.inbox.close()
+            self.outbox.close()
+            self.ctx.term()
+
+    def receive(self) -> None:
+        for msg in self.inbox.receive():
+            handler = self._handlers.get(type(msg))
+            if handler is None:
+                log.warning("rank %d ignores %s", self.rank, type(msg).__name__)
+                continue
+            handler(self, msg)
+            self.run_deferred()
+
+    def collect(self) -> None:
+        for component, result in self.compute.collect():
+            if isinstance(result, str):
+                self._engine_failed(component, result)
+            else:
+                self._result(result)
+            self.run_deferred()
+
+    def run_deferred(self) -> None:
+        while self.deferred:
+            ws, node, path, futures = self.deferred.pop(0)
+            if not ws.failed and (ws.request_id, ws.walk) in self.walks:
+                ws.launched(node, path, futures)
+
+    # ---- messages ----------------------------------------------------------------------------
+    def on_start(self, msg: m.StartWalk) -> None:
+        rid = msg.request_id
+        if rid in self.released:
+            return
+        if rid not in self.sampling:
+            self.sampling[rid] = SamplingParams.from_dict(msg.sampling)
+        plan = self.graph.plans[msg.walk]
+        ws = WalkState(plan, rid, self.rank, msg.ranks, msg.params, self, concat, self.spec.config.speculation)
+        self.walks[(rid, msg.walk)] = ws
+        ws.start({k: self._value(v) for k, v in msg.inputs.items()})
+        for _, early in self.early.pop((rid, msg.walk), []):
+            self._apply(ws, early)
+
+    def on_peer_message(self, msg: Any) -> None:
+        key = (msg.request_id, msg.walk)
+        if msg.request_id in self.released:
+            return
+        ws = self.walks.get(key)
+        if ws is None:
+            self.early[key].append((time.monotonic(), msg))
+        else:
+            self._apply(ws, msg)
+
+    def _apply(self, ws: WalkState, msg: Any) -> None:
+        if isinstance(msg, m.Deliver):
+            ws.deliver(msg.node, msg.output, msg.path, self._value(msg.value))
+        elif isinstance(msg, m.StreamItem):
+            ws.stream_item(msg.stream, msg.prefix, msg.index, self._value(msg.value))
+        elif isinstance(msg, m.StreamEnd):
+            ws.stream_end(msg.stream, msg.prefix, msg.n_items)
+        elif isinstance(msg, m.LoopEvent):
+            ws.loop_event(msg.scope, msg.outer, msg.k, msg.end)
+        elif isinstance(msg, m.Flow):
+            ws.flow(msg.stream, msg.prefix, msg.pause)
+
+    def on_release(self, msg: m.Release) -> None:
+        rid = msg.request_id
+        self.released[rid] = time.monotonic()
+        for key in [k for k in self.walks if k[0] == rid]:
+            del self.walks[key]
+        for key in [k for k in self.early if k[0] == rid]:
+            del self.early[key]
+        self.sampling.pop(rid, None)
+        for fid in [f for f, rec in self.inflight.items() if rec[0].request_id == rid]:
+            del self.inflight[fid]
+        self.compute.release(rid)
+
+    def on_peers(self, msg: m.Peers) -> None:
+        for rank, address in msg.addresses.items():
+            if self.outbox.addresses.get(("rank", rank)) != address or rank == self.rank:
+                self.outbox.connect(("rank", rank), address)
+
+    def on_stop(self, msg: m.Stop) -> None:
+        self.stopping = True
+
+    def on_stats_query(self, msg: m.StatsQuery) -> None:
+        self._send_stats()
+
+    _handlers = {
+        m.StartWalk: on_start,
+        m.Deliver: on_peer_message,
+        m.StreamItem: on_peer_message,
+        m.StreamEnd: on_peer_message,
+        m.LoopEvent: on_peer_message,
+        m.Flow: on_peer_message,
+        m.Release: on_release,
+        m.Peers: on_peers,
+        m.Stop: on_stop,
+        m.StatsQuery: on_stats_query,
+    }
+
+    # ---- the dataflow sink -------------------------------------------------------------------
+    def fire(self, ws: WalkState, node: str, path: tuple, inputs: dict, spans: dict, speculative: bool) -> None:
+        gnode = ws.plan.nodes[node]
+        firing = Firing(
+            id=next(self.ids),
+            request_id=ws.request_id,
+            walk=ws.walk,
+            node=node,
+            component=gnode.component,
+            op=gnode.op,
+            path=path,
+            inputs=inputs,
+            outputs=gnode.outputs,
+            params=ws.params,
+            sampling=self.sampling.get(ws.request_id),
+            node_params=gnode.params,
+            spans=spans,
+        )
+        futures = {out: Future() for out in gnode.outputs}
+        self.inflight[firing.id] = (ws, node, path, gnode.component)
+        self.counters["firings"] += 1
+        self.counters["speculative"] += int(speculative)
+        self.compute.fire(gnode.component, firing, futures)
+        self.deferred.append((ws, node, path, futures))
+
+    def send(self, rank: int, kind: str, ws: WalkState, **f: Any) -> None:
+        rid, walk = ws.request_id, ws.walk
+        if kind == "deliver":
+            msg = m.Deliver(rid, walk, f["node"], f["output"], f["path"], self._wire(f["value"]))
+        elif kind == "item":
+            msg = m.StreamItem(rid, walk, f["stream"], f["prefix"], f["index"], self._wire(f["value"]))
+        elif kind == "end":
+            msg = m.StreamEnd(rid, walk, f["stream"], f["prefix"], f["n_items"])
+        elif kind == "loop":
+            msg = m.LoopEvent(rid, walk, f["scope"], f["outer"], f["k"], f["end"])
+        else:
+            msg = m.Flow(rid, walk, f["stream"], f["prefix"], f["pause"])
+        self.outbox.put(("rank", rank), msg)
+
+    def report(self, kind: str, ws: WalkState, **f: Any) -> None:
+        rid, walk = ws.request_id, ws.walk
+        if kind == "client":
+            msg = m.ClientOut(rid, walk, f["node"], f["modality"], f["path"], self._wire(f["value"], inline=True))
+        elif kind == "output":
+            msg = m.WalkOut(rid, walk, f["name"], self._wire(f["value"], inline=True))
+        elif kind == "done":
+            msg = m.NodeDone(rid, walk, f["node"], f["firings"], f["hit_bound"])
+            self.counters["wasted"] += sum(ws.wasted.values()) if ws.is_done() else 0
+        else:
+            msg = m.Failed(rid, f["error"])
+        self.outbox.put(CONDUCTOR, msg)
+
+    # ---- results -----------------------------------------------------------------------------
+    def _result(self, result: FiringResult) -> None:
+        record = self.inflight.pop(result.firing.id, None)
+        if record is None:
+            return  # the request was released meanwhile
+        ws, node, path, _ = record
+        if (ws.request_id, ws.walk) not in self.walks or ws.failed:
+            return
+        if result.error is not None:
+            ws.failed = True
+            self.outbox.put(CONDUCTOR, m.Failed(ws.request_id, result.error))
+            return
+        ws.completed(node, path, result.outputs)
+
+    def _engine_failed(self, component: str, error: str) -> None:
+        failed = {rec[0].request_id for rec in self.inflight.values() if rec[3] == component}
+        for rid in failed:
+            self.outbox.put(CONDUCTOR, m.Failed(rid, error))
+
+    # ---- values ------------------------------------------------------------------------------
+    def _wire(self, value: Any, inline: bool = False) -> Any:
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            return self.codec.pack(value, allow_shm=not inline)
+        return value
+
+    @staticmethod
+    def _value(value: Any) -> Any:
+        return unpack(value) if isinstance(value, m.TensorMsg) else value
+
+    # ---- housekeeping ------------------------------------------------------------------------
+    def housekeeping(self) -> None:
+        now = time.monotonic()
+        if now - self._last_stats >= STATS_INTERVAL_S:
+            self._last_stats = now
+            self._send_stats()
+        if now - self._last_sweep >= 1.0:
+            self._last_sweep = now
+            for key in [k for k, v in self.early.items() if v and now - v[0][0] > EARLY_TTL_S]:
+                del self.early[key]
+            for rid in [r for r, t in self.released.items() if now - t > 2 * EARLY_TTL_S]:
+                del self.released[rid]
+            for key in [k for k, ws in self.walks.items() if ws.is_done() and not self._has_inflight(ws)]:
+                del self.walks[key]
+
+    def _has_inflight(self, ws: WalkState) -> bool:
+        return any(rec[0] is ws for rec in self.inflight.values())
+
+    def _send_stats(self) -> None:
+        engines = {}
+        state = 0
+        for name, engine in self.engines.items():
+            try:
+                engines[name] = dict(engine.stats())
+                state += engine.state_count()
+            except Exception:
+                engines[name] = {}
+        nodes: dict[str, dict[str, float]] = {}
+        for source in self.node_stats_sources:
+            for node, s in getattr(source, "node_stats", {}).items():
+                nodes[node] = dict(s)
+        stats = {
+            "walk_states": len(self.walks),
+            "requests": len({k[0] for k in self.walks}),
+            "engine_state": state,
+            "inflight": len(self.inflight),
+            "early": sum(len(v) for v in self.early.values()),
+            "counters": dict(self.counters),
+            "engines": engines,
+            "nodes": nodes,
+            "busy_s": dict(self.compute.busy_s),
+            "steps": dict(self.compute.steps),
+            "shm_sent": self.codec.shm_sent,
+            "bad_frames": self.inbox.bad_frames,
+        }
+        self.outbox.put(CONDUCTOR, m.WorkerStats(self.rank, stats))
