@@ -1,0 +1,24 @@
+"""``python -m benchmarks NAME [options]`` — run one benchmark and print its report."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHMARKS = {
+    "runtime": "benchmarks.runtime",
+    "lm": "benchmarks.lm",
+    "tts": "benchmarks.tts",
+}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHMARKS:
+        print("usage: ./dev bench {" + ",".join(BENCHMARKS) + "} [options]   (each takes --help)")
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    module = importlib.import_module(BENCHMARKS[argv[0]])
+    return int(module.main(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
