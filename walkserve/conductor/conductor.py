@@ -38,7 +38,7 @@ class Conductor:
         self.inbox = Inbox(self.ctx, spec.conductor_address, spec.token)
         self.outbox = Outbox(self.ctx, spec.token)
         self.outbox.connect(FRONTEND, spec.frontend_address)
-        self.supervisor = Supervisor(spec.address_path("spec.msgpack"), sorted(placement.ranks))
+        self.supervisor = Supervisor(spec.address_path("spec.msgpack"), sorted(placement.ranks), spec.config.start_timeout_s)
         self.admission = Admission(spec.config.max_running, spec.config.max_waiting)
         self.runs: dict[str, RequestRun] = {}
         self.ready: dict[int, bool] = {r: False for r in placement.ranks}
@@ -286,6 +286,8 @@ class Conductor:
             "counters": dict(self.counters),
             "workers": self.worker_stats,
             "restarts": dict(self.supervisor.restarts),
+            "pids": {r: c.pid for r, c in self.supervisor.procs.items()},
+            "zygote_pid": self.supervisor.zygote.popen.pid if self.supervisor.zygote else None,
         }
         alive = {r: bool(self.ready.get(r)) for r in self.placement.ranks}
         self.outbox.put(FRONTEND, m.Status(self.state, self.detail, alive, stats))

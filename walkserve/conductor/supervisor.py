@@ -1,20 +1,25 @@
 """Starts, watches and restarts the worker processes (one per rank).
 
-Workers are fresh interpreters (``python -m walkserve.worker.main``), so
-nothing of the parent's state or ``__main__`` leaks into them, and the
-conductor itself never loads torch. Each worker is watched through a pidfd
-that becomes readable the moment it exits.
+Workers are forked from a zygote (``python -m walkserve.worker.zygote``), a
+fresh interpreter that imported torch and the model code once, so N workers
+cost one import, not N; nothing of the conductor's state or of a user's
+``__main__`` leaks into them, and the conductor itself never loads torch.
+Without a zygote (``WALKSERVE_ZYGOTE=0``) each worker is its own
+interpreter. Each worker is watched through a pidfd that becomes readable
+the moment it exits.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
 import time
 
+from walkserve.core import env
 from walkserve.core.proc import describe_exit
 
 log = logging.getLogger(__name__)
@@ -51,16 +56,132 @@ class Child:
             self.pidfd = None
 
 
+class Forked:
+    """A worker forked by the zygote: watched by pidfd, its exit code reported by the zygote."""
+
+    def __init__(self, zygote: Zygote, rank: int):
+        self.zygote = zygote
+        self.pid = zygote.fork(rank)
+        self.pidfd: int | None = os.pidfd_open(self.pid)
+
+    @property
+    def exitcode(self) -> int | None:
+        self.zygote.read_exits()
+        if self.pid in self.zygote.exits:
+            return self.zygote.exits[self.pid]
+        if self.pidfd is not None and select.select([self.pidfd], [], [], 0)[0]:
+            self.zygote.read_exits(wait_s=0.5)
+            return self.zygote.exits.get(self.pid, -signal.SIGKILL)
+        return None
+
+    def kill(self) -> None:
+        if self.exitcode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.exitcode is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+class Zygote:
+    def __init__(self, spec_path: str, timeout_s: float):
+        argv = [sys.executable, "-m", "walkserve.worker.zygote", spec_path, str(os.getpid())]
+        self.popen = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+        self.exits: dict[int, int] = {}
+        self._buf = b""
+        line = self._line(timeout_s)
+        if line != "ready":
+            raise RuntimeError(f"the worker zygote did not start ({describe_exit(self.popen.poll())})")
+
+    def _line(self, timeout_s: float) -> str | None:
+        deadline = time.monotonic() + timeout_s
+        fd = self.popen.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode().strip()
+
+    def read_exits(self, wait_s: float = 0.0) -> None:
+        while True:
+            line = self._line(wait_s) if (wait_s or b"\n" in self._buf or self._readable()) else None
+            if line is None:
+                return
+            parts = line.split()
+            if parts[0] == "exit":
+                self.exits[int(parts[1])] = int(parts[2])
+            wait_s = 0.0
+
+    def _readable(self) -> bool:
+        return bool(select.select([self.popen.stdout.fileno()], [], [], 0)[0])
+
+    def fork(self, rank: int) -> int:
+        self.popen.stdin.write(f"fork {rank}\n".encode())
+        self.popen.stdin.flush()
+        while True:
+            line = self._line(30.0)
+            if line is None:
+                raise RuntimeError("the worker zygote stopped answering")
+            parts = line.split()
+            if parts[0] == "forked" and int(parts[1]) == rank:
+                return int(parts[2])
+            if parts[0] == "exit":
+                self.exits[int(parts[1])] = int(parts[2])
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.stdin.close()
+            try:
+                self.popen.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=3)
+
+
 class Supervisor:
-    def __init__(self, spec_path: str, ranks: list[int]):
+    def __init__(self, spec_path: str, ranks: list[int], start_timeout_s: float = 300.0):
         self.spec_path = spec_path
         self.ranks = ranks
-        self.procs: dict[int, Child] = {}
+        self.procs: dict[int, Child | Forked] = {}
         self.restarts: dict[int, int] = {r: 0 for r in ranks}
+        self.start_timeout_s = start_timeout_s
+        self.zygote: Zygote | None = None
+
+    def _zygote(self) -> Zygote | None:
+        if not env.WALKSERVE_ZYGOTE.get() or not hasattr(os, "pidfd_open"):
+            return None
+        if self.zygote is None or not self.zygote.alive():
+            try:
+                self.zygote = Zygote(self.spec_path, self.start_timeout_s)
+            except (RuntimeError, OSError) as e:
+                log.warning("starting workers without a zygote: %s", e)
+                self.zygote = None
+        return self.zygote
 
     def start(self, rank: int) -> None:
-        argv = [sys.executable, "-m", "walkserve.worker.main", self.spec_path, str(rank), str(os.getpid())]
-        self.procs[rank] = child = Child(argv)
+        zygote = self._zygote()
+        if zygote is not None:
+            self.procs[rank] = child = Forked(zygote, rank)
+        else:
+            argv = [sys.executable, "-m", "walkserve.worker.main", self.spec_path, str(rank), str(os.getpid())]
+            self.procs[rank] = child = Child(argv)
         log.info("started worker rank %d (pid %d)", rank, child.pid)
 
     def start_all(self) -> None:
@@ -94,3 +215,6 @@ class Supervisor:
             child.wait(5)
             child.close()
         self.procs.clear()
+        if self.zygote is not None:
+            self.zygote.stop()
+            self.zygote = None

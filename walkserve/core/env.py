@@ -78,3 +78,9 @@ WALKSERVE_START_TIMEOUT_S = _knob(
     "How long the runtime waits for its worker processes to load their components.",
 )
 WALKSERVE_LOG_LEVEL = _knob("WALKSERVE_LOG_LEVEL", "INFO", str, "Log level of every walkserve process.")
+WALKSERVE_ZYGOTE = _knob(
+    "WALKSERVE_ZYGOTE",
+    True,
+    bool,
+    "Fork workers from one warm interpreter (fast start and restart); 0 starts each worker as its own interpreter.",
+)

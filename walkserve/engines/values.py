@@ -9,20 +9,8 @@ import numpy as np
 import torch
 
 from walkserve.core.array import ArrayData
-
-_NP_TO_NAME = {
-    torch.bool: "bool",
-    torch.uint8: "uint8",
-    torch.int8: "int8",
-    torch.int16: "int16",
-    torch.int32: "int32",
-    torch.int64: "int64",
-    torch.float16: "float16",
-    torch.bfloat16: "bfloat16",
-    torch.float32: "float32",
-    torch.float64: "float64",
-}
-_NAME_TO_TORCH = {v: k for k, v in _NP_TO_NAME.items()}
+from walkserve.transport.dtypes import NAME_TO_TORCH as _NAME_TO_TORCH
+from walkserve.transport.dtypes import TORCH_TO_NAME as _NP_TO_NAME
 
 
 def concat(items: Sequence[Any], template: Any = None) -> torch.Tensor:

@@ -26,11 +26,13 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from walkserve.conductor.supervisor import Child
 from walkserve.core.config import RuntimeConfig
 from walkserve.core.errors import AdmissionRejected, EngineDead, InvalidRequest, WalkserveError
 from walkserve.core.finish import FinishReason
 from walkserve.core.ids import new_run_id
 from walkserve.core.outputs import OutputEvent, RequestFinished
+from walkserve.core.proc import describe_exit
 from walkserve.core.request import RequestSpec
 from walkserve.entrypoint.interface import EngineClient, Health, RuntimeStats
 from walkserve.entrypoint.stats import runtime_stats
@@ -41,8 +43,6 @@ from walkserve.placement.resolve import check_placement
 from walkserve.protocol import messages as m
 from walkserve.protocol.arrays import plain_value
 from walkserve.protocol.codec import BadMessage, decode, encode
-from walkserve.conductor.supervisor import Child
-from walkserve.core.proc import describe_exit
 from walkserve.protocol.run import RunSpec, save_run_spec
 from walkserve.transport import rundir, shm
 

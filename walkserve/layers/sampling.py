@@ -6,6 +6,7 @@ Order of operations (every step vectorised over the batch):
       -> repetition penalty   (HF: divide positive / multiply negative logits of tokens in prompt+output)
       -> presence, frequency  (OpenAI: minus presence * [count > 0] + frequency * count over output tokens)
       -> min_tokens           (stop ids masked to -inf while fewer than min_tokens were generated)
+      -> allowed ranges       (constrained decoding: ids outside a row's [lo, hi) ranges masked to -inf)
       => logprobs are taken here (log_softmax of the penalised logits, before temperature)
       -> greedy rows: argmax
       -> temperature, top-k, top-p, min-p, softmax
@@ -36,6 +37,7 @@ class SampleRow:
     params: SamplingParams
     prompt_and_output: list[int]  # every token of the sequence so far (repetition penalty)
     output: list[int]  # the tokens generated so far (presence/frequency penalty, min_tokens, seed step)
+    allowed: list[tuple[int, int]] | None = None  # only ids in these [lo, hi) ranges may be drawn (None: any)
 
 
 @dataclass
@@ -60,6 +62,7 @@ class Sampler:
         logits = logits.float().clone()  # [N, V]
         apply_penalties(logits, rows)
         mask_min_tokens(logits, rows)
+        mask_disallowed(logits, rows)
         out = SamplerOutput(token_ids=torch.empty(len(rows), dtype=torch.long, device=logits.device))
         want = max((r.params.logprobs for r in rows if r.params.logprobs is not None), default=None)
         logprobs = torch.log_softmax(logits, dim=-1) if want is not None else None  # [N, V]
@@ -125,6 +128,17 @@ def mask_min_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> None:
         stops = [t for t in row.params.stop_token_ids if t < logits.shape[1]]
         if stops and len(row.output) < row.params.min_tokens:
             logits[i, stops] = float("-inf")
+
+
+def mask_disallowed(logits: torch.Tensor, rows: list[SampleRow]) -> None:
+    """Rows with ``allowed`` ranges: every id outside them becomes -inf, in place on [N, V]."""
+    for i, row in enumerate(rows):
+        if row.allowed is None:
+            continue
+        keep = torch.zeros(logits.shape[1], dtype=torch.bool, device=logits.device)  # [V]
+        for lo, hi in row.allowed:
+            keep[max(lo, 0) : max(min(hi, logits.shape[1]), 0)] = True
+        logits[i].masked_fill_(~keep, float("-inf"))
 
 
 def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

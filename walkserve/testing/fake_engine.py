@@ -301,6 +301,9 @@ class FakeEngine(EngineClient):
                 return
         if want_audio:
             yield self._audio_chunk(run, run.text_tokens)
+        if "latent" in run.spec.modalities:  # a small float32 [2, 3] tensor, values 0.5 * (0..5)
+            latent = ArrayData.from_list([0.5 * i for i in range(6)], "float32")
+            yield run.event("latent", ArrayData("float32", (2, 3), latent.data), "fake_head", run.text_tokens, 0)
         yield run.finished(FinishReason.STOP)
 
     async def _produce_speech(self, run: _Run) -> AsyncIterator[OutputEvent | RequestFinished]:

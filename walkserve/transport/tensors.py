@@ -7,9 +7,10 @@ import itertools
 import torch
 
 from walkserve.core import env
-from walkserve.engines.values import _NAME_TO_TORCH, _NP_TO_NAME
 from walkserve.protocol.messages import TensorMsg
 from walkserve.transport import shm
+from walkserve.transport.dtypes import NAME_TO_TORCH as _NAME_TO_TORCH
+from walkserve.transport.dtypes import TORCH_TO_NAME as _NP_TO_NAME
 
 
 class TensorCodec:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import traceback
 
 from walkserve.core.proc import die_with_parent, set_title, setup_logging
-import sys
-
 from walkserve.protocol.run import RunSpec, load_run_spec
 
 log = logging.getLogger("walkserve.worker")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import pytest
 
 from walkserve.core.errors import InvalidRequest
 from walkserve.core.sampling import SamplingParams
+from walkserve.models.llama.config import LMConfig
 from walkserve.models.llama.processor import TextLMProcessor
 from walkserve.models.llama.tiny import write_tiny
 
@@ -28,13 +30,16 @@ def test_card(llama, qwen, tiny_dirs):
     assert card.id == "tiny-llama" and card.family == "llama" and card.random_weights
     assert card.capabilities == frozenset({"completions", "chat"})
     assert card.max_context == 1024 == llama.config.max_position_embeddings
-    assert qwen.card().id == "qwen3" and not qwen.card().random_weights
+    assert qwen.card().id == "qwen3" and qwen.card().random_weights  # from the tiny writer's config marker
+    config = json.loads((tiny_dirs["qwen3"] / "config.json").read_text())
+    assert config.pop("walkserve_random_weights") is True
+    assert not LMConfig.from_hf(config).random_weights  # a real checkpoint has no marker
     assert TextLMProcessor(tiny_dirs["qwen2"]).card().family == "qwen2"  # from config.json by default
 
 
 def test_completion_prompt(llama):
     spec = llama.build_request("completion", {"prompt": "The river"}, SamplingParams(max_tokens=5), {"x": 1})
-    ids = spec.inputs["prompt_ids"]
+    ids = spec.inputs["prompt_token_ids"]
     assert ids.dtype == "int64" and ids.tolist() == llama.tokenize("The river")
     assert ids.tolist()[0] == llama.tokenizer.bos_token_id
     assert (spec.task, spec.modalities, spec.params) == ("completion", ("text",), {"x": 1})
@@ -44,9 +49,9 @@ def test_completion_prompt(llama):
 def test_completion_token_ids_and_stop_ids(llama, tiny_dirs):
     sampling = SamplingParams(max_tokens=3, stop_token_ids=(7,))
     spec = llama.build_request("completion", {"prompt_token_ids": [1, 2, 3]}, sampling, {})
-    assert spec.inputs["prompt_ids"].tolist() == [1, 2, 3]
+    assert spec.inputs["prompt_token_ids"].tolist() == [1, 2, 3]
     as_prompt = llama.build_request("completion", {"prompt": [4, 5]}, sampling, {})
-    assert as_prompt.inputs["prompt_ids"].tolist() == [4, 5]
+    assert as_prompt.inputs["prompt_token_ids"].tolist() == [4, 5]
     eos = llama.config.eos_token_ids
     assert spec.sampling.stop_token_ids == (7, *eos) and len(eos) == 2
     assert spec.sampling.max_tokens == 3
@@ -59,12 +64,12 @@ def test_chat_renders_template_and_flattens_parts(qwen):
     messages = [{"role": "system", "content": "Be brief."},
                 {"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "world"}]}]
     spec = qwen.build_request("chat", {"messages": messages}, SamplingParams(), {})
-    text = qwen.decode(spec.inputs["prompt_ids"].tolist(), skip_special_tokens=False)
+    text = qwen.decode(spec.inputs["prompt_token_ids"].tolist(), skip_special_tokens=False)
     assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello\nworld<|im_end|>\n" \
                    "<|im_start|>assistant\n"
     im_end = qwen.tokenizer.token_id("<|im_end|>")
     assert im_end in spec.sampling.stop_token_ids
-    assert spec.inputs["prompt_ids"].tolist().count(im_end) == 2  # special tokens parsed as single ids
+    assert spec.inputs["prompt_token_ids"].tolist().count(im_end) == 2  # special tokens parsed as single ids
 
 
 @pytest.mark.parametrize("task,payload,sampling,param", [

@@ -7,7 +7,10 @@ its KV in the pool, with the outputs it names (see ``runner.OUTPUTS``; an
 empty ``outputs`` just fills the KV). Optional ``inputs["embeds"]`` (float
 [T, D]) replaces those tokens' embeddings (image or audio features); such
 positions are kept out of the prefix cache. Sampling uses
-``firing.sampling`` (greedy when None) over the context's whole history.
+``firing.sampling`` (greedy when None) over the context's whole history;
+``node_params["token_ranges"]``, a list of ``[lo, hi)`` id ranges or a
+function of the number of tokens sampled so far for the context returning
+one, restricts which ids may be drawn (constrained decoding).
 
     step():  plan = scheduler.schedule()      which chunks of which contexts
              outs = runner.execute(chunks)     one forward + sampling
@@ -42,7 +45,8 @@ class KVCacheEngine(Engine):
     vocab_size; firings with embeds also need ``embed(input_ids [T]) -> [T, D]``
     (or ``get_input_embeddings()``).
     The pool holds ``num_blocks`` blocks of ``block_size`` tokens, or as
-    many as ``kv_bytes`` allows, or a device default.
+    many as ``kv_bytes`` allows, or a device default. The pool holds
+    ``dtype`` (a torch dtype or its name); None or "" takes the model's own.
     """
 
     def __init__(
@@ -50,7 +54,7 @@ class KVCacheEngine(Engine):
         component: str,
         model: nn.Module,
         device: torch.device | str,
-        dtype: torch.dtype | str,
+        dtype: torch.dtype | str | None,
         block_size: int = 16,
         num_blocks: int | None = None,
         kv_bytes: int | None = None,
@@ -65,7 +69,7 @@ class KVCacheEngine(Engine):
         self.device = torch.device(device)
         cfg = model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        dtype = _pool_dtype(model, dtype)
         shape = KVPoolShape(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, block_size, dtype)
         self.pool = KVPool(shape, pool_blocks(shape, self.device, num_blocks, kv_bytes), self.device)
         self.block_manager = BlockManager(self.pool.num_blocks, block_size, prefix_caching)
@@ -175,6 +179,19 @@ class KVCacheEngine(Engine):
     def _take_ready(self) -> list[FiringResult]:
         ready, self._ready = self._ready, []
         return ready
+
+
+def _pool_dtype(model: nn.Module, dtype: torch.dtype | str | None) -> torch.dtype:
+    """The KV pool's dtype: ``dtype`` if given (name or dtype), else the model's parameter dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype:
+        resolved = getattr(torch, dtype, None)
+        if not isinstance(resolved, torch.dtype):
+            raise ValueError(f"unknown KV pool dtype {dtype!r}")
+        return resolved
+    param = next(model.parameters(), None)
+    return param.dtype if param is not None else torch.float32
 
 
 def _key(firing: Firing) -> ContextKey:

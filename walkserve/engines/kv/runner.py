@@ -121,7 +121,9 @@ def _sample_row(chunk: ScheduledChunk, names: set[str]) -> SampleRow:
     if params.logprobs is None and names & {"logprob", "top_logprobs", "top_logprob_ids"}:
         params = replace(params, logprobs=0)
     history = ctx.token_ids[: chunk.end] + ctx.sampled if params.repetition_penalty != 1.0 else []
-    return SampleRow(params=params, prompt_and_output=history, output=ctx.sampled)
+    ranges = chunk.completes.firing.node_params.get("token_ranges")  # constrained decoding (e.g. Orpheus)
+    allowed = list(ranges(len(ctx.sampled)) if callable(ranges) else ranges) if ranges is not None else None
+    return SampleRow(params=params, prompt_and_output=history, output=ctx.sampled, allowed=allowed)
 
 
 def _on_cpu(out: SamplerOutput) -> SamplerOutput:

@@ -23,11 +23,7 @@ import torch
 from torch import nn
 
 from walkserve.core.errors import ConfigError
-
-INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
-_ST_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-                "F8_E4M3": 1, "F8_E5M2": 1}
+from walkserve.models.llama.safetensors_files import INDEX_FILE, ITEMSIZE, SINGLE_FILE, read_header
 
 
 @dataclass(frozen=True)
@@ -68,7 +64,7 @@ class SafetensorsCheckpoint:
         """name -> (shape, safetensors dtype), from the file headers only."""
         out: dict[str, tuple[tuple[int, ...], str]] = {}
         for path, names in self._by_file(self.names()):
-            header = _read_header(path)
+            header = read_header(path)
             for name in names:
                 if name not in header:
                     raise ConfigError(f"{path.name}: index lists {name!r} but the file lacks it")
@@ -79,7 +75,7 @@ class SafetensorsCheckpoint:
         """Total bytes of the tensors, stored size or at ``itemsize`` bytes per element."""
         total = 0
         for shape, dtype in self.shapes().values():
-            total += math.prod(shape) * (itemsize or _ST_ITEMSIZE.get(dtype, 4))
+            total += math.prod(shape) * (itemsize or ITEMSIZE.get(dtype, 4))
         return total
 
     def tensors(self, names: Iterable[str], progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
@@ -102,14 +98,6 @@ class SafetensorsCheckpoint:
         for name in names:
             groups.setdefault(self.files[name], []).append(name)
         return sorted(groups.items())
-
-
-def _read_header(path: Path) -> dict:
-    with open(path, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(size))
-    header.pop("__metadata__", None)
-    return header
 
 
 def checkpoint_targets(module: nn.Module, prefix: str = "") -> dict[str, Target]:

@@ -18,6 +18,7 @@ ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 _DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "Qwen2ForCausalLM": 32768, "Qwen3ForCausalLM": 32768}
 DTYPES = ("float32", "bfloat16", "float16")
+RANDOM_WEIGHTS_KEY = "walkserve_random_weights"  # written by the tiny checkpoint writers
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class LMConfig:
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
     dtype: str = "float32"
+    random_weights: bool = False  # config.json "walkserve_random_weights": a tiny random checkpoint
 
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
@@ -131,6 +133,7 @@ class LMConfig:
             eos_token_ids=_ids(d.get("eos_token_id")),
             pad_token_id=d.get("pad_token_id"),
             dtype=_dtype(d),
+            random_weights=d.get(RANDOM_WEIGHTS_KEY) is True,
         )
 
 

@@ -15,15 +15,17 @@ from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
 from walkserve.models.detokenizer import IncrementalDetokenizer
 from walkserve.models.llama.config import LMConfig
+from walkserve.models.llama.graph import PROMPT_INPUT
 from walkserve.models.processor import ModelCard, Processor
 from walkserve.models.tokenizer import Tokenizer
 
 
 class TextLMProcessor(Processor):
-    """Turns ``completion`` / ``chat`` payloads into ``RequestSpec(inputs={"prompt_ids": int64 [N]})``.
+    """Turns ``completion`` / ``chat`` payloads into ``RequestSpec(inputs={"prompt_token_ids": int64 [N]})``.
 
     The model's end-of-sequence ids (config.json and generation_config.json)
     are merged into ``sampling.stop_token_ids`` unless ``sampling.ignore_eos``.
+    ``random_weights`` is also taken from the checkpoint's marker (tiny checkpoints).
     """
 
     def __init__(
@@ -36,13 +38,13 @@ class TextLMProcessor(Processor):
         path = Path(path)
         self.config = LMConfig.from_file(path)
         self.tokenizer = Tokenizer.from_dir(path)
-        self.eos_token_ids = _eos_ids(path, self.config)
+        self.eos_token_ids = checkpoint_eos_ids(path, self.config)
         self._card = ModelCard(
             id=model_id or path.name,
             family=family or self.config.family,
             capabilities=frozenset({"completions", "chat"}),
             max_context=self.config.max_position_embeddings,
-            random_weights=random_weights,
+            random_weights=random_weights or self.config.random_weights,
             description=f"{self.config.architecture} ({self.config.num_hidden_layers} layers)",
         )
 
@@ -66,7 +68,7 @@ class TextLMProcessor(Processor):
             raise InvalidRequest(f"{self._card.id} does not serve task {task!r}", param="task")
         self._check_length(ids, field, sampling)
         return RequestSpec(
-            inputs={"prompt_ids": ArrayData.from_list(ids, "int64")},
+            inputs={PROMPT_INPUT: ArrayData.from_list(ids, "int64")},
             task=task,
             modalities=("text",),
             sampling=self._with_stop_ids(sampling),
@@ -157,7 +159,7 @@ def _content_text(content: Any, i: int) -> str:
     return "\n".join(texts)
 
 
-def _eos_ids(path: Path, config: LMConfig) -> tuple[int, ...]:
+def checkpoint_eos_ids(path: Path, config: LMConfig) -> tuple[int, ...]:
     """config.json eos ids, then any extra ones from generation_config.json."""
     ids = list(config.eos_token_ids)
     gen = path / "generation_config.json"

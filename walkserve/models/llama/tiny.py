@@ -3,7 +3,8 @@
 ``write_tiny("llama" | "qwen2" | "qwen3", out_dir, **overrides)`` writes:
 
     config.json                  HF format (transformers-5 ``rope_parameters`` + ``dtype``,
-                                 or ``rope_form="legacy"``: ``rope_theta`` + ``rope_scaling`` + ``torch_dtype``)
+                                 or ``rope_form="legacy"``: ``rope_theta`` + ``rope_scaling`` + ``torch_dtype``),
+                                 marked ``"walkserve_random_weights": true``
     generation_config.json
     model.safetensors            or ``shards=N``: model-0000i-of-0000N.safetensors + model.safetensors.index.json
     tokenizer.json, tokenizer_config.json   a small trained byte-level BPE with a chat template
@@ -23,7 +24,7 @@ import torch
 from walkserve.core.errors import ConfigError
 from walkserve.layers.rope_config import RopeConfig
 from walkserve.models.llama.checkpoint import INDEX_FILE, SINGLE_FILE, expected_shapes
-from walkserve.models.llama.config import LMConfig
+from walkserve.models.llama.config import RANDOM_WEIGHTS_KEY, LMConfig
 from walkserve.models.llama.modules import CausalLM
 from walkserve.models.llama.tiny_tokenizer import TinyTokenIds, write_tokenizer
 
@@ -96,6 +97,7 @@ def _hf_config(arch: str, o: dict[str, Any], ids: TinyTokenIds) -> dict[str, Any
     if arch == "llama":
         config["mlp_bias"] = o["mlp_bias"]
     config.update(bos_token_id=ids.bos_token_id, eos_token_id=list(ids.eos_token_ids), pad_token_id=ids.pad_token_id)
+    config[RANDOM_WEIGHTS_KEY] = True
     rope = dict(ROPE_PRESETS[o["rope"]] if isinstance(o["rope"], str) else o["rope"])
     rope["rope_theta"] = o["rope_theta"]
     RopeConfig.from_hf({"rope_parameters": rope})  # validate before writing

@@ -66,6 +66,18 @@ def code_token(code: int, index: int) -> int:
     return AUDIO_CODE_BASE + (index % FRAME_TOKENS) * CODEBOOK_SIZE + code
 
 
+def allowed_ranges(n_generated: int) -> list[tuple[int, int]]:
+    """Token ids the LM may sample as generated token ``n_generated`` (from 0): half-open ``[lo, hi)`` ranges.
+
+    The 4096 audio ids valid at stream position ``n_generated mod 7``, and
+    END_OF_SPEECH. The decode node hands this to the KV engine as
+    ``params["token_ranges"]``; every other id is masked before sampling, so
+    whatever the weights, the codec only ever receives valid codes.
+    """
+    lo = AUDIO_CODE_BASE + (n_generated % FRAME_TOKENS) * CODEBOOK_SIZE
+    return [(lo, lo + CODEBOOK_SIZE), (END_OF_SPEECH, END_OF_SPEECH + 1)]
+
+
 def frames_to_codes(
     token_ids: Sequence[int] | torch.Tensor, first_index: int
 ) -> list[torch.Tensor]:

@@ -1,0 +1,132 @@
+"""Faults and lifecycle: a failing component, a killed worker, aborts, admission limits, released state."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tests.runtime.conftest import placement, start, wait_until
+from walkserve.core.errors import AdmissionRejected
+from walkserve.core.finish import FinishReason
+from walkserve.testing.fixtures.requests import fixture_request
+
+
+@pytest.fixture(scope="module")
+def tts():
+    engine = start("fixture-tts", placement(2, {"lm": 0, "codec": 1}), max_running=4, max_waiting=4)
+    yield engine
+    engine.close(drain_s=0)
+
+
+def test_component_exception_fails_only_its_request(tts):
+    good = [fixture_request("fixture-tts", i) for i in (1, 2, 3)]
+    bad = fixture_request("fixture-tts", 7)
+    bad.params.update(fail_node="lm", fail_at=3)
+    results = tts.run([*good, bad])
+    assert [r.finished.reason for r in results[:3]] == [FinishReason.STOP] * 3
+    failed = results[3].finished
+    assert failed.reason == FinishReason.ERROR
+    assert "injected failure in lm at iteration 3" in failed.error
+    assert "Traceback" not in failed.error
+    assert wait_until(lambda: tts.stats().requests_with_state == 0)
+
+
+def test_admission_queue_then_rejection(tts):
+    slow = [fixture_request("fixture-tts", i) for i in range(10)]
+    for r in slow:
+        r.params["sleep_ms"] = 20
+    results = tts.run(slow)
+    rejected = [r for r in results if r.rejected]
+    assert len(rejected) == 2  # 4 running + 4 waiting admitted; the last two rejected
+    assert all("queue is full" in r.rejected for r in rejected)
+    assert all(r.finished.reason in (FinishReason.STOP, FinishReason.LENGTH) for r in results if not r.rejected)
+
+
+def test_abort_releases_state(tts):
+    req = fixture_request("fixture-tts", 3)
+    req.sampling = type(req.sampling)(max_tokens=400, stop_token_ids=(0,))
+    req.params.update(eos_at=1000, sleep_ms=5)
+    seen = 0
+    for out in tts.stream(req):
+        seen += 1
+        if seen == 2:
+            break  # leaving the loop aborts the request
+    stats = wait_until(lambda: (s := tts.stats()).running == 0 and s.requests_with_state == 0 and s)
+    assert stats and stats.aborted >= 1
+
+
+def test_killed_worker_fails_its_requests_fast_and_comes_back():
+    engine = start("fixture-tts", placement(2, {"lm": 0, "codec": 1}))
+    try:
+        pids = engine.status.stats["pids"]
+        long = [fixture_request("fixture-tts", i) for i in range(3)]
+        for r in long:
+            r.sampling = type(r.sampling)(max_tokens=300, stop_token_ids=(0,))
+            r.params.update(eos_at=1000, sleep_ms=10)
+        import threading
+
+        box = {}
+        runner = threading.Thread(target=lambda: box.update(results=engine.run(long)))
+        runner.start()
+        time.sleep(1.0)
+        killed_at = time.monotonic()
+        os.kill(int(pids["1"] if "1" in pids else pids[1]), signal.SIGKILL)
+        runner.join(timeout=10)
+        elapsed = time.monotonic() - killed_at
+        results = box["results"]
+        assert elapsed < 2.0
+        for r in results:
+            assert r.finished.reason == FinishReason.ERROR
+            assert "worker rank 1 died" in r.finished.error and "SIGKILL" in r.finished.error
+        assert wait_until(lambda: engine.health().ok, timeout=30)
+        again = engine.run([fixture_request("fixture-tts", 9)])[0]
+        assert again.finished.reason == FinishReason.STOP and again.events
+        assert engine.status.stats["restarts"] in ({"1": 1, "0": 0}, {1: 1, 0: 0})
+    finally:
+        engine.close(drain_s=0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
+
+
+def test_killing_the_parent_leaves_no_orphans(tmp_path):
+    script = tmp_path / "serve.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import json, sys, time
+            from walkserve.entrypoint.sync import Engine
+            e = Engine.start("fixture-lm", placement={"ranks": [{"id": 0, "device": "cpu"}, {"id": 1, "device": "cpu"}],
+                                                      "nodes": [{"nodes": ["lm"], "ranks": [0, 1]}]})
+            s = e.status.stats
+            pids = [int(p) for p in s["pids"].values()] + [s["zygote_pid"]]
+            print(json.dumps(pids), flush=True)
+            time.sleep(600)
+            """
+        )
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        import json
+
+        children = json.loads(line)
+        conductor = [int(p) for p in subprocess.check_output(["pgrep", "-P", str(proc.pid)]).split()]
+        every = children + conductor
+        assert all(_alive(p) for p in every)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert wait_until(lambda: not any(_alive(p) for p in every), timeout=5), [p for p in every if _alive(p)]

@@ -1,0 +1,34 @@
+"""A DynamicLoop that stops at iteration k yields exactly k outputs, speculation on or off; at most one wasted step."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.runtime.conftest import placement, start, wait_until
+from walkserve.core.request import RequestSpec
+from walkserve.core.sampling import SamplingParams
+from walkserve.testing.fixtures.requests import prompt
+
+
+@pytest.mark.parametrize("speculation", [True, False])
+def test_stop_at_k_yields_k_outputs(speculation):
+    requests = [
+        RequestSpec({"prompt_ids": prompt(k, 4)}, sampling=SamplingParams(max_tokens=40, stop_token_ids=(0,)), params={"eos_at": k})
+        for k in range(12)
+    ]
+    with start("fixture-lm", placement(1, {"lm": 0}), speculation=speculation) as engine:
+        results = engine.run(requests)
+        for k, r in enumerate(results):
+            assert len(r.modality("text")) == k, (k, r.finished)
+            assert 0 not in [int(e.data.item()) for e in r.events]  # the EOS iteration is never exposed
+        def counters():
+            workers = engine.stats() and engine.status.stats["workers"]
+            return workers.get(0) or workers.get("0") or {}
+
+        c = wait_until(lambda: counters().get("counters", {}).get("firings", 0) >= sum(range(12)) and counters()["counters"])
+        assert c["firings"] >= sum(range(12))
+        if speculation:
+            assert c.get("speculative", 0) > 0
+            assert c.get("wasted", 0) <= len(requests)
+        else:
+            assert c.get("speculative", 0) == 0 and c.get("wasted", 0) == 0

@@ -1,0 +1,79 @@
+"""TextLM: a Llama / Qwen2 / Qwen3 checkpoint served as a model (families ``llama``, ``qwen2``, ``qwen3``).
+
+    ModelRef(family="llama", path=<HF checkpoint dir>, options={"model_id": ..., "kv": {...}})
+
+One component, ``lm``, on the KV-cache engine; the walks are in ``graph.py``.
+Importing this module imports no torch: weights are read when a worker
+builds the component.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from walkserve.core.errors import ConfigError
+from walkserve.graph.walk import WalkGraph
+from walkserve.models.base import BuildContext, ComponentSpec, Model, ModelRef
+from walkserve.models.llama.config import LMConfig
+from walkserve.models.llama.graph import build_graph
+from walkserve.models.llama.processor import TextLMProcessor
+from walkserve.models.llama.safetensors_files import tensor_bytes
+
+# KVCacheEngine keyword options; ModelRef.options["kv"] and runtime engine options override them.
+DEFAULT_KV_OPTIONS: Mapping[str, Any] = {"block_size": 16}
+
+
+def checkpoint_dir(ref: ModelRef, what: str) -> Path:
+    """``ref.path`` as a directory holding a config.json; ConfigError naming ``what`` otherwise."""
+    if not ref.path:
+        raise ConfigError(f"model family {ref.family!r} needs a checkpoint directory for {what} (--model-path)")
+    path = Path(ref.path)
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"{path}: not a checkpoint directory (no config.json)")
+    return path
+
+
+def lm_component(path: Path, kv_options: Mapping[str, Any] | None = None) -> ComponentSpec:
+    """The ``lm`` component: our CausalLM from ``path`` on the KV-cache engine."""
+
+    def build(ctx: BuildContext) -> Any:
+        # imports torch: only in the process that loads the weights
+        from walkserve.models.llama.weights import load_causal_lm
+
+        return load_causal_lm(path, device=ctx.device, dtype=ctx.dtype or None, progress=False)
+
+    return ComponentSpec(
+        name="lm",
+        engine="kv",
+        build=build,
+        weight_bytes=tensor_bytes(path),  # as stored: the worker loads the checkpoint's dtype unless told
+        stateful=True,
+        options={**DEFAULT_KV_OPTIONS, **dict(kv_options or {})},
+    )
+
+
+class TextLM(Model):
+    """A decoder-only text LM: completions and chat, tokens streamed to the client as text."""
+
+    def __init__(self, ref: ModelRef):
+        self.ref = ref
+        # the architecture comes from config.json, whichever of the three family names was used
+        self._config = LMConfig.from_file(checkpoint_dir(ref, "the LM")) if ref.path else None
+
+    def graph(self) -> WalkGraph:
+        return build_graph(self._config.family if self._config else self.ref.family)
+
+    def components(self) -> dict[str, ComponentSpec]:
+        path = checkpoint_dir(self.ref, "its weights")
+        return {"lm": lm_component(path, self.ref.options.get("kv"))}
+
+    def processor(self) -> TextLMProcessor:
+        path = checkpoint_dir(self.ref, "its tokenizer")
+        return TextLMProcessor(path, model_id=self.ref.options.get("model_id"), family=self.ref.family)
+
+
+def build(ref: ModelRef) -> TextLM:
+    """Registry factory of the ``llama``, ``qwen2`` and ``qwen3`` families."""
+    return TextLM(ref)

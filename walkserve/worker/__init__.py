@@ -1,0 +1,1 @@
+"""Worker processes: one per rank; dataflow, compute thread, engines."""

@@ -1,0 +1,106 @@
+"""The worker zygote: one interpreter that imports torch and the model code once, then forks workers.
+
+``python -m walkserve.worker.zygote SPEC_FILE PARENT_PID`` prints ``ready``,
+then reads commands on stdin and answers on stdout, one line each:
+
+    fork <rank>        ->  forked <rank> <pid>
+    (a worker exits)   ->  exit <pid> <returncode as in subprocess: -signal or code>
+
+Forking a warm interpreter makes a worker start in milliseconds instead of
+seconds (importing torch dominates), and a crashed worker restarts as fast.
+The zygote never initialises CUDA or runs a torch op, so forking is safe;
+each worker initialises its own device after the fork.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+
+from walkserve.core.proc import die_with_parent, set_title
+from walkserve.protocol.run import load_run_spec
+
+
+def _warm(spec) -> None:
+    import torch  # noqa: F401
+
+    import walkserve.engines.registry
+    import walkserve.engines.stateless
+    import walkserve.models.builtin
+    import walkserve.worker.worker  # noqa: F401
+    from walkserve.models.base import ModelRef
+    from walkserve.models.registry import load_model
+
+    load_model(ModelRef(spec.model_family, spec.model_path, spec.model_options)).graph()
+
+
+def _child(spec, rank: int) -> None:
+    os.dup2(2, 1)  # the command pipe is the zygote's; worker output goes to stderr
+    os.close(0)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    code = 0
+    try:
+        from walkserve.worker.main import worker_main
+
+        worker_main(spec, rank, os.getppid())
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _reap(out) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        out.write(f"exit {pid} {code}\n")
+        out.flush()
+
+
+def main(argv: list[str]) -> int:
+    spec = load_run_spec(argv[1])
+    set_title(f"walkserve: worker zygote ({spec.model_family})")
+    die_with_parent(int(argv[2]), use_pdeathsig=True)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _warm(spec)
+    out = sys.stdout
+    out.write("ready\n")
+    out.flush()
+    stdin = sys.stdin.buffer
+    buf = b""
+    while True:
+        ready, _, _ = select.select([stdin], [], [], 0.2)
+        _reap(out)
+        if not ready:
+            continue
+        chunk = os.read(stdin.fileno(), 4096)
+        if not chunk:
+            return 0  # the conductor closed the pipe
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            parts = line.decode().split()
+            if len(parts) == 2 and parts[0] == "fork":
+                rank = int(parts[1])
+                pid = os.fork()
+                if pid == 0:
+                    _child(spec, rank)
+                out.write(f"forked {rank} {pid}\n")
+                out.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
