@@ -1,0 +1,55 @@
+"""ServerConfig: every limit and switch of the HTTP server, validated at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from walkserve.core.errors import ConfigError
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How the HTTP server listens and what it accepts.
+
+    ``api_key`` None disables authentication (the default bind is loopback
+    only). ``media_allowlist`` holds URL prefixes (``https://host/path/``)
+    the server may fetch media from; empty means data URLs only.
+    ``model_aliases`` are extra names accepted in the ``model`` field.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_body_bytes: int = 32 * MIB
+    max_media_parts: int = 8
+    max_image_pixels: int = 4096 * 4096
+    max_audio_seconds: float = 300.0
+    max_n: int = 8
+    media_allowlist: tuple[str, ...] = ()
+    media_fetch_timeout_s: float = 10.0
+    drain_timeout_s: float = 30.0
+    model_aliases: tuple[str, ...] = ()
+    max_speech_chars: int = 4096
+    max_stop_strings: int = 16
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        self._positive("max_body_bytes", "max_media_parts", "max_image_pixels", "max_n", "max_speech_chars")
+        self._positive("max_audio_seconds", "media_fetch_timeout_s", "max_stop_strings")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"ServerConfig.port must be in [0, 65535], got {self.port}")
+        if self.drain_timeout_s < 0:
+            raise ConfigError(f"ServerConfig.drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ConfigError("ServerConfig.api_key must not be empty (use None to disable authentication)")
+        for prefix in self.media_allowlist:
+            if not prefix.startswith(("http://", "https://")) or prefix.count("/") < 3:
+                raise ConfigError(f"media_allowlist entry {prefix!r} must look like https://host/ (scheme, host, '/')")
+
+    def _positive(self, *names: str) -> None:
+        for name in names:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigError(f"ServerConfig.{name} must be a positive number, got {value!r}")

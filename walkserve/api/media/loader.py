@@ -1,0 +1,38 @@
+"""MediaLoader: URLs and base64 into decoded arrays, off the event loop, under the configured caps."""
+
+from __future__ import annotations
+
+import asyncio
+
+from walkserve.api.config import ServerConfig
+from walkserve.api.errors import bad_request
+from walkserve.api.media.audio_decode import decode_audio
+from walkserve.api.media.data_url import decode_base64
+from walkserve.api.media.fetcher import MediaFetcher
+from walkserve.api.media.image_codec import decode_image
+from walkserve.core.array import ArrayData
+
+
+class MediaLoader:
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.fetcher = MediaFetcher(config.media_allowlist, config.max_body_bytes, config.media_fetch_timeout_s)
+
+    def check_count(self, count: int, param: str) -> None:
+        if count > self.config.max_media_parts:
+            raise bad_request(f"{count} media parts; the limit is {self.config.max_media_parts}", param, "too_many_media_parts")
+
+    async def image_from_url(self, url: str, param: str) -> ArrayData:
+        data = await self.fetcher.get(url, param)
+        return await self.image_from_bytes(data, param)
+
+    async def image_from_bytes(self, data: bytes, param: str) -> ArrayData:
+        return await asyncio.to_thread(decode_image, data, self.config.max_image_pixels, param)
+
+    async def audio_from_base64(self, data: str, param: str) -> tuple[ArrayData, int]:
+        raw = decode_base64(data, param)
+        return await asyncio.to_thread(decode_audio, raw, self.config.max_audio_seconds, param)
+
+    async def audio_from_url(self, url: str, param: str) -> tuple[ArrayData, int]:
+        raw = await self.fetcher.get(url, param)
+        return await asyncio.to_thread(decode_audio, raw, self.config.max_audio_seconds, param)

@@ -1,0 +1,40 @@
+"""Native inputs -> RequestSpec values: arrays from base64, media decoded, plain JSON passed through."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from walkserve.api.errors import bad_request
+from walkserve.api.media.data_url import decode_base64
+from walkserve.api.schemas.generate import ArrayInput, AudioInput, ImageInput
+from walkserve.api.state import AppState
+from walkserve.core.array import ArrayData
+
+
+def decode_array(value: ArrayInput, param: str) -> ArrayData:
+    data = decode_base64(value.data, f"{param}.data")
+    try:
+        return ArrayData(value.dtype, tuple(value.shape), data)
+    except ValueError as e:
+        raise bad_request(str(e), param, "invalid_array") from None
+
+
+async def convert_inputs(state: AppState, inputs: dict[str, Any]) -> dict[str, Any]:
+    media = sum(isinstance(v, (ImageInput, AudioInput)) for v in inputs.values())
+    state.media.check_count(media, "inputs")
+    out: dict[str, Any] = {}
+    for name, value in inputs.items():
+        param = f"inputs.{name}"
+        if isinstance(value, ArrayInput):
+            out[name] = decode_array(value, param)
+        elif isinstance(value, ImageInput):
+            state.require("image_in", "image inputs", param)
+            out[name] = await state.media.image_from_url(value.url, f"{param}.url")
+        elif isinstance(value, AudioInput):
+            state.require("audio_in", "audio inputs", param)
+            audio, rate = await state.media.audio_from_url(value.url, f"{param}.url")
+            out[name] = audio
+            out[f"{name}_sample_rate"] = rate
+        else:
+            out[name] = value
+    return out

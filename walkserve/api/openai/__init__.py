@@ -1,0 +1,1 @@
+"""The OpenAI protocol: request planning, choice tracking, chunk and response shapes."""

@@ -1,0 +1,112 @@
+"""/v1/completions: one request per (prompt, n); text chunks or one response."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from walkserve.api.openai.choices import ChoiceTracker, drive_choices, usage
+from walkserve.api.openai.plan import (
+    build_sampling,
+    check_n,
+    check_stops,
+    fit_context,
+    prompt_length,
+    unsupported,
+    with_seed_offset,
+)
+from walkserve.api.openai.text_plan import TextPlan
+from walkserve.api.schemas.completions import CompletionRequest
+from walkserve.api.sse import SSE_DONE, sse
+from walkserve.api.state import AppState
+from walkserve.api.text_stream import TextStream
+
+ROUTE = "/v1/completions"
+
+
+def _prompts(prompt: Any) -> list[str | list[int]]:
+    """str | [int] | [str] | [[int]] -> a list of single prompts."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and isinstance(prompt[0], int):
+        return [list(prompt)]
+    return list(prompt)
+
+
+def _reject_unsupported(body: CompletionRequest) -> None:
+    if body.logprobs is not None:
+        raise unsupported("logprobs", "logprobs")
+    if body.suffix:
+        raise unsupported("suffix", "suffix")
+    if body.best_of is not None and body.best_of != body.n:
+        raise unsupported("best_of", "best_of other than n")
+    if body.logit_bias:
+        raise unsupported("logit_bias", "logit_bias")
+
+
+async def plan_completion(state: AppState, body: CompletionRequest) -> TextPlan:
+    _reject_unsupported(body)
+    prompts = _prompts(body.prompt)
+    check_n(len(prompts) * body.n, state.config, "n")
+    stops = body.stop_strings()
+    check_stops(stops, state.config)
+    sampling = build_sampling(state.card, body.sampling_overrides(), stops)
+    specs, trackers, prefixes = [], [], []
+    for p, prompt in enumerate(prompts):
+        payload = {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
+        echo = (prompt if isinstance(prompt, str) else state.processor.decode(prompt)) if body.echo else ""
+        for i in range(body.n):
+            spec = await state.build_request("completion", payload, with_seed_offset(sampling, i), {})
+            fit_context(spec, state.card, body.max_tokens is not None, "prompt")
+            text = TextStream(state.processor.detokenizer(body.skip_special_tokens), stops)
+            specs.append(spec)
+            trackers.append(ChoiceTracker(len(trackers), text, prompt_length(spec), group=p))
+            prefixes.append(echo)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return TextPlan(body.model or state.card.id, specs, trackers, include_usage, prefixes=prefixes)
+
+
+def _chunk(plan: TextPlan, choices: list[dict[str, Any]], usage_value: Any = None) -> dict[str, Any]:
+    out = {
+        "id": f"cmpl-{plan.id}",
+        "object": "text_completion",
+        "created": plan.created,
+        "model": plan.model,
+        "system_fingerprint": None,
+        "choices": choices,
+    }
+    if plan.include_usage:
+        out["usage"] = usage_value
+    return out
+
+
+def _choice(index: int, text: str, finish_reason: str | None = None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+
+async def completion_stream(state: AppState, plan: TextPlan) -> AsyncIterator[bytes]:
+    echoed: set[int] = set()
+    updates = drive_choices(state.runner, plan.specs, plan.trackers, ROUTE)
+    async with contextlib.aclosing(updates):
+        async for update in updates:
+            text = update.text
+            if update.index not in echoed:
+                echoed.add(update.index)
+                text = plan.prefixes[update.index] + text
+            if text:
+                yield sse(_chunk(plan, [_choice(update.index, text)]))
+            if update.finish_reason:
+                yield sse(_chunk(plan, [_choice(update.index, "", update.finish_reason)]))
+    if plan.include_usage:
+        yield sse(_chunk(plan, [], usage(plan.trackers)))
+    yield SSE_DONE
+
+
+async def completion_collect(state: AppState, plan: TextPlan) -> dict[str, Any]:
+    texts: list[list[str]] = [[prefix] for prefix in plan.prefixes]
+    async with contextlib.aclosing(drive_choices(state.runner, plan.specs, plan.trackers, ROUTE)) as updates:
+        async for update in updates:
+            texts[update.index].append(update.text)
+    choices = [_choice(t.index, "".join(texts[t.index]), t.finish_reason) for t in plan.trackers]
+    return {**_chunk(plan, choices), "usage": usage(plan.trackers)}

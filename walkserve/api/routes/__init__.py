@@ -1,0 +1,1 @@
+"""FastAPI routers: thin functions that check, plan, then stream or collect."""

@@ -1,0 +1,66 @@
+"""POST /v1/images/generations (JSON) and POST /v1/images/edits (multipart)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import File, Form, UploadFile
+from starlette.requests import Request
+from starlette.responses import Response
+
+from walkserve.api.errors import ApiError
+from walkserve.api.openai.images import (
+    ROUTE_EDITS,
+    ROUTE_GENERATIONS,
+    check_response_format,
+    images_response,
+    plan_images,
+)
+from walkserve.api.routes.common import ERRORS, collect, router
+from walkserve.api.schemas.common import Seed
+from walkserve.api.schemas.images import SIZE_PATTERN, ImageGenerationRequest
+from walkserve.api.state import app_state
+
+routes = router()
+
+
+@routes.post(ROUTE_GENERATIONS, responses=ERRORS, summary="Text to image")
+async def generations(body: ImageGenerationRequest, request: Request) -> Response:
+    state = app_state(request)
+    state.check_ready()
+    state.check_model(body.model)
+    state.require("images", "image generation")
+    check_response_format(body.response_format)
+    specs = await plan_images(state, {"prompt": body.prompt}, body.n, body.size, body.seed, body.steps)
+    return await collect(request, images_response(state, specs, ROUTE_GENERATIONS, body.output_format))
+
+
+@routes.post(ROUTE_EDITS, responses=ERRORS, summary="Image editing (multipart form)")
+async def edits(
+    request: Request,
+    prompt: Annotated[str, Form(min_length=1, max_length=32000)],
+    image: Annotated[list[UploadFile] | None, File(description="The image(s) to edit")] = None,
+    image_list: Annotated[list[UploadFile] | None, File(alias="image[]", description="OpenAI's name for several images")] = None,
+    mask: Annotated[UploadFile | None, File()] = None,
+    model: Annotated[str | None, Form(max_length=256)] = None,
+    n: Annotated[int, Form(ge=1, le=128)] = 1,
+    size: Annotated[str | None, Form(pattern=SIZE_PATTERN)] = None,
+    response_format: Annotated[str | None, Form(max_length=16)] = None,
+    output_format: Annotated[str, Form(pattern="^(png|jpeg|webp)$")] = "png",
+    seed: Annotated[Seed | None, Form()] = None,
+) -> Response:
+    state = app_state(request)
+    state.check_ready()
+    state.check_model(model)
+    state.require("image_edit", "image editing")
+    check_response_format(response_format)
+    uploads = [*(image or []), *(image_list or [])]
+    if not uploads:
+        raise ApiError(400, "at least one image file is required", "image", "missing_image")
+    state.media.check_count(len(uploads) + (mask is not None), "image")
+    pictures = [await state.media.image_from_bytes(await f.read(), f"image[{i}]") for i, f in enumerate(uploads)]
+    payload = {"prompt": prompt, "images": pictures}
+    if mask is not None:
+        payload["mask"] = await state.media.image_from_bytes(await mask.read(), "mask")
+    specs = await plan_images(state, payload, n, size, seed, None)
+    return await collect(request, images_response(state, specs, ROUTE_EDITS, output_format))

@@ -1,0 +1,64 @@
+"""POST /v1/chat/completions."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from walkserve.api.schemas.common import ApiModel, Count, SamplingFields, StreamOptions, model_field
+
+
+class TextPart(ApiModel):
+    type: Literal["text"]
+    text: str
+
+
+class ImageUrl(ApiModel):
+    url: str = Field(description="A data: URL (base64), or an http(s) URL on the server's media allowlist.")
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(ApiModel):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+class InputAudio(ApiModel):
+    data: str = Field(description="Base64 audio bytes.")
+    format: str = Field("wav", max_length=16, description="wav, mp3, flac, ogg ...")
+
+
+class AudioPart(ApiModel):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+ContentPart = Annotated[TextPart | ImagePart | AudioPart, Field(discriminator="type")]
+
+
+class ChatMessage(ApiModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | Annotated[list[ContentPart], Field(max_length=256)] | None = None
+    name: str | None = None
+
+
+class ChatAudio(ApiModel):
+    voice: str | None = Field(None, max_length=128)
+    format: str = Field("wav", max_length=16, description="wav, mp3, flac, opus, pcm16, aac (what is installed)")
+
+
+class ChatCompletionRequest(SamplingFields):
+    model: str | None = model_field()
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=4096)]
+    max_completion_tokens: Count | None = None
+    modalities: Annotated[list[Literal["text", "audio"]], Field(min_length=1, max_length=2)] | None = None
+    audio: ChatAudio | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(strict=True, ge=0, le=20)] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+    user: str | None = None

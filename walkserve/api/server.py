@@ -1,0 +1,78 @@
+"""serve(): run the app under uvicorn; SIGTERM drains (health 503, running requests finish) then stops."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from types import FrameType
+
+import uvicorn
+
+from walkserve.api.app import build_app
+from walkserve.api.config import ServerConfig
+from walkserve.api.state import AppState
+from walkserve.entrypoint.interface import EngineClient
+
+log = logging.getLogger(__name__)
+DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+GRACE_AFTER_DRAIN_S = 3  # uvicorn's own wait for connections once the drain is over (or timed out)
+
+
+class DrainingServer(uvicorn.Server):
+    """The first SIGTERM/SIGINT starts a drain instead of closing the sockets at once:
+    /health answers 503 and new work 503 while in-flight requests finish (up to
+    ``drain_timeout_s``); then uvicorn shuts down as usual. A second signal forces the exit."""
+
+    def __init__(self, config: uvicorn.Config, state: AppState, drain_timeout_s: float):
+        super().__init__(config)
+        self.state = state
+        self.drain_timeout_s = drain_timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task | None = None
+
+    async def serve(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig in DRAIN_SIGNALS and not self.state.drain.draining and self._loop is not None:
+            self.state.drain.start()
+            self._loop.call_soon_threadsafe(self._start_drain)
+            return
+        super().handle_exit(sig, frame)
+
+    def _start_drain(self) -> None:
+        self._drain_task = asyncio.ensure_future(self.drain_and_exit())
+
+    async def drain_and_exit(self) -> None:
+        self.state.drain.start()
+        log.info("draining: %d request(s) in flight, waiting up to %.0fs", self.state.drain.in_flight, self.drain_timeout_s)
+        if not await self.state.drain.wait_idle(self.drain_timeout_s):
+            log.warning("drain timeout: %d request(s) still in flight", self.state.drain.in_flight)
+        self.should_exit = True
+
+
+async def serve_async(engine: EngineClient, config: ServerConfig | None = None) -> None:
+    """Serve until a signal (or ``should_exit``); then drain and ``await engine.shutdown()``."""
+    config = config or ServerConfig()
+    app = build_app(engine, config)
+    uv_config = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        timeout_graceful_shutdown=GRACE_AFTER_DRAIN_S,
+        access_log=False,
+    )
+    server = DrainingServer(uv_config, app.state.walkserve, config.drain_timeout_s)
+    try:
+        await server.serve()
+    finally:
+        await engine.shutdown()
+        log.info("engine shut down; server stopped")
+
+
+def serve(engine: EngineClient, config: ServerConfig | None = None) -> None:
+    """Blocking: run the HTTP server for ``engine`` in this (main) thread."""
+    asyncio.run(serve_async(engine, config))

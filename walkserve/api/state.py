@@ -1,0 +1,82 @@
+"""AppState: what every route shares (engine, config, card, metrics, drain, media, audio formats)."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from starlette.requests import Request
+
+from walkserve.api.audio.formats import AudioFormats
+from walkserve.api.config import ServerConfig
+from walkserve.api.drain import DrainState
+from walkserve.api.errors import ApiError, bad_request, unavailable
+from walkserve.api.media.loader import MediaLoader
+from walkserve.api.metrics import ApiMetrics
+from walkserve.api.runner import RequestRunner
+from walkserve.core.request import RequestSpec
+from walkserve.core.sampling import SamplingParams
+from walkserve.entrypoint.interface import EngineClient, Health
+
+AUDIO_CAPS = ("speech", "audio_out")
+
+
+class AppState:
+    def __init__(self, engine: EngineClient, config: ServerConfig):
+        self.engine = engine
+        self.config = config
+        self.card = engine.card
+        self.processor = engine.processor
+        self.drain = DrainState()
+        self.metrics = ApiMetrics(engine, lambda: self.drain.draining)
+        speaks = any(cap in self.card.capabilities for cap in AUDIO_CAPS)
+        self.audio = AudioFormats(self.card.sample_rate if speaks else None)
+        self.media = MediaLoader(config)
+        self.runner = RequestRunner(engine, self.metrics, self.card.sample_rate)
+        # One thread for processor calls (templates, tokenization): off the event loop, never concurrent.
+        self._processor_thread = ThreadPoolExecutor(1, thread_name_prefix="walkserve-processor")
+
+    async def build_request(
+        self, task: str, payload: dict[str, Any], sampling: SamplingParams, params: dict[str, Any]
+    ) -> RequestSpec:
+        loop = asyncio.get_running_loop()
+        build = self.processor.build_request
+        return await loop.run_in_executor(self._processor_thread, build, task, payload, sampling, dict(params))
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return (self.card.id, *self.config.model_aliases)
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in self.model_names:
+            raise ApiError(404, f"model {name!r} is not served here; this server serves {self.card.id!r}", "model", "model_not_found")
+
+    def require(self, capability: str, what: str, param: str = "model") -> None:
+        if capability not in self.card.capabilities:
+            raise bad_request(f"model {self.card.id!r} does not support {what}", param, "unsupported_capability")
+
+    def health(self) -> Health:
+        """The engine's report; an engine that cannot even answer counts as stopped."""
+        try:
+            return self.engine.health()
+        except Exception as e:
+            return Health(ok=False, state="stopped", detail=f"health check failed: {type(e).__name__}")
+
+    def check_ready(self) -> None:
+        if self.drain.draining:
+            raise unavailable("the server is shutting down", "draining")
+        health = self.health()
+        if not health.ok:
+            raise unavailable(f"the model runtime is {health.state}; retry later", f"engine_{health.state}")
+
+    def check_voice(self, voice: str | None, param: str) -> str | None:
+        voices = self.card.voices
+        chosen = voice or self.card.default_voice or (voices[0] if voices else None)
+        if voices and chosen not in voices:
+            raise bad_request(f"unknown voice {voice!r}; this model's voices are: {', '.join(voices)}", param, "unknown_voice")
+        return chosen
+
+
+def app_state(request: Request) -> AppState:
+    return request.app.state.walkserve
