@@ -1,7 +1,8 @@
 """NullEngine: deterministic outputs of the declared shapes, no model. For runtime tests and overhead benchmarks.
 
 ComponentSpec.options["outputs"] maps each output name to (dtype, shape);
-values are a small hash of (request, node, path), so runs are reproducible.
+values are a small hash of (request, node), so runs are reproducible; the
+tensors are cached and shared (consumers must not write into inputs).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class NullEngine(Engine):
         self.max_batch = max_batch
         self.queue: deque[Firing] = deque()
         self.steps = 0
+        self._cache: dict[tuple[str, int], torch.Tensor] = {}
 
     def submit(self, firing: Firing) -> None:
         self.queue.append(firing)
@@ -36,8 +38,11 @@ class NullEngine(Engine):
 
     def _value(self, f: Firing, output: str) -> torch.Tensor:
         dtype, shape = self.outputs.get(output, (torch.int64, (1,)))
-        seed = zlib.crc32(f"{f.request_id}/{f.node}/{f.path}/{output}".encode())
-        return torch.full(shape, seed % 97, dtype=dtype)
+        key = (output, zlib.crc32(f"{f.request_id}/{f.node}".encode()) % 97)
+        value = self._cache.get(key)
+        if value is None:
+            value = self._cache[key] = torch.full(shape, key[1], dtype=dtype)
+        return value
 
     def release(self, request_id: str) -> None:
         self.queue = deque(f for f in self.queue if f.request_id != request_id)

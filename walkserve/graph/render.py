@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from walkserve.graph.compose import DynamicLoop
-from walkserve.graph.plan import INPUT, ToCarry, ToClient, ToDrop, ToNode, ToOutput, ToStream, WalkPlan
+from walkserve.graph.plan import (
+    INPUT,
+    ToCarry,
+    ToClient,
+    ToDrop,
+    ToNode,
+    ToOutput,
+    ToStream,
+    WalkPlan,
+)
 from walkserve.graph.walk import WalkGraph
 
 

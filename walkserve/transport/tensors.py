@@ -12,6 +12,8 @@ from walkserve.transport import shm
 from walkserve.transport.dtypes import NAME_TO_TORCH as _NAME_TO_TORCH
 from walkserve.transport.dtypes import TORCH_TO_NAME as _NP_TO_NAME
 
+_SMALL = {k: v for k, v in _NP_TO_NAME.items() if k not in (torch.bfloat16, torch.bool)}
+
 
 class TensorCodec:
     """Packs tensors for one sender. ``prefix`` is ``ws-<run id>-<sender>``; names get a counter."""
@@ -24,6 +26,9 @@ class TensorCodec:
         self.shm_sent = 0
 
     def pack(self, t: torch.Tensor, allow_shm: bool = True) -> TensorMsg:
+        if t.numel() <= 64 and t.device.type == "cpu" and t.dtype in _SMALL and t.is_contiguous():
+            data = t.detach().numpy().tobytes()  # the common case: a token or a few values
+            return TensorMsg(_SMALL[t.dtype], tuple(t.shape), data=data, nbytes=len(data))
         t = t.detach()
         if t.device.type != "cpu":
             t = t.to("cpu")

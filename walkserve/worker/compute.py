@@ -51,6 +51,7 @@ class ComputeThread:
         self._order = list(engines)
         self._next = 0
         self._stop = False
+        self._idle = False
         self.busy_s: dict[str, float] = defaultdict(float)
         self.steps: dict[str, int] = defaultdict(int)
         self._thread = threading.Thread(target=self._run, name="compute", daemon=True)
@@ -71,11 +72,13 @@ class ComputeThread:
     # ---- main thread side --------------------------------------------------------------------
     def fire(self, component: str, firing: Firing, futures: dict[str, Future]) -> None:
         self._commands.append(("fire", component, firing, futures))
-        self._wake.set()
+        if self._idle:
+            self._wake.set()
 
     def release(self, request_id: str) -> None:
         self._commands.append(("release", request_id))
-        self._wake.set()
+        if self._idle:
+            self._wake.set()
 
     def collect(self) -> list[tuple[str, FiringResult | str]]:
         """Results so far: (component, FiringResult) or (component, engine error message)."""
@@ -96,8 +99,11 @@ class ComputeThread:
             self._submit_resolved()
             name = self._pick()
             if name is None:
-                self._wake.wait(0.05)
+                self._idle = True
+                if not self._commands and not self._stop:
+                    self._wake.wait(0.05)
                 self._wake.clear()
+                self._idle = False
                 continue
             self._step(name)
 

@@ -47,6 +47,7 @@ from walkserve.streaming.buffer import EXHAUSTED, StreamBuffer, StreamOverflow
 
 Path = tuple[int, ...]
 DONE = None
+_MISSING = object()
 
 
 class DataflowError(Exception):
@@ -77,6 +78,9 @@ class PlanIndex:
     exit_routes: dict[tuple[str, str], list] = field(default_factory=dict)
     route_src: dict[Any, tuple[str, str]] = field(default_factory=dict)  # exit route -> (node, output)
     held_routes: dict[tuple[str, str], list] = field(default_factory=dict)
+    slots: dict[str, list] = field(default_factory=dict)  # node -> [(slot, source)]
+    stream_slots: dict[str, list] = field(default_factory=dict)  # node -> [(slot, FromStream)]
+    forward: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (node, out) -> consumers, no exits
 
 
 def index_of(plan: WalkPlan) -> PlanIndex:
@@ -99,8 +103,13 @@ def index_of(plan: WalkPlan) -> PlanIndex:
             if isinstance(loop, DynamicLoop) and not loop.speculate:
                 ok = False
         idx.speculate[name] = ok
+    for name, node in plan.nodes.items():
+        idx.slots[name] = [(slot, plan.sources[(name, slot)]) for slot in node.inputs]
+        idx.stream_slots[name] = [(s, src) for s, src in idx.slots[name] if isinstance(src, FromStream)]
     for (src, out), routes in plan.routes.items():
         for r in routes:
+            if isinstance(r, (ToNode, ToCarry)) and not getattr(r, "exits", ()):
+                idx.forward.setdefault((src, out), []).append(r.node)
             if isinstance(r, (ToNode, ToCarry)):
                 idx.consumers.setdefault(src, set()).add(r.node)
                 if isinstance(r, ToNode) and r.exits:
@@ -157,6 +166,8 @@ class WalkState:
         self.done: set[str] = set()
         self.hit_bound: set[str] = set()
         self.failed = False
+        self._scope_ranks: dict[str, list[int]] = {}
+        self._producers = [n for n in self.local if n in self.idx.produces]
         self.wasted: dict[tuple, int] = defaultdict(int)  # (node, loop instance) -> firings not exposed
 
     # ---- entry points (called by the worker) ----------------------------------------------
@@ -192,7 +203,7 @@ class WalkState:
             key = (scope, outer)
             if self.cont.get(key, -1) < k:
                 self.cont[key] = k
-            self._guard(self._loop_changed, scope, outer)
+            self._guard(self._loop_changed, scope, outer, False)
 
     def flow(self, stream: int, prefix: Path, pause: bool) -> None:
         key = (stream, tuple(prefix))
@@ -249,8 +260,8 @@ class WalkState:
 
     def _gather(self, node: str, path: Path) -> tuple[dict, dict] | None:
         inputs, spans = {}, {}
-        for slot in self.plan.nodes[node].inputs:
-            source = self.plan.sources[(node, slot)]
+        values = self.values
+        for slot, source in self.idx.slots[node]:
             if isinstance(source, FromStream):
                 info = self.plan.streams[source.stream]
                 d = self.idx.depth[info.consumer_scope]
@@ -264,10 +275,10 @@ class WalkState:
                 inputs[slot] = self.concat(list(chunk.items), self.templates.get(key))
                 spans[slot] = chunk.span
                 continue
-            key = self._key(source, path)
-            if key not in self.values:
+            value = values.get(self._key(source, path), _MISSING)
+            if value is _MISSING:
                 return None
-            inputs[slot] = self.values[key]
+            inputs[slot] = value
         return inputs, spans
 
     def _key(self, source: FromEdge | FromCarry, path: Path) -> tuple:
@@ -324,6 +335,8 @@ class WalkState:
     def _normalize(self, node: str) -> Path | None:
         path = self.cursor[node]
         chain = self.plan.chains[node]
+        if not chain:
+            return path
         while path is not DONE:
             for d in range(len(chain) - 1, -1, -1):
                 limit = self._limit(chain[d], path[:d])
@@ -349,18 +362,23 @@ class WalkState:
         self._loop_changed(scope, outer)
 
     def _broadcast(self, scope: str, outer: Path, k: int, end: int) -> None:
-        ranks = {self.ranks[n] for n in self.idx.scope_nodes[scope]} - {self.rank}
-        for rank in sorted(ranks):
+        ranks = self._scope_ranks.get(scope)
+        if ranks is None:
+            ranks = self._scope_ranks[scope] = sorted({self.ranks[n] for n in self.idx.scope_nodes[scope]} - {self.rank})
+        for rank in ranks:
             self.sink.send(rank, "loop", self, scope=scope, outer=outer, k=k, end=end)
 
-    def _loop_changed(self, scope: str, outer: Path) -> None:
-        self._flush_held()
-        self._flush_exits()
+    def _loop_changed(self, scope: str, outer: Path, ended: bool = True) -> None:
+        if self.held:
+            self._flush_held()
+        if self.agg:
+            self._flush_exits()
         for node in self.idx.scope_nodes[scope]:
             if self.ranks.get(node) == self.rank:
                 self._try(node)
-        for node in self.local:
-            self._check_done(node)
+        if ended:
+            for node in self.local:
+                self._check_done(node)
 
     def _exposed(self, node: str, path: Path) -> bool | None:
         """Whether the iteration ``path`` of ``node`` is real (True), dropped (False) or not known yet (None)."""
@@ -399,32 +417,37 @@ class WalkState:
         else:
             self.cont[(scope, outer)] = k
             self._broadcast(scope, outer, k, -1)
-            self._loop_changed(scope, outer)
+            self._loop_changed(scope, outer, False)
 
     # ---- outputs ---------------------------------------------------------------------------
     def _completed(self, node: str, path: Path, outputs: Mapping[str, Any]) -> None:
         self.inflight[node] -= 1
+        idx = self.idx
         for out, value in outputs.items():
             self.values[(node, out, path)] = value
-        if self._exposed(node, path) is False:
+        if path and self._exposed(node, path) is False:
             self.wasted[(node, path[:-1])] += 1
-        self._consumed_chunks(node, path)
-        sent: set[tuple[int, str]] = set()
+        if idx.stream_slots[node]:
+            self._consumed_chunks(node, path)
+        held = False
         for out, value in outputs.items():
-            for r in self.plan.routes.get((node, out), ()):
-                if isinstance(r, (ToNode, ToCarry)) and not getattr(r, "exits", ()):
-                    rank = self.ranks[r.node]
-                    if rank != self.rank and (rank, out) not in sent:
-                        sent.add((rank, out))
-                        self.sink.send(rank, "deliver", self, node=node, output=out, path=path, value=value)
-            for r in self.idx.exit_routes.get((node, out), ()):
+            sent: set[int] = set()
+            for consumer in idx.forward.get((node, out), ()):
+                rank = self.ranks[consumer]
+                if rank != self.rank and rank not in sent:
+                    sent.add(rank)
+                    self.sink.send(rank, "deliver", self, node=node, output=out, path=path, value=value)
+            for r in idx.exit_routes.get((node, out), ()):
                 self._aggregate(r, node, out, path, value)
-        if any((node, out) in self.idx.held_routes for out in outputs):
+            held = held or (node, out) in idx.held_routes
+        if held:
             self.held.append((node, path, dict(outputs)))
-        if node in self.idx.stop_of:
+        if node in idx.stop_of:
             self._decide(node, path, outputs)
-        self._flush_held()
-        self._flush_exits()
+        if self.held:
+            self._flush_held()
+        if self.agg:
+            self._flush_exits()
         self._try(node)
         self._try_consumers(node)
 
@@ -439,7 +462,8 @@ class WalkState:
                     for r in self.idx.held_routes.get((node, out), ()):
                         self._emit(r, node, out, path, value)
         self.held = keep
-        self._end_streams()
+        if self._producers:
+            self._end_streams()
 
     def _emit(self, route: Any, node: str, out: str, path: Path, value: Any) -> None:
         if isinstance(route, ToClient):
@@ -461,7 +485,7 @@ class WalkState:
         return {(info.index, prefix) for prefix in self.prefixes[info.index]}
 
     def _end_streams(self) -> None:
-        for node in self.local:
+        for node in self._producers:
             for info in self.idx.produces.get(node, ()):
                 for key in self._prefixes(info):
                     if key in self.stream_ended:
