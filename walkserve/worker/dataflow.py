@@ -32,7 +32,6 @@ from walkserve.graph.compose import LAST, DynamicLoop
 from walkserve.graph.plan import (
     INPUT,
     FromCarry,
-    FromEdge,
     FromStream,
     StreamInfo,
     ToCarry,
@@ -81,6 +80,38 @@ class PlanIndex:
     slots: dict[str, list] = field(default_factory=dict)  # node -> [(slot, source)]
     stream_slots: dict[str, list] = field(default_factory=dict)  # node -> [(slot, FromStream)]
     forward: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (node, out) -> consumers, no exits
+    recipes: dict[str, list] = field(default_factory=dict)  # node -> [(slot, recipe)] (see _recipe)
+    dynamic_levels: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # node -> [(depth, scope)]
+
+
+_INPUT, _EDGE, _CARRY, _STREAM = 0, 1, 2, 3
+
+
+def _recipe(plan: WalkPlan, idx: PlanIndex, source: Any) -> tuple:
+    """How to find a slot's value key from a firing path, decided once per plan."""
+    if isinstance(source, FromStream):
+        return (_STREAM, source)
+    if isinstance(source, FromCarry):
+        d = len(plan.scopes[source.scope].chain) - 1
+        return (_CARRY, d, source.node, source.output, _recipe(plan, idx, source.initial))
+    if source.node == INPUT:
+        return (_INPUT, (INPUT, source.output, ()))
+    if source.exits:
+        depth = len(plan.scopes[source.exits[-1]].chain) - 1
+        return (_EDGE, source.node, source.output, depth)
+    return (_EDGE, source.node, source.output, len(plan.chains[source.node]))
+
+
+def _key(recipe: tuple, path: Path) -> tuple:
+    tag = recipe[0]
+    if tag == _EDGE:
+        return (recipe[1], recipe[2], path[: recipe[3]])
+    if tag == _INPUT:
+        return recipe[1]
+    d = recipe[1]
+    if path[d] == 0:
+        return _key(recipe[4], path)
+    return (recipe[2], recipe[3], (*path[:d], path[d] - 1))
 
 
 def index_of(plan: WalkPlan) -> PlanIndex:
@@ -105,6 +136,10 @@ def index_of(plan: WalkPlan) -> PlanIndex:
         idx.speculate[name] = ok
     for name, node in plan.nodes.items():
         idx.slots[name] = [(slot, plan.sources[(name, slot)]) for slot in node.inputs]
+        idx.recipes[name] = [(slot, _recipe(plan, idx, src)) for slot, src in idx.slots[name]]
+        idx.dynamic_levels[name] = [
+            (d, sid) for d, sid in enumerate(plan.chains[name]) if plan.scopes[sid].kind == "dynamic"
+        ]
         idx.stream_slots[name] = [(s, src) for s, src in idx.slots[name] if isinstance(src, FromStream)]
     for (src, out), routes in plan.routes.items():
         for r in routes:
@@ -167,6 +202,9 @@ class WalkState:
         self.hit_bound: set[str] = set()
         self.failed = False
         self._scope_ranks: dict[str, list[int]] = {}
+        self._dirty: dict[str, None] = {}
+        self._stale: set[str] = set()  # nodes whose cursor may lie past a loop's (new) limit
+        self._draining = False
         self._producers = [n for n in self.local if n in self.idx.produces]
         self.wasted: dict[tuple, int] = defaultdict(int)  # (node, loop instance) -> firings not exposed
 
@@ -216,10 +254,20 @@ class WalkState:
 
     # ---- firing ----------------------------------------------------------------------------
     def _guard(self, fn: Callable, *args: Any) -> None:
+        """Run one event, then every node it may have made ready; a request error fails this walk only."""
         if self.failed:
             return
         try:
             fn(*args)
+            if self._draining:
+                return  # an event raised inside a firing: the outer drain picks its nodes up
+            self._draining = True
+            try:
+                while self._dirty and not self.failed:
+                    node, _ = self._dirty.popitem()
+                    self._try_now(node)
+            finally:
+                self._draining = False
         except (DataflowError, StreamOverflow, ValueError) as e:
             self.failed = True
             self.sink.report("failed", self, error=str(e))
@@ -234,13 +282,21 @@ class WalkState:
                 self._try(consumer)
 
     def _try(self, node: str) -> None:
+        """Mark ``node`` to be tried when the current event is done."""
+        self._dirty[node] = None
+
+    def _try_now(self, node: str) -> None:
         """Fire ``node`` at its cursor, repeatedly, while it can."""
         while not self.failed and self._try_once(node):
             pass
         self._check_done(node)
 
     def _try_once(self, node: str) -> bool:
-        path = self._normalize(node)
+        if node in self._stale:
+            self._stale.discard(node)
+            path = self._normalize(node)
+        else:
+            path = self.cursor[node]
         if path is DONE:
             return False
         speculative = self._permission(node, path)
@@ -250,7 +306,11 @@ class WalkState:
         if gathered is None:
             return False
         inputs, spans = gathered
-        self.cursor[node] = (*path[:-1], path[-1] + 1) if path else DONE
+        if path:
+            self.cursor[node] = (*path[:-1], path[-1] + 1)
+            self._stale.add(node)
+        else:
+            self.cursor[node] = DONE
         for info in self.idx.produces.get(node, ()):
             self.prefixes[info.index].add(path[:-1])
         self.inflight[node] += 1
@@ -261,8 +321,9 @@ class WalkState:
     def _gather(self, node: str, path: Path) -> tuple[dict, dict] | None:
         inputs, spans = {}, {}
         values = self.values
-        for slot, source in self.idx.slots[node]:
-            if isinstance(source, FromStream):
+        for slot, recipe in self.idx.recipes[node]:
+            if recipe[0] == _STREAM:
+                source = recipe[1]
                 info = self.plan.streams[source.stream]
                 d = self.idx.depth[info.consumer_scope]
                 key, k = (source.stream, path[:d]), path[d]
@@ -275,30 +336,18 @@ class WalkState:
                 inputs[slot] = self.concat(list(chunk.items), self.templates.get(key))
                 spans[slot] = chunk.span
                 continue
-            value = values.get(self._key(source, path), _MISSING)
+            value = values.get(_key(recipe, path), _MISSING)
             if value is _MISSING:
                 return None
             inputs[slot] = value
         return inputs, spans
 
-    def _key(self, source: FromEdge | FromCarry, path: Path) -> tuple:
-        if isinstance(source, FromCarry):
-            d = self.idx.depth[source.scope]
-            if path[d] == 0:
-                return self._key(source.initial, path)
-            return (source.node, source.output, (*path[:d], path[d] - 1))
-        if source.node == INPUT:
-            return (INPUT, source.output, ())
-        if source.exits:
-            return (source.node, source.output, path[: self.idx.depth[source.exits[-1]]])
-        return (source.node, source.output, path[: len(self.plan.chains[source.node])])
-
     def _permission(self, node: str, path: Path) -> bool | None:
         """None: must wait; else whether firing at ``path`` is speculative."""
         speculative = False
-        for d, sid in enumerate(self.plan.chains[node]):
+        for d, sid in self.idx.dynamic_levels[node]:
             k = path[d]
-            if k == 0 or self.plan.scopes[sid].kind != "dynamic":
+            if k == 0:
                 continue
             key = (sid, path[:d])
             if key in self.end:
@@ -313,6 +362,8 @@ class WalkState:
         return speculative
 
     def _paused_producer(self, node: str, path: Path) -> bool:
+        if not self.paused:
+            return False
         return any((info.index, path[:-1]) in self.paused for info in self.idx.produces.get(node, ()))
 
     # ---- loop bookkeeping ------------------------------------------------------------------
@@ -353,6 +404,7 @@ class WalkState:
         if key in self.end and self.end[key] <= n:
             return
         self.end[key] = n
+        self._stale.update(self.idx.scope_nodes[scope])
         for node in self.idx.scope_nodes[scope]:
             for info in self.idx.produces.get(node, ()):
                 if info.producer_scope == scope and self.ranks.get(node) == self.rank:
