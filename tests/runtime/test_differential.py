@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.runtime.conftest import comparable_events, comparable_reference, placement, reference, start
+from tests.runtime.conftest import (
+    comparable_events,
+    comparable_reference,
+    placement,
+    reference,
+    start,
+)
 from walkserve.core.finish import FinishReason
 from walkserve.testing.fixtures import FIXTURES
 from walkserve.testing.fixtures.requests import fixture_request

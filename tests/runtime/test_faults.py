@@ -12,7 +12,6 @@ import time
 import pytest
 
 from tests.runtime.conftest import placement, start, wait_until
-from walkserve.core.errors import AdmissionRejected
 from walkserve.core.finish import FinishReason
 from walkserve.testing.fixtures.requests import fixture_request
 
@@ -52,9 +51,7 @@ def test_abort_releases_state(tts):
     req = fixture_request("fixture-tts", 3)
     req.sampling = type(req.sampling)(max_tokens=400, stop_token_ids=(0,))
     req.params.update(eos_at=1000, sleep_ms=5)
-    seen = 0
-    for out in tts.stream(req):
-        seen += 1
+    for seen, _out in enumerate(tts.stream(req), start=1):
         if seen == 2:
             break  # leaving the loop aborts the request
     stats = wait_until(lambda: (s := tts.stats()).running == 0 and s.requests_with_state == 0 and s)

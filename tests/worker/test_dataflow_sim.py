@@ -67,7 +67,7 @@ def test_speculation_off_runs_no_extra_step(family):
 
 
 def test_loop_that_stops_at_k_yields_exactly_k_outputs():
-    graph, comps, ref = setup("fixture-lm")
+    graph, comps, _ref = setup("fixture-lm")
     from walkserve.core.request import RequestSpec
     from walkserve.core.sampling import SamplingParams
     from walkserve.testing.fixtures.requests import prompt

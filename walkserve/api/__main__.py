@@ -11,11 +11,11 @@ import argparse
 import importlib
 import json
 import logging
-import os
 import sys
 
 from walkserve.api.config import ServerConfig
 from walkserve.api.server import serve
+from walkserve.core import env
 
 
 def _option(text: str) -> tuple[str, object]:
@@ -34,7 +34,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--engine-option", action="append", type=_option, default=[], metavar="KEY=VALUE")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=os.environ.get("WALKSERVE_API_KEY"), help="Bearer key (default: $WALKSERVE_API_KEY)")
+    p.add_argument("--api-key", default=env.WALKSERVE_API_KEY.get(), help="Bearer key (default: $WALKSERVE_API_KEY)")
     p.add_argument("--max-body-bytes", type=int, default=ServerConfig.max_body_bytes)
     p.add_argument("--max-n", type=int, default=ServerConfig.max_n)
     p.add_argument("--drain-timeout", type=float, default=ServerConfig.drain_timeout_s)

@@ -17,6 +17,9 @@ class ServerConfig:
     only). ``media_allowlist`` holds URL prefixes (``https://host/path/``)
     the server may fetch media from; empty means data URLs only.
     ``model_aliases`` are extra names accepted in the ``model`` field.
+    ``default_max_tokens`` replaces the model card's default ``max_tokens``
+    for requests that set none (the only bound a ``/v1/audio/speech``
+    request has on its length).
     """
 
     host: str = "127.0.0.1"
@@ -33,11 +36,15 @@ class ServerConfig:
     model_aliases: tuple[str, ...] = ()
     max_speech_chars: int = 4096
     max_stop_strings: int = 16
+    default_max_tokens: int | None = None
     log_level: str = "info"
 
     def __post_init__(self) -> None:
         self._positive("max_body_bytes", "max_media_parts", "max_image_pixels", "max_n", "max_speech_chars")
         self._positive("max_audio_seconds", "media_fetch_timeout_s", "max_stop_strings")
+        n = self.default_max_tokens
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ConfigError(f"ServerConfig.default_max_tokens must be a positive integer or None, got {n!r}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"ServerConfig.port must be in [0, 65535], got {self.port}")
         if self.drain_timeout_s < 0:

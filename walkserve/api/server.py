@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 import uvicorn
@@ -24,16 +26,28 @@ class DrainingServer(uvicorn.Server):
     /health answers 503 and new work 503 while in-flight requests finish (up to
     ``drain_timeout_s``); then uvicorn shuts down as usual. A second signal forces the exit."""
 
-    def __init__(self, config: uvicorn.Config, state: AppState, drain_timeout_s: float):
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        state: AppState,
+        drain_timeout_s: float,
+        on_started: Callable[[], None] | None = None,
+    ):
         super().__init__(config)
         self.state = state
         self.drain_timeout_s = drain_timeout_s
+        self.on_started = on_started
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task | None = None
 
     async def serve(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started and not self.should_exit and self.on_started is not None:
+            self.on_started()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if sig in DRAIN_SIGNALS and not self.state.drain.draining and self._loop is not None:
@@ -53,21 +67,31 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-async def serve_async(engine: EngineClient, config: ServerConfig | None = None) -> None:
-    """Serve until a signal (or ``should_exit``); then drain and ``await engine.shutdown()``."""
+async def serve_async(
+    engine: EngineClient,
+    config: ServerConfig | None = None,
+    sockets: Sequence[socket.socket] | None = None,
+    on_started: Callable[[], None] | None = None,
+) -> None:
+    """Serve until a signal (or ``should_exit``); then drain and ``await engine.shutdown()``.
+
+    ``sockets``: already bound listening sockets to serve on instead of
+    ``config.host``/``config.port`` (bind early to fail fast on a busy port).
+    ``on_started`` is called once the server accepts connections.
+    """
     config = config or ServerConfig()
-    app = build_app(engine, config)
-    uv_config = uvicorn.Config(
-        app,
-        host=config.host,
-        port=config.port,
-        log_level=config.log_level,
-        timeout_graceful_shutdown=GRACE_AFTER_DRAIN_S,
-        access_log=False,
-    )
-    server = DrainingServer(uv_config, app.state.walkserve, config.drain_timeout_s)
     try:
-        await server.serve()
+        app = build_app(engine, config)
+        uv_config = uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level=config.log_level,
+            timeout_graceful_shutdown=GRACE_AFTER_DRAIN_S,
+            access_log=False,
+        )
+        server = DrainingServer(uv_config, app.state.walkserve, config.drain_timeout_s, on_started)
+        await server.serve(list(sockets) if sockets else None)
     finally:
         await engine.shutdown()
         log.info("engine shut down; server stopped")

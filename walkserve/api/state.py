@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -18,6 +19,7 @@ from walkserve.api.runner import RequestRunner
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
 from walkserve.entrypoint.interface import EngineClient, Health
+from walkserve.models.processor import ModelCard
 
 AUDIO_CAPS = ("speech", "audio_out")
 
@@ -26,7 +28,7 @@ class AppState:
     def __init__(self, engine: EngineClient, config: ServerConfig):
         self.engine = engine
         self.config = config
-        self.card = engine.card
+        self.card = card_with_defaults(engine.card, config)
         self.processor = engine.processor
         self.drain = DrainState()
         self.metrics = ApiMetrics(engine, lambda: self.drain.draining)
@@ -76,6 +78,14 @@ class AppState:
         if voices and chosen not in voices:
             raise bad_request(f"unknown voice {voice!r}; this model's voices are: {', '.join(voices)}", param, "unknown_voice")
         return chosen
+
+
+def card_with_defaults(card: ModelCard, config: ServerConfig) -> ModelCard:
+    """The engine's card with the server's overrides of its default sampling."""
+    if config.default_max_tokens is None:
+        return card
+    sampling = {**card.default_sampling, "max_tokens": config.default_max_tokens}
+    return dataclasses.replace(card, default_sampling=sampling)
 
 
 def app_state(request: Request) -> AppState:

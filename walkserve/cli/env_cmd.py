@@ -14,5 +14,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     for knob in env.all_knobs():
-        print(f"{knob.name} ({knob.kind.__name__}, default {knob.default!r}; now {knob.get()!r})\n    {knob.help}")
+        value = knob.get()
+        now = "<set, hidden>" if knob.name.endswith("_KEY") and value else repr(value)  # never print a secret
+        print(f"{knob.name} ({knob.kind.__name__}, default {knob.default!r}; now {now})\n    {knob.help}")
     return 0

@@ -84,3 +84,9 @@ WALKSERVE_ZYGOTE = _knob(
     bool,
     "Fork workers from one warm interpreter (fast start and restart); 0 starts each worker as its own interpreter.",
 )
+WALKSERVE_API_KEY = _knob(
+    "WALKSERVE_API_KEY",
+    None,
+    str,
+    "Bearer key that `walkserve serve` (and `python -m walkserve.api`) requires on /v1/* when --api-key is not given.",
+)

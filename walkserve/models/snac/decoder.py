@@ -9,14 +9,20 @@ All convolutions are plain: the checkpoint's weight normalisation is folded
 into them once at load time (see ``weights.py``).
 
 Noise and reproducibility: with ``noise`` on, every UpsampleBlock draws
-Gaussian noise. ``decode`` takes one ``torch.Generator`` per batch row, and
-the exact call order is: for each upsampling block in order (0, 1, 2, ...),
-for each row ``b`` in order, ``torch.randn((1, 1, T_block), generator=gens[b])``
+Gaussian noise. ``decode`` takes one ``torch.Generator`` per batch row (distinct
+objects), and each row's generator is called once per upsampling block, in
+block order (0, 1, 2, ...): ``torch.randn((1, 1, T_block), generator=gens[b])``
 in float32, where ``T_block`` is that block's output length. Hence a row's
 noise depends only on its own generator and length, never on its batch
 neighbours, and it equals the ``snac`` package's noise for that row decoded
 alone (batch 1) after ``torch.manual_seed(seed)`` when ``gens[b]`` is a CPU
 generator seeded with the same ``seed``.
+
+Layout and batching: the upsampling blocks work time-major, ``[B, T, C]``
+(``kernels.py``). Large batches are decoded in row pieces from the first
+block whose activations would outgrow a core's cache (``_tail_plan``): rows
+are independent, so this changes no value and keeps the cost per row flat
+as the batch grows.
 """
 
 from __future__ import annotations
@@ -28,8 +34,12 @@ from torch import nn
 
 from walkserve.models.snac.attention import LocalAttention
 from walkserve.models.snac.config import SnacConfig
-from walkserve.models.snac.layers import Snake, UpsampleBlock
+from walkserve.models.snac.layers import Snake, UpsampleBlock, same_conv
 from walkserve.models.snac.quantizer import CodeEmbedding
+
+# Activations up to this many elements per piece stay in a core's cache; bigger batches are decoded
+# in row pieces from the first block that would overflow it (rows are independent).
+CACHE_ELEMENTS = 1 << 19
 
 
 def _stem(cfg: SnacConfig) -> nn.ModuleList:
@@ -67,9 +77,40 @@ class SnacDecoder(nn.Module):
             x = conv(x)  # x: [B, decoder_dim, T]
         if self.attn is not None:
             x = self.attn(x)
-        for block in self.blocks:
-            x = block(x, generators)  # x: [B, C / 2, T * rate]
-        return torch.tanh(self.out_conv(self.out_snake(x)))  # [B, 1, T * upsample]
+        x = x.transpose(1, 2).contiguous()  # x: [B, T, decoder_dim]
+        first, rows = self._tail_plan(x.shape[0], x.shape[1])
+        for block in self.blocks[:first]:
+            x = block(x, generators)  # x: [B, T * rate, C / 2]
+        pieces = [
+            self._tail(x[r : r + rows], generators[r : r + rows], first)
+            for r in range(0, x.shape[0], rows)
+        ]
+        return torch.cat(pieces) if len(pieces) > 1 else pieces[0]  # [B, 1, T * upsample]
+
+    def _tail(
+        self, x: torch.Tensor, generators: Sequence[torch.Generator], first: int
+    ) -> torch.Tensor:
+        """Blocks ``first..`` and the output head on some rows: ``[b, T, C]`` -> ``[b, 1, T * rates]``."""
+        for block in self.blocks[first:]:
+            x = block(x, generators)
+        x = same_conv(self.out_conv, self.out_snake(x))  # x: [b, T_out, 1]
+        return torch.tanh_(x).transpose(1, 2)  # [b, 1, T_out]
+
+    def _tail_plan(self, batch: int, steps: int) -> tuple[int, int]:
+        """(first block decoded in row pieces, rows per piece) so a piece's activations stay cache-sized.
+
+        Blocks before the first one whose whole-batch output exceeds
+        ``CACHE_ELEMENTS`` run on the whole batch (their weights are the big
+        part, read once); from there on, rows go in pieces.
+        """
+        sizes, width = [], self.cfg.decoder_dim  # sizes: elements per row of each block's output
+        for rate in self.cfg.decoder_rates:
+            steps, width = steps * rate, width // 2
+            sizes.append(steps * width)
+        first = next((i for i, n in enumerate(sizes) if batch * n > CACHE_ELEMENTS), len(sizes))
+        if first == len(sizes):
+            return first, batch
+        return first, max(1, CACHE_ELEMENTS // max(sizes[first:]))
 
     @torch.inference_mode()
     def decode(

@@ -1,9 +1,12 @@
 """The SNAC decoder's building blocks, on plain (weight-norm folded) convolutions.
 
+Activations are time-major, ``[B, T, C]`` (see ``kernels.py`` for why); the
+modules only hold the checkpoint's parameters in PyTorch's convolution layouts.
+
 UpsampleBlock(stride s):  Snake -> ConvTranspose1d(x s) -> [NoiseInjection] -> 3 x ResidualUnit
 ResidualUnit(dilation d): x + Conv1x1(Snake(Conv7_d(Snake(x))))
 Snake:                    x + sin(alpha * x)^2 / alpha        (per-channel alpha)
-NoiseInjection:           x + noise * Conv1x1(x),  noise: [B, 1, T] ~ N(0, 1)
+NoiseInjection:           x + noise * Conv1x1(x),  noise: [B, T, 1] ~ N(0, 1)
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+
+from walkserve.models.snac import kernels
 
 RESIDUAL_DILATIONS = (1, 3, 9)
 
@@ -24,9 +29,17 @@ class Snake(nn.Module):
         super().__init__()
         self.alpha = nn.Parameter(torch.ones(1, channels, 1))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, T]
-        alpha = self.alpha  # alpha: [1, C, 1]
-        return x + (alpha + 1e-9).reciprocal() * torch.sin(alpha * x).pow(2)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, T, C]
+        return kernels.snake(x, self.alpha)
+
+
+def same_conv(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+    """``conv`` (odd kernel, "same" padding, groups 1 or depthwise) on time-major ``x``: [B, T, C]."""
+    if conv.groups == 1:
+        return kernels.dense_conv(x, conv.weight, conv.bias, conv.dilation[0])
+    if conv.groups == conv.in_channels == conv.out_channels:
+        return kernels.depthwise_conv(x, conv.weight, conv.bias, conv.dilation[0])
+    raise ValueError(f"SNAC: convolution with {conv.groups} groups over {conv.in_channels} channels")
 
 
 class ResidualUnit(nn.Module):
@@ -39,15 +52,15 @@ class ResidualUnit(nn.Module):
         self.snake2 = Snake(dim)
         self.conv2 = nn.Conv1d(dim, dim, 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, T]
-        y = self.conv2(self.snake2(self.conv1(self.snake1(x))))  # y: [B, C, T]
-        return x + y
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, T, C]
+        h = self.snake2(same_conv(self.conv1, self.snake1(x)))  # h: [B, T, C]
+        return kernels.pointwise(h, self.conv2.weight, self.conv2.bias).add_(x)
 
 
 def draw_noise(
     generators: Sequence[torch.Generator], length: int, like: torch.Tensor
 ) -> torch.Tensor:
-    """One ``randn((1, 1, length))`` per row from that row's generator, in row order -> ``[B, 1, length]``.
+    """One ``randn((1, 1, length))`` per row from that row's generator, in row order -> ``[B, length, 1]``.
 
     Drawn in float32 on each generator's device, then moved to ``like``'s device and dtype.
     """
@@ -55,7 +68,7 @@ def draw_noise(
         torch.randn((1, 1, length), generator=g, device=g.device, dtype=torch.float32)
         for g in generators
     ]
-    return torch.cat(rows).to(device=like.device, dtype=like.dtype)  # [B, 1, length]
+    return torch.cat(rows).view(len(rows), length, 1).to(device=like.device, dtype=like.dtype)
 
 
 class NoiseInjection(nn.Module):
@@ -67,9 +80,10 @@ class NoiseInjection(nn.Module):
 
     def forward(
         self, x: torch.Tensor, generators: Sequence[torch.Generator]
-    ) -> torch.Tensor:  # x: [B, C, T]
-        noise = draw_noise(generators, x.shape[-1], x)  # noise: [B, 1, T]
-        return x + noise * self.linear(x)
+    ) -> torch.Tensor:  # x: [B, T, C]
+        noise = draw_noise(generators, x.shape[1], x)  # noise: [B, T, 1]
+        h = kernels.pointwise(x, self.linear.weight, None)  # h: [B, T, C]
+        return torch.addcmul(x, h, noise, out=h)
 
 
 class UpsampleBlock(nn.Module):
@@ -77,6 +91,7 @@ class UpsampleBlock(nn.Module):
 
     def __init__(self, in_dim: int, out_dim: int, stride: int, noise: bool, groups: int):
         super().__init__()
+        self.stride = stride
         self.snake = Snake(in_dim)
         self.up = nn.ConvTranspose1d(
             in_dim,
@@ -88,9 +103,21 @@ class UpsampleBlock(nn.Module):
         )
         self.noise = NoiseInjection(out_dim) if noise else None
         self.res = nn.ModuleList(ResidualUnit(out_dim, d, groups) for d in RESIDUAL_DILATIONS)
+        self._packed: tuple[tuple, torch.Tensor] | None = None
+
+    def packed_up(self) -> torch.Tensor:
+        """The upsampler's weight re-laid for ``kernels.conv_transpose``; re-packed only when the weight changes."""
+        w = self.up.weight
+        key = (w.data_ptr(), w._version, w.dtype, w.device)
+        if self._packed is None or self._packed[0] != key:
+            self._packed = (key, kernels.pack_transposed(w.detach()))
+        return self._packed[1]
 
     def forward(self, x: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
-        x = self.up(self.snake(x))  # x: [B, C_in, T] -> [B, C_out, T * stride]
+        up = self.up
+        x = kernels.conv_transpose(
+            self.snake(x), self.packed_up(), up.bias, self.stride, up.padding[0], up.output_padding[0]
+        )  # x: [B, T, C_in] -> [B, T * stride, C_out]
         if self.noise is not None:
             x = self.noise(x, generators)
         for unit in self.res:

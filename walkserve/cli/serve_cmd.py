@@ -1,0 +1,184 @@
+"""``walkserve serve [MODEL]``: start a model on its placement, then serve it over HTTP.
+
+Order of work: resolve the model (writing the embedded demo checkpoint on
+first use), bind the port (a busy port fails before anything slow), load
+the model's description, start the runtime (conductor + workers; the workers
+load the weights), then run the HTTP server until SIGTERM/SIGINT, which
+drains in-flight requests and shuts the runtime down. Every failure is one
+line on stderr and exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from walkserve.api.config import ServerConfig
+from walkserve.cli.serve_target import SERVED_FAMILIES, resolve_target
+from walkserve.core import env
+from walkserve.core.config import RuntimeConfig
+from walkserve.core.errors import ConfigError
+
+log = logging.getLogger("walkserve.serve")
+# (flag, ServerConfig field, type, help) for the server's limits; defaults come from ServerConfig
+LIMIT_FLAGS = (
+    ("--max-body-bytes", "max_body_bytes", int, "request body cap in bytes"),
+    ("--max-media-parts", "max_media_parts", int, "images + audio clips per request"),
+    ("--max-image-pixels", "max_image_pixels", int, "pixels per input image and per requested image size"),
+    ("--max-audio-seconds", "max_audio_seconds", float, "length of one input audio clip"),
+    ("--max-n", "max_n", int, "choices (n) per request"),
+    ("--max-speech-chars", "max_speech_chars", int, "input characters of /v1/audio/speech"),
+    ("--max-stop-strings", "max_stop_strings", int, "entries of stop"),
+    ("--media-fetch-timeout", "media_fetch_timeout_s", float, "seconds to fetch one allowlisted media URL"),
+    ("--drain-timeout", "drain_timeout_s", float, "seconds SIGTERM waits for in-flight requests"),
+    ("--default-max-tokens", "default_max_tokens", int,
+     "max_tokens of requests that set none (speech: bounds the audio; Orpheus makes 7 tokens per 85 ms)"),
+)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a model over HTTP (OpenAI-compatible routes)",
+        description="Start a model and serve it over HTTP. With no MODEL and no --model-path, serves the "
+        "embedded demo: a tiny Orpheus with RANDOM weights (its speech is noise), written once into "
+        "$WALKSERVE_CACHE_DIR.",
+    )
+    p.add_argument("model", nargs="?", metavar="MODEL",
+                   help=f"model family: {', '.join(SERVED_FAMILIES)} or auto (read it from --model-path; "
+                   "the default when a path is given)")
+    _model_args(p.add_argument_group("model"))
+    _server_args(p.add_argument_group("server"))
+    _runtime_args(p.add_argument_group("runtime"))
+    p.set_defaults(func=run)
+
+
+def _model_args(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--model-path", metavar="DIR", help="checkpoint directory (Orpheus: the LM, or a directory "
+                   "holding lm/ and snac/)")
+    g.add_argument("--snac-path", metavar="DIR", help="orpheus: the SNAC 24 kHz codec directory "
+                   "(after walkserve convert snac)")
+    g.add_argument("--model-id", metavar="NAME", help="the model's name in the API (default: the directory name)")
+    g.add_argument("--config", metavar="PLACEMENT", help="placement YAML (which nodes run on which ranks and "
+                   "devices), or the name of a shipped one; default: every node on one rank, cuda:0 if present")
+
+
+def _server_args(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--host", default=ServerConfig.host, help="bind address (default: loopback only)")
+    g.add_argument("--port", type=int, default=ServerConfig.port)
+    g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* "
+                   "(default: $WALKSERVE_API_KEY; none when unset)")
+    for flag, name, kind, text in LIMIT_FLAGS:
+        g.add_argument(flag, dest=name, type=kind, default=getattr(ServerConfig, name), help=f"{text} (default: %(default)s)")
+    g.add_argument("--media-allowlist", action="append", default=[], metavar="URL_PREFIX",
+                   help="http(s) URL prefix media may be fetched from (repeatable; default: data URLs only)")
+    g.add_argument("--model-alias", action="append", default=[], metavar="NAME",
+                   help="another name accepted in the model field (repeatable)")
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _runtime_args(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--max-running", type=int, default=RuntimeConfig.max_running, help="requests running at once")
+    g.add_argument("--max-waiting", type=int, default=RuntimeConfig.max_waiting,
+                   help="requests queued beyond those; more are answered 429")
+    g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype on every rank "
+                   "(default: the checkpoint's)")
+    g.add_argument("--kv-blocks", type=int, help="KV-cache blocks per LM (default: sized from free memory)")
+    g.add_argument("--no-speculation", action="store_true", help="never run a loop iteration ahead of its stop rule")
+    g.add_argument("--start-timeout", type=float, default=None, help="seconds the workers may take to load "
+                   "(default: $WALKSERVE_START_TIMEOUT_S)")
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    api_key = args.api_key if args.api_key is not None else env.WALKSERVE_API_KEY.get()
+    limits = {name: getattr(args, name) for _, name, _, _ in LIMIT_FLAGS}
+    return ServerConfig(host=args.host, port=args.port, api_key=api_key or None,
+                        media_allowlist=tuple(args.media_allowlist), model_aliases=tuple(args.model_alias),
+                        log_level=args.log_level, **limits)
+
+
+def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
+    engine_options = {"kv": {"num_blocks": args.kv_blocks}} if args.kv_blocks is not None else {}
+    if args.kv_blocks is not None and args.kv_blocks < 1:
+        raise ConfigError(f"--kv-blocks must be >= 1, got {args.kv_blocks}")
+    timeout = args.start_timeout if args.start_timeout is not None else env.WALKSERVE_START_TIMEOUT_S.get()
+    return RuntimeConfig(max_running=args.max_running, max_waiting=args.max_waiting, dtype=args.dtype,
+                         speculation=not args.no_speculation, start_timeout_s=timeout, engine_options=engine_options)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s frontend %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("WALKSERVE_LOG_LEVEL", args.log_level.upper())  # the runtime's processes
+    try:
+        config, runtime = server_config(args), runtime_config(args)
+        target = resolve_target(args.model, args.model_path, args.snac_path, args.model_id)
+        placement = _placement(args.config)
+        if target.embedded:
+            _prepare_embedded()
+        sock = bind(config.host, config.port)
+    except ValueError as e:  # an environment knob that does not parse
+        raise ConfigError(str(e)) from None
+    _warn_open_bind(config)
+    from walkserve.cli.serve_run import ServeRun
+
+    try:
+        with contextlib.closing(sock):
+            return asyncio.run(ServeRun(target, placement, runtime, config, sock).main())
+    except KeyboardInterrupt:
+        say("interrupted; stopped")
+        return 130
+
+
+def _placement(value: str | None) -> Path | None:
+    if value is None:
+        return None
+    from walkserve.cli.placement_arg import placement_path
+
+    return placement_path(value)
+
+
+def _prepare_embedded() -> None:
+    from walkserve.cli.embedded import ensure_embedded
+
+    t0 = time.monotonic()
+    say("no model given: serving the embedded demo, a tiny Orpheus TTS with RANDOM weights (its speech is noise)")
+    path, written = ensure_embedded()
+    if written:
+        say(f"wrote the embedded checkpoint to {path} ({time.monotonic() - t0:.1f} s; reused next time)")
+    else:
+        say(f"using the embedded checkpoint in {path}")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A bound (not yet listening) TCP socket; a busy port is a one-line ConfigError."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ConfigError(f"--host {host}: cannot resolve ({e.strerror})") from None
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror} (is another server running? choose --port)") from None
+    sock.set_inheritable(False)
+    return sock
+
+
+def _warn_open_bind(config: ServerConfig) -> None:
+    if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
+        say(f"warning: listening on {config.host} without --api-key: anyone who can reach it can use the model")
+
+
+def say(message: str) -> None:
+    print(f"walkserve: {message}", flush=True)

@@ -1,0 +1,102 @@
+"""ServeTarget: which model ``walkserve serve`` starts, from MODEL, --model-path and --snac-path.
+
+    (no MODEL, no --model-path)   the embedded tiny random-weight Orpheus (cli/embedded.py)
+    MODEL = auto, or only a path  the family read from the checkpoint (config.json architecture;
+                                  a directory with lm/ and snac/, or --snac-path: orpheus)
+    MODEL = orpheus|llama|qwen2|qwen3 (or any registered family)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from walkserve.core.errors import ConfigError
+from walkserve.models.base import ModelRef
+from walkserve.models.orpheus.tokens import AUDIO_CODE_BASE, CODEBOOK_SIZE, FRAME_TOKENS
+
+SERVED_FAMILIES = ("orpheus", "llama", "qwen2", "qwen3")
+TEXT_FAMILIES = ("llama", "qwen2", "qwen3")
+# Orpheus's audio codes end here: a Llama vocabulary at least this large is an Orpheus LM
+ORPHEUS_MIN_VOCAB = AUDIO_CODE_BASE + FRAME_TOKENS * CODEBOOK_SIZE
+
+
+@dataclass(frozen=True)
+class ServeTarget:
+    """A model to start: its family, checkpoint directory and options, and how it was chosen."""
+
+    family: str
+    path: str | None
+    options: dict[str, Any] = field(default_factory=dict)
+    embedded: bool = False
+    detected: bool = False  # the family was read from the checkpoint (MODEL auto)
+
+    def ref(self) -> ModelRef:
+        return ModelRef(self.family, self.path, dict(self.options))
+
+
+def resolve_target(model: str | None, model_path: str | None, snac_path: str | None,
+                   model_id: str | None = None, cache_dir: Path | None = None) -> ServeTarget:
+    """The model ``walkserve serve`` should start; ConfigError (one line) for anything inconsistent."""
+    options: dict[str, Any] = {"model_id": model_id} if model_id else {}
+    if model is None and model_path is None:
+        if snac_path is not None:
+            raise ConfigError("--snac-path needs the Orpheus LM too: walkserve serve orpheus --model-path LM_DIR --snac-path SNAC_DIR")
+        return _embedded(options, cache_dir)
+    if model_path is not None:
+        _check_dir(model_path, "--model-path")
+    if snac_path is not None:
+        _check_dir(snac_path, "--snac-path")
+    detected = model in (None, "auto")
+    family = detect_family(model_path, snac_path) if detected else model
+    _check_family(family, model_path, snac_path)
+    if snac_path is not None:
+        options["snac_path"] = str(Path(snac_path).resolve())
+    path = str(Path(model_path).resolve()) if model_path is not None else None
+    return ServeTarget(family, path, options, detected=detected)
+
+
+def _embedded(options: dict[str, Any], cache_dir: Path | None) -> ServeTarget:
+    from walkserve.cli.embedded import EMBEDDED_NAME, embedded_dir
+
+    options = {"model_id": EMBEDDED_NAME, **options}
+    return ServeTarget("orpheus", str(embedded_dir(cache_dir)), options, embedded=True)
+
+
+def detect_family(model_path: str | None, snac_path: str | None) -> str:
+    """MODEL ``auto``: the family a checkpoint directory holds."""
+    if model_path is None:
+        raise ConfigError("MODEL auto reads the family from the checkpoint: give --model-path DIR")
+    root = Path(model_path)
+    if snac_path is not None or ((root / "lm").is_dir() and (root / "snac").is_dir()):
+        return "orpheus"
+    if not (root / "config.json").is_file():
+        raise ConfigError(f"{root}: no config.json, so the model family is unknown; name it (walkserve serve FAMILY ...)")
+    from walkserve.models.llama.config import LMConfig
+
+    config = LMConfig.from_file(root)
+    if config.vocab_size >= ORPHEUS_MIN_VOCAB:
+        raise ConfigError(f"{root} looks like an Orpheus LM (audio codes in its vocabulary); serve it with: "
+                          f"walkserve serve orpheus --model-path {root} --snac-path SNAC_DIR")
+    return config.family
+
+
+def _check_family(family: str, model_path: str | None, snac_path: str | None) -> None:
+    from walkserve.models.registry import families
+
+    known = families()
+    if family not in known and ":" not in family:
+        raise ConfigError(f"unknown model family {family!r} (choose one of: auto, {', '.join(SERVED_FAMILIES)})")
+    if snac_path is not None and family != "orpheus":
+        raise ConfigError(f"--snac-path is an Orpheus option; model family {family!r} takes none")
+    if family in SERVED_FAMILIES and model_path is None:
+        raise ConfigError(f"model family {family!r} needs its checkpoint: --model-path DIR")
+
+
+def _check_dir(path: str, flag: str) -> None:
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"{flag} {path}: no such directory")
+    if not p.is_dir():
+        raise ConfigError(f"{flag} {path}: not a directory")
