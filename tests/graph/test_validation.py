@@ -132,6 +132,9 @@ def test_streaming_edge_errors():
     with pytest.raises(GraphError, match="capacity 3 is below"):
         graph(body(), [*base, StreamingGraphEdge("p.b", "c.a", FixedChunk(4), capacity=3)])
     graph(body(), [*base, StreamingGraphEdge("p.b", "c.a", FixedChunk(4))])
+    in_static_loop = Parallel(Loop(node("p"), 4, name="L"), Loop(node("c"), 4, name="M"))
+    with pytest.raises(GraphError, match="consumer 'c' sits in loop 'M', so it must be that DynamicLoop's stop node"):
+        graph(in_static_loop, [*base, StreamingGraphEdge("p.b", "c.a", FixedChunk(1))])
 
 
 def test_dynamic_loop_stop_rule_must_read_a_body_output():

@@ -280,6 +280,13 @@ class _Compiler:
             index = len(self.streams)
             if qchain and qchain[-1] not in pchain:
                 mode, cscope = "loop", qchain[-1]
+                loop = self.scopes[cscope].loop
+                if not isinstance(loop, DynamicLoop) or loop.stop.output.split(".")[0] != dst:
+                    raise _err(
+                        self.walk,
+                        f"streaming edge {edge}: consumer {dst!r} sits in loop {cscope!r}, so it must be that "
+                        "DynamicLoop's stop node (the loop ends when the stream is exhausted)",
+                    )
             else:
                 mode, cscope = "chunk", f"stream:{dst}"
                 if cscope in self.scopes:
