@@ -6,6 +6,8 @@ per-walk placements (prefill on one rank, decode on another).
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.runtime.conftest import (
@@ -14,6 +16,7 @@ from tests.runtime.conftest import (
     placement,
     reference,
     start,
+    wait_until,
 )
 from walkserve.core.finish import FinishReason
 from walkserve.testing.fixtures import FIXTURES
@@ -75,3 +78,28 @@ def test_runtime_matches_reference(family, kind, place):
             for modality in {e.modality for e in res.events}:
                 assert [e.index for e in res.modality(modality)] == list(range(len(res.modality(modality))))
         assert all(r.finished.reason in (FinishReason.STOP, FinishReason.LENGTH) for r in results)
+
+
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_transports_carry_tensors(transport, monkeypatch):
+    """Every tensor above 0 bytes goes through shared memory between IPC ranks; a TCP rank (as a
+    rank on another host would be) gets tensors inside its frames instead. Both match the reference."""
+    monkeypatch.setenv("WALKSERVE_SHM_INLINE_BYTES", "0")
+    family = "fixture-image"
+    place = placement(2, {"encode": 0, "cond_text": 1, "cond_image": 0, "uncond": 1, "combine": 0, "vae": 1})
+    place["ranks"][1]["transport"] = transport
+    ref = reference(family)
+    requests = [fixture_request(family, 300 + i) for i in range(8)]
+    with start(family, place) as engine:
+        results = engine.run(requests)
+        for req, res in zip(requests, results, strict=True):
+            assert comparable_events(res.events) == comparable_reference(ref.run(req))
+        def sent():
+            engine.stats()
+            return sum(w.get("shm_sent", 0) for w in engine.status.stats["workers"].values())
+
+        if transport == "ipc":
+            assert wait_until(lambda: sent() > 0)
+        else:
+            time.sleep(0.6)  # one more worker report
+            assert sent() == 0

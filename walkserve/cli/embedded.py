@@ -22,6 +22,8 @@ from walkserve.core.errors import ConfigError
 
 EMBEDDED_NAME = "orpheus-tiny-random"  # directory name and served model id
 EMBEDDED_SEED = 0
+# Default max_tokens of the demo's requests: 24 frames of 7 audio tokens, about 2 s of (noise) audio.
+EMBEDDED_MAX_TOKENS = 24 * 7
 # Files whose presence marks a complete checkpoint (the rename makes them appear together).
 _REQUIRED = ("lm/config.json", "lm/tokenizer.json", "snac/config.json", "snac/model.safetensors")
 

@@ -73,3 +73,8 @@ def ready_banner(card: ModelCard, url: str, auth: bool, startup_s: float) -> str
         lines.append("          (an API key is required: set WALKSERVE_API_KEY to it in the client's shell)")
     lines.append("  stop:   Ctrl-C or SIGTERM (in-flight requests finish first)")
     return "\n".join(lines)
+
+
+def say(message: str) -> None:
+    """A progress line of ``walkserve serve`` (stdout, flushed, so a pipe sees it at once)."""
+    print(f"walkserve: {message}", flush=True)

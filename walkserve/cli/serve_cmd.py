@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 
 from walkserve.api.config import ServerConfig
+from walkserve.cli.serve_banner import say
 from walkserve.cli.serve_target import SERVED_FAMILIES, resolve_target
 from walkserve.core import env
 from walkserve.core.config import RuntimeConfig
@@ -72,11 +74,12 @@ def _model_args(g: argparse._ArgumentGroup) -> None:
 
 def _server_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--host", default=ServerConfig.host, help="bind address (default: loopback only)")
-    g.add_argument("--port", type=int, default=ServerConfig.port)
-    g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* "
+    g.add_argument("--port", type=int, default=ServerConfig.port, metavar="N", help="TCP port (default: %(default)s)")
+    g.add_argument("--api-key", default=None, metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1/* "
                    "(default: $WALKSERVE_API_KEY; none when unset)")
     for flag, name, kind, text in LIMIT_FLAGS:
-        g.add_argument(flag, dest=name, type=kind, default=getattr(ServerConfig, name), help=f"{text} (default: %(default)s)")
+        g.add_argument(flag, dest=name, type=kind, default=getattr(ServerConfig, name), metavar="N" if kind is int else "X",
+                       help=f"{text} (default: %(default)s)")
     g.add_argument("--media-allowlist", action="append", default=[], metavar="URL_PREFIX",
                    help="http(s) URL prefix media may be fetched from (repeatable; default: data URLs only)")
     g.add_argument("--model-alias", action="append", default=[], metavar="NAME",
@@ -85,14 +88,16 @@ def _server_args(g: argparse._ArgumentGroup) -> None:
 
 
 def _runtime_args(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--max-running", type=int, default=RuntimeConfig.max_running, help="requests running at once")
-    g.add_argument("--max-waiting", type=int, default=RuntimeConfig.max_waiting,
-                   help="requests queued beyond those; more are answered 429")
+    g.add_argument("--max-running", type=int, default=RuntimeConfig.max_running, metavar="N",
+                   help="requests running at once (default: %(default)s)")
+    g.add_argument("--max-waiting", type=int, default=RuntimeConfig.max_waiting, metavar="N",
+                   help="requests queued beyond those; more are answered 429 (default: %(default)s)")
     g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype on every rank "
                    "(default: the checkpoint's)")
-    g.add_argument("--kv-blocks", type=int, help="KV-cache blocks per LM (default: sized from free memory)")
+    g.add_argument("--kv-blocks", type=int, metavar="N",
+                   help="KV-cache blocks per LM (default: half the free GPU memory, or a fixed CPU budget)")
     g.add_argument("--no-speculation", action="store_true", help="never run a loop iteration ahead of its stop rule")
-    g.add_argument("--start-timeout", type=float, default=None, help="seconds the workers may take to load "
+    g.add_argument("--start-timeout", type=float, default=None, metavar="SECONDS", help="seconds the workers may take to load "
                    "(default: $WALKSERVE_START_TIMEOUT_S)")
 
 
@@ -122,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         target = resolve_target(args.model, args.model_path, args.snac_path, args.model_id)
         placement = _placement(args.config)
         if target.embedded:
-            _prepare_embedded()
+            config = _prepare_embedded(config)
         sock = bind(config.host, config.port)
     except ValueError as e:  # an environment knob that does not parse
         raise ConfigError(str(e)) from None
@@ -145,8 +150,9 @@ def _placement(value: str | None) -> Path | None:
     return placement_path(value)
 
 
-def _prepare_embedded() -> None:
-    from walkserve.cli.embedded import ensure_embedded
+def _prepare_embedded(config: ServerConfig) -> ServerConfig:
+    """Write (or reuse) the embedded checkpoint; its speech is capped short unless --default-max-tokens says otherwise."""
+    from walkserve.cli.embedded import EMBEDDED_MAX_TOKENS, ensure_embedded
 
     t0 = time.monotonic()
     say("no model given: serving the embedded demo, a tiny Orpheus TTS with RANDOM weights (its speech is noise)")
@@ -155,6 +161,10 @@ def _prepare_embedded() -> None:
         say(f"wrote the embedded checkpoint to {path} ({time.monotonic() - t0:.1f} s; reused next time)")
     else:
         say(f"using the embedded checkpoint in {path}")
+    if config.default_max_tokens is not None:
+        return config
+    say(f"speech is capped at {EMBEDDED_MAX_TOKENS} audio tokens (about 2 s) by default; --default-max-tokens changes it")
+    return dataclasses.replace(config, default_max_tokens=EMBEDDED_MAX_TOKENS)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -178,7 +188,3 @@ def bind(host: str, port: int) -> socket.socket:
 def _warn_open_bind(config: ServerConfig) -> None:
     if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
         say(f"warning: listening on {config.host} without --api-key: anyone who can reach it can use the model")
-
-
-def say(message: str) -> None:
-    print(f"walkserve: {message}", flush=True)

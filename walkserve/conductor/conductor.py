@@ -217,6 +217,8 @@ class Conductor:
     def on_ready(self, msg: m.Ready) -> None:
         self.ready[msg.rank] = True
         self.addresses[msg.rank] = msg.address
+        if self.placement.ranks[msg.rank].transport == "tcp":
+            self.outbox.connect(("rank", msg.rank), msg.address)
         log.info("rank %d ready (pid %d)", msg.rank, msg.pid)
         if all(self.ready.values()):
             for rank in self.placement.ranks:
@@ -227,7 +229,9 @@ class Conductor:
             self.publish_status(force=True)
 
     def connect_rank(self, rank: int) -> None:
-        self.outbox.connect(("rank", rank), self.spec.address(f"rank{rank}"))
+        """IPC ranks have a fixed address; a TCP rank is connected when its Ready names its port."""
+        if self.placement.ranks[rank].transport == "ipc":
+            self.outbox.connect(("rank", rank), self.spec.address(f"rank{rank}"))
 
     def watch_workers(self) -> None:
         for rank, why in self.supervisor.dead():

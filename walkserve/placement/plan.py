@@ -5,6 +5,7 @@
         device: cpu             # cpu | cuda | cuda:N
         memory: 16GiB           # optional budget for the memory check
         host: 127.0.0.1         # optional; a rank on another host talks TCP
+        transport: tcp          # optional: ipc (default on this host) or tcp (default for other hosts)
       - id: 1
         device: cuda:0
     nodes:                      # node groups -> ranks
@@ -54,6 +55,7 @@ class RankSpec:
     device: str
     host: str | None = None
     memory: int | None = None  # bytes
+    transport: str = "ipc"  # "ipc": unix sockets + shared memory; "tcp": tensors travel inside TCP frames
 
     @property
     def remote(self) -> bool:
@@ -109,7 +111,7 @@ def _rank(entry: Any, i: int, source: str) -> RankSpec:
     where = f"{source}: ranks[{i}]"
     if not isinstance(entry, dict):
         raise PlacementError(f"{where}: must be a mapping with id and device")
-    unknown = set(entry) - {"id", "device", "host", "memory"}
+    unknown = set(entry) - {"id", "device", "host", "memory", "transport"}
     if unknown:
         raise PlacementError(f"{where}: unknown field(s) {sorted(unknown)}")
     rid = entry.get("id", i)
@@ -121,7 +123,14 @@ def _rank(entry: Any, i: int, source: str) -> RankSpec:
     if not isinstance(device, str) or not _DEVICE.match(device):
         raise PlacementError(f"{where}: device {device!r} is not cpu, cuda or cuda:N")
     memory = parse_bytes(entry["memory"], where) if entry.get("memory") is not None else None
-    return RankSpec(rid, device, entry.get("host"), memory)
+    host = entry.get("host")
+    remote = host not in (None, "localhost", "127.0.0.1", "::1")
+    transport = entry.get("transport", "tcp" if remote else "ipc")
+    if transport not in ("ipc", "tcp"):
+        raise PlacementError(f"{where}: transport {transport!r} is not ipc or tcp")
+    if remote and transport == "ipc":
+        raise PlacementError(f"{where}: rank {rid} is on host {host!r}, which IPC cannot reach; use transport: tcp")
+    return RankSpec(rid, device, host, memory, transport)
 
 
 def _names(value: Any, where: str, what: str) -> list:

@@ -23,12 +23,14 @@ class TensorCodec:
         self.inline_bytes = env.WALKSERVE_SHM_INLINE_BYTES.get() if inline_bytes is None else inline_bytes
         self.use_shm = use_shm and shm.available()
         self._n = itertools.count()
+        self.small = 64 if self.inline_bytes >= 64 * 8 else 0  # elements always sent inline
         self.shm_sent = 0
 
     def pack(self, t: torch.Tensor, allow_shm: bool = True) -> TensorMsg:
-        if t.numel() <= 64 and t.device.type == "cpu" and t.dtype in _SMALL and t.is_contiguous():
+        name = _SMALL.get(t.dtype)
+        if name is not None and t.numel() <= self.small and t.is_cpu and t.is_contiguous():
             data = t.detach().numpy().tobytes()  # the common case: a token or a few values
-            return TensorMsg(_SMALL[t.dtype], tuple(t.shape), data=data, nbytes=len(data))
+            return TensorMsg(name, tuple(t.shape), data=data, nbytes=len(data))
         t = t.detach()
         if t.device.type != "cpu":
             t = t.to("cpu")

@@ -39,10 +39,14 @@ STATS_INTERVAL_S = 0.5
 
 
 class Worker:
-    def __init__(self, spec: RunSpec, rank: int, graph: WalkGraph, engines: dict, node_stats_sources: list):
+    def __init__(
+        self, spec: RunSpec, rank: int, graph: WalkGraph, engines: dict, node_stats_sources: list, tcp_ranks: set[int]
+    ):
         self.spec, self.rank, self.graph = spec, rank, graph
         self.ctx = zmq.Context()
-        self.inbox = Inbox(self.ctx, spec.address(f"rank{rank}"), spec.token)
+        self.tcp_ranks = tcp_ranks  # ranks reached over TCP: tensors travel inline, never through /dev/shm
+        address = "tcp://127.0.0.1:0" if rank in tcp_ranks else spec.address(f"rank{rank}")
+        self.inbox = Inbox(self.ctx, address, spec.token)
         self.outbox = Outbox(self.ctx, spec.token)
         self.outbox.connect(CONDUCTOR, spec.conductor_address)
         self.codec = TensorCodec(spec.run_id, f"r{rank}")
@@ -204,10 +208,11 @@ class Worker:
 
     def send(self, rank: int, kind: str, ws: WalkState, **f: Any) -> None:
         rid, walk = ws.request_id, ws.walk
+        inline = rank in self.tcp_ranks or self.rank in self.tcp_ranks
         if kind == "deliver":
-            msg = m.Deliver(rid, walk, f["node"], f["output"], f["path"], self._wire(f["value"]))
+            msg = m.Deliver(rid, walk, f["node"], f["output"], f["path"], self._wire(f["value"], inline))
         elif kind == "item":
-            msg = m.StreamItem(rid, walk, f["stream"], f["prefix"], f["index"], self._wire(f["value"]))
+            msg = m.StreamItem(rid, walk, f["stream"], f["prefix"], f["index"], self._wire(f["value"], inline))
         elif kind == "end":
             msg = m.StreamEnd(rid, walk, f["stream"], f["prefix"], f["n_items"])
         elif kind == "loop":
