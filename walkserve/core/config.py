@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from walkserve.core import env
 from walkserve.core.errors import ConfigError
 
 
@@ -22,8 +23,8 @@ class RuntimeConfig:
     max_running: int = 256
     max_waiting: int = 1024
     speculation: bool = True
-    start_timeout_s: float = 300.0
-    worker_threads: int = 0  # 0 = cores / workers on this host
+    start_timeout_s: float = field(default_factory=env.WALKSERVE_START_TIMEOUT_S.get)
+    worker_threads: int = field(default_factory=env.WALKSERVE_WORKER_THREADS.get)  # 0 = cores / workers
     status_interval_s: float = 0.25
     restart_workers: bool = True
     dtype: str | None = None  # override the model's dtype on every rank ("float32", "bfloat16", "float16")
