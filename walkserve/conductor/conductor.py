@@ -51,6 +51,7 @@ class Conductor:
         self.draining_until: float | None = None
         self.stopping = False
         self._last_status = 0.0
+        self.stats_wait: tuple[set[int], float, int] | None = None
 
     # ---- heartbeat ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -67,6 +68,7 @@ class Conductor:
                 self.watch_workers()
                 self.admit()
                 self.check_drain()
+                self.check_stats_wait()
                 self.publish_status()
                 self.outbox.flush()
         finally:
@@ -120,7 +122,18 @@ class Conductor:
         self.publish_status(force=True)
 
     def on_status_query(self, msg: m.StatusQuery) -> None:
-        self.publish_status(force=True)
+        """Ask every live worker for fresh counters; publish once they answered (or after 0.3 s)."""
+        live = [r for r, ok in self.ready.items() if ok]
+        for rank in live:
+            self.outbox.put(("rank", rank), m.StatsQuery())
+        self.stats_wait = (set(live), time.monotonic() + 0.3, msg.query_id)
+        self.check_stats_wait()
+
+    def check_stats_wait(self) -> None:
+        if self.stats_wait is not None and (not self.stats_wait[0] or time.monotonic() > self.stats_wait[1]):
+            query_id = self.stats_wait[2]
+            self.stats_wait = None
+            self.publish_status(force=True, query_id=query_id)
 
     # ---- requests ----------------------------------------------------------------------------
     def start_request(self, spec: RequestSpec, queued_at: float) -> None:
@@ -256,6 +269,8 @@ class Conductor:
 
     def on_worker_stats(self, msg: m.WorkerStats) -> None:
         self.worker_stats[msg.rank] = msg.stats
+        if self.stats_wait is not None:
+            self.stats_wait[0].discard(msg.rank)
 
     def check_drain(self) -> None:
         if self.draining_until is None:
@@ -279,7 +294,7 @@ class Conductor:
         self.ctx.term()
 
     # ---- status ------------------------------------------------------------------------------
-    def publish_status(self, force: bool = False) -> None:
+    def publish_status(self, force: bool = False, query_id: int = 0) -> None:
         now = time.monotonic()
         if not force and now - self._last_status < self.spec.config.status_interval_s:
             return
@@ -294,7 +309,7 @@ class Conductor:
             "zygote_pid": self.supervisor.zygote.popen.pid if self.supervisor.zygote else None,
         }
         alive = {r: bool(self.ready.get(r)) for r in self.placement.ranks}
-        self.outbox.put(FRONTEND, m.Status(self.state, self.detail, alive, stats))
+        self.outbox.put(FRONTEND, m.Status(self.state, self.detail, alive, stats, query_id))
 
     _handlers = {
         m.Submit: on_submit,

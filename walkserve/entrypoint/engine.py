@@ -97,6 +97,7 @@ class AsyncEngine(EngineClient):
         self.status_changed = asyncio.Event()
         self.closed = False
         self._tasks: list[asyncio.Task] = []
+        self._queries = 0
 
     # ---- life cycle --------------------------------------------------------------------------
     @classmethod
@@ -186,6 +187,8 @@ class AsyncEngine(EngineClient):
                 continue
             for msg in messages:
                 if isinstance(msg, m.Status):
+                    if msg.query_id == 0 and self.status.query_id:
+                        msg.query_id = self.status.query_id  # a periodic update keeps the last answer's id
                     self.status = msg
                     self.status_changed.set()
                     continue
@@ -255,8 +258,15 @@ class AsyncEngine(EngineClient):
         return runtime_stats(self.status.stats)
 
     async def refresh_status(self, timeout_s: float = 2.0) -> None:
-        """Ask the conductor for a fresh status and wait for it."""
-        self.status_changed.clear()
-        await self.outbox.send(encode(self.spec.token, [m.StatusQuery()]))
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.status_changed.wait(), timeout_s)
+        """Ask the conductor for fresh counters from every worker and wait for that answer."""
+        self._queries += 1
+        query_id = self._queries
+        await self.outbox.send(encode(self.spec.token, [m.StatusQuery(query_id)]))
+        deadline = time.monotonic() + timeout_s
+        while self.status.query_id < query_id and not self.closed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self.status_changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.status_changed.wait(), left)

@@ -50,7 +50,7 @@ class Shutdown(msgspec.Struct, tag=True, array_like=True):
 
 
 class StatusQuery(msgspec.Struct, tag=True, array_like=True):
-    pass
+    query_id: int = 0
 
 
 # ---- conductor -> frontend -----------------------------------------------------------------
@@ -86,6 +86,7 @@ class Status(msgspec.Struct, tag=True, array_like=True):
     detail: str
     workers: dict[int, bool]
     stats: dict[str, Any]
+    query_id: int = 0  # the StatusQuery this answers (0 for periodic updates)
 
 
 # ---- conductor -> worker -------------------------------------------------------------------

@@ -54,6 +54,7 @@ class ComputeThread:
         self._idle = False
         self.busy_s: dict[str, float] = defaultdict(float)
         self.steps: dict[str, int] = defaultdict(int)
+        self.items: dict[str, int] = defaultdict(int)
         self._thread = threading.Thread(target=self._run, name="compute", daemon=True)
 
     @property
@@ -164,6 +165,7 @@ class ComputeThread:
             return
         self.busy_s[name] += time.perf_counter() - t0
         self.steps[name] += 1
+        self.items[name] += len(results)
         for r in results:
             self._publish(name, r, self._futures.pop(r.firing.id, ("", {}))[1])
         if results:

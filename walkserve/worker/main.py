@@ -68,7 +68,7 @@ def build_worker(spec: RunSpec, rank: int):
         engines[name] = build_engine(comp, ctx, spec.config.engine_options.get(comp.engine))
         log.info("rank %d built component %s (%s engine) on %s", rank, name, comp.engine, device)
     tcp_ranks = {r for r, s in placement.ranks.items() if s.transport == "tcp"}
-    return Worker(spec, rank, graph, engines, list(engines.values()), tcp_ranks)
+    return Worker(spec, rank, graph, engines, tcp_ranks)
 
 
 def _report_start_failure(spec: RunSpec, rank: int, e: Exception) -> None:

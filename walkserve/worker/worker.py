@@ -40,11 +40,13 @@ STATS_INTERVAL_S = 0.5
 
 class Worker:
     def __init__(
-        self, spec: RunSpec, rank: int, graph: WalkGraph, engines: dict, node_stats_sources: list, tcp_ranks: set[int]
+        self, spec: RunSpec, rank: int, graph: WalkGraph, engines: dict, tcp_ranks: set[int]
     ):
         self.spec, self.rank, self.graph = spec, rank, graph
         self.ctx = zmq.Context()
-        self.tcp_ranks = tcp_ranks  # ranks reached over TCP: tensors travel inline, never through /dev/shm
+        self.tcp_ranks = (
+            tcp_ranks  # ranks reached over TCP: tensors travel inline, never through /dev/shm
+        )
         address = "tcp://127.0.0.1:0" if rank in tcp_ranks else spec.address(f"rank{rank}")
         self.inbox = Inbox(self.ctx, address, spec.token)
         self.outbox = Outbox(self.ctx, spec.token)
@@ -52,7 +54,6 @@ class Worker:
         self.codec = TensorCodec(spec.run_id, f"r{rank}")
         self.compute = ComputeThread(engines)
         self.engines = engines
-        self.node_stats_sources = node_stats_sources
         self.walks: dict[tuple[str, str], WalkState] = {}
         self.sampling: dict[str, SamplingParams] = {}
         self.early: dict[tuple[str, str], list[tuple[float, Any]]] = defaultdict(list)
@@ -117,7 +118,9 @@ class Worker:
         if rid not in self.sampling:
             self.sampling[rid] = SamplingParams.from_dict(msg.sampling)
         plan = self.graph.plans[msg.walk]
-        ws = WalkState(plan, rid, self.rank, msg.ranks, msg.params, self, concat, self.spec.config.speculation)
+        ws = WalkState(
+            plan, rid, self.rank, msg.ranks, msg.params, self, concat, self.spec.config.speculation
+        )
         self.walks[(rid, msg.walk)] = ws
         ws.start({k: self._value(v) for k, v in msg.inputs.items()})
         for _, early in self.early.pop((rid, msg.walk), []):
@@ -182,7 +185,9 @@ class Worker:
     }
 
     # ---- the dataflow sink -------------------------------------------------------------------
-    def fire(self, ws: WalkState, node: str, path: tuple, inputs: dict, spans: dict, speculative: bool) -> None:
+    def fire(
+        self, ws: WalkState, node: str, path: tuple, inputs: dict, spans: dict, speculative: bool
+    ) -> None:
         gnode = ws.plan.nodes[node]
         firing = Firing(
             id=next(self.ids),
@@ -210,9 +215,13 @@ class Worker:
         rid, walk = ws.request_id, ws.walk
         inline = rank in self.tcp_ranks or self.rank in self.tcp_ranks
         if kind == "deliver":
-            msg = m.Deliver(rid, walk, f["node"], f["output"], f["path"], self._wire(f["value"], inline))
+            msg = m.Deliver(
+                rid, walk, f["node"], f["output"], f["path"], self._wire(f["value"], inline)
+            )
         elif kind == "item":
-            msg = m.StreamItem(rid, walk, f["stream"], f["prefix"], f["index"], self._wire(f["value"], inline))
+            msg = m.StreamItem(
+                rid, walk, f["stream"], f["prefix"], f["index"], self._wire(f["value"], inline)
+            )
         elif kind == "end":
             msg = m.StreamEnd(rid, walk, f["stream"], f["prefix"], f["n_items"])
         elif kind == "loop":
@@ -224,7 +233,9 @@ class Worker:
     def report(self, kind: str, ws: WalkState, **f: Any) -> None:
         rid, walk = ws.request_id, ws.walk
         if kind == "client":
-            msg = m.ClientOut(rid, walk, f["node"], f["modality"], f["path"], self._wire(f["value"], inline=True))
+            msg = m.ClientOut(
+                rid, walk, f["node"], f["modality"], f["path"], self._wire(f["value"], inline=True)
+            )
         elif kind == "output":
             msg = m.WalkOut(rid, walk, f["name"], self._wire(f["value"], inline=True))
         elif kind == "done":
@@ -277,7 +288,9 @@ class Worker:
                 del self.early[key]
             for rid in [r for r, t in self.released.items() if now - t > 2 * EARLY_TTL_S]:
                 del self.released[rid]
-            for key in [k for k, ws in self.walks.items() if ws.is_done() and not self._has_inflight(ws)]:
+            for key in [
+                k for k, ws in self.walks.items() if ws.is_done() and not self._has_inflight(ws)
+            ]:
                 del self.walks[key]
 
     def _has_inflight(self, ws: WalkState) -> bool:
@@ -293,9 +306,18 @@ class Worker:
             except Exception:
                 engines[name] = {}
         nodes: dict[str, dict[str, float]] = {}
-        for source in self.node_stats_sources:
-            for node, s in getattr(source, "node_stats", {}).items():
-                nodes[node] = dict(s)
+        for name, engine in self.engines.items():
+            per_node = getattr(engine, "node_stats", None)
+            if per_node:
+                for node, s in per_node.items():
+                    nodes[node] = dict(s)
+            elif self.compute.steps.get(name):  # engines that batch across nodes: per component
+                c = self.compute
+                nodes[name] = {
+                    "batches": c.steps[name],
+                    "items": c.items[name],
+                    "busy_s": c.busy_s[name],
+                }
         stats = {
             "walk_states": len(self.walks),
             "requests": len({k[0] for k in self.walks}),
