@@ -74,8 +74,10 @@ class Model(ABC):
         """Every component the graph's nodes name, by component name."""
 
     def processor(self) -> Processor | None:
-        """The frontend's request/response converter; None for models used only in-process."""
-        return None
+        """The frontend's request/response converter. The default takes raw inputs on ``/v1/generate``."""
+        from walkserve.models.processor import TensorProcessor
+
+        return TensorProcessor(self.ref.family, self.ref.family)
 
     def default_placement(self) -> dict:
         """A placement (same schema as the YAML file) used when none is given: all nodes on rank 0."""

@@ -69,3 +69,36 @@ class Processor(ABC):
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         d = self.detokenizer(skip_special_tokens)
         return d.push(token_ids) + d.flush()
+
+
+class TensorProcessor(Processor):
+    """The processor of a model without one of its own: ``/v1/generate`` with raw inputs.
+
+    The payload's ``inputs`` (arrays, numbers, lists, strings) become the
+    request's inputs as they are; the model's state machine reads them. This
+    makes any walk graph servable over HTTP (a world model's frames and
+    actions in, latents out).
+    """
+
+    def __init__(self, model_id: str, family: str):
+        self._card = ModelCard(id=model_id, family=family, capabilities=frozenset({"generate"}))
+
+    def card(self) -> ModelCard:
+        return self._card
+
+    def build_request(
+        self, task: str, payload: dict[str, Any], sampling: SamplingParams, params: dict[str, Any]
+    ) -> RequestSpec:
+        from walkserve.core.array import ArrayData
+        from walkserve.core.errors import InvalidRequest
+
+        if task != "generate":
+            raise InvalidRequest(f"this model only takes task 'generate', not {task!r}", param="task")
+        inputs = payload.get("inputs")
+        if not isinstance(inputs, dict) or not inputs:
+            raise InvalidRequest("inputs must be a non-empty object", param="inputs")
+        for name, value in inputs.items():
+            if not isinstance(value, (ArrayData, int, float, str, bool, list)):
+                raise InvalidRequest(f"input {name!r} must be an array, a number, a string or a list", param=f"inputs.{name}")
+        modalities = tuple(payload.get("modalities") or ("latent",))
+        return RequestSpec(dict(inputs), task=task, modalities=modalities, sampling=sampling, params=dict(params))
