@@ -76,6 +76,12 @@ class ComputeThread:
         if self._idle:
             self._wake.set()
 
+    def fire_many(self, items: list[tuple[str, Firing, dict[str, Future]]]) -> None:
+        """Hand over several firings as one command, so one step can batch them all."""
+        self._commands.append(("many", items))
+        if self._idle:
+            self._wake.set()
+
     def release(self, request_id: str) -> None:
         self._commands.append(("release", request_id))
         if self._idle:
@@ -111,7 +117,9 @@ class ComputeThread:
     def _drain_commands(self) -> None:
         while self._commands:
             cmd = self._commands.popleft()
-            if cmd[0] == "fire":
+            if cmd[0] == "many":
+                self._waiting.extend(cmd[1])
+            elif cmd[0] == "fire":
                 _, component, firing, futures = cmd
                 self._waiting.append((component, firing, futures))
             else:

@@ -60,6 +60,7 @@ class Worker:
         self.released: dict[str, float] = {}
         self.inflight: dict[int, tuple[WalkState, str, tuple[int, ...], str]] = {}
         self.deferred: list[tuple[WalkState, str, tuple[int, ...], dict]] = []
+        self.to_compute: list[tuple[str, Firing, dict]] = []
         self.ids = itertools.count()
         self.stopping = False
         self.counters = defaultdict(int)
@@ -78,6 +79,7 @@ class Worker:
                 poller.poll(100)
                 self.receive()
                 self.collect()
+                self.hand_over()
                 self.housekeeping()
                 self.outbox.flush()
         finally:
@@ -105,10 +107,20 @@ class Worker:
             self.run_deferred()
 
     def run_deferred(self) -> None:
+        """Let local consumers see launched firings' futures, then hand the turn's firings over at once.
+
+        Handing a whole turn's firings to the compute thread together keeps one
+        engine step from seeing only the first few of a batch.
+        """
         while self.deferred:
             ws, node, path, futures = self.deferred.pop(0)
             if not ws.failed and (ws.request_id, ws.walk) in self.walks:
                 ws.launched(node, path, futures)
+
+    def hand_over(self) -> None:
+        if self.to_compute:
+            self.compute.fire_many(self.to_compute)
+            self.to_compute = []
 
     # ---- messages ----------------------------------------------------------------------------
     def on_start(self, msg: m.StartWalk) -> None:
@@ -158,6 +170,7 @@ class Worker:
         self.sampling.pop(rid, None)
         for fid in [f for f, rec in self.inflight.items() if rec[0].request_id == rid]:
             del self.inflight[fid]
+        self.to_compute = [item for item in self.to_compute if item[1].request_id != rid]
         self.compute.release(rid)
 
     def on_peers(self, msg: m.Peers) -> None:
@@ -208,7 +221,7 @@ class Worker:
         self.inflight[firing.id] = (ws, node, path, gnode.component)
         self.counters["firings"] += 1
         self.counters["speculative"] += int(speculative)
-        self.compute.fire(gnode.component, firing, futures)
+        self.to_compute.append((gnode.component, firing, futures))
         self.deferred.append((ws, node, path, futures))
 
     def send(self, rank: int, kind: str, ws: WalkState, **f: Any) -> None:
