@@ -96,9 +96,20 @@ def test_audio_format_probe() -> None:
 
 def test_server_config_validation() -> None:
     assert ServerConfig().host == "127.0.0.1"
-    for bad in ({"max_n": 0}, {"port": 70000}, {"api_key": " "}, {"media_allowlist": ("example.com",)}, {"max_body_bytes": -1}):
+    for bad in ({"max_n": 0}, {"port": 70000}, {"api_key": " "}, {"media_allowlist": ("example.com",)}, {"max_body_bytes": -1},
+                {"default_max_tokens": 0}, {"default_max_tokens": 2.5}, {"default_max_tokens": True}):
         with pytest.raises(ConfigError):
             ServerConfig(**bad)
+
+
+def test_default_max_tokens_replaces_the_cards_default() -> None:
+    from walkserve.api.state import card_with_defaults
+    from walkserve.testing.fake_engine import FakeEngineConfig
+
+    card = FakeEngineConfig(default_sampling={"max_tokens": 500, "temperature": 0.5}).card()
+    assert card_with_defaults(card, ServerConfig()) is card
+    replaced = card_with_defaults(card, ServerConfig(default_max_tokens=7))
+    assert replaced.default_sampling == {"max_tokens": 7, "temperature": 0.5} and card.default_sampling["max_tokens"] == 500
 
 
 async def test_merger_interleaves_and_closes() -> None:

@@ -26,7 +26,7 @@ from walkserve.cli.serve_banner import say
 from walkserve.cli.serve_target import SERVED_FAMILIES, resolve_target
 from walkserve.core import env
 from walkserve.core.config import RuntimeConfig
-from walkserve.core.errors import ConfigError
+from walkserve.core.errors import ConfigError, WalkserveError
 
 log = logging.getLogger("walkserve.serve")
 # (flag, ServerConfig field, type, help) for the server's limits; defaults come from ServerConfig
@@ -43,6 +43,8 @@ LIMIT_FLAGS = (
     ("--default-max-tokens", "default_max_tokens", int,
      "max_tokens of requests that set none (speech: bounds the audio; Orpheus makes 7 tokens per 85 ms)"),
 )
+
+FLAG_OF_FIELD = {flag: name for flag, name, _, _ in LIMIT_FLAGS} | {"--port": "port", "--api-key": "api_key"}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -110,15 +112,35 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 
 
 def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
-    engine_options = {"kv": {"num_blocks": args.kv_blocks}} if args.kv_blocks is not None else {}
     if args.kv_blocks is not None and args.kv_blocks < 1:
         raise ConfigError(f"--kv-blocks must be >= 1, got {args.kv_blocks}")
-    timeout = args.start_timeout if args.start_timeout is not None else env.WALKSERVE_START_TIMEOUT_S.get()
+    options = {"engine_options": {"kv": {"num_blocks": args.kv_blocks}}} if args.kv_blocks is not None else {}
+    if args.start_timeout is not None:  # else RuntimeConfig reads $WALKSERVE_START_TIMEOUT_S
+        options["start_timeout_s"] = args.start_timeout
     return RuntimeConfig(max_running=args.max_running, max_waiting=args.max_waiting, dtype=args.dtype,
-                         speculation=not args.no_speculation, start_timeout_s=timeout, engine_options=engine_options)
+                         speculation=not args.no_speculation, **options)
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except WalkserveError as e:
+        print(f"walkserve: error: {one_line(str(e))}", file=sys.stderr, flush=True)
+        return 1
+
+
+def one_line(message: str) -> str:
+    """An error as one line, naming the command-line flag rather than the config field."""
+    message = " ".join(message.split())
+    for flag, name in FLAG_OF_FIELD.items():
+        message = message.replace(f"ServerConfig.{name}", flag)
+    for name in ("max_running", "max_waiting"):
+        if message.startswith(f"{name} "):
+            message = "--" + name.replace("_", "-") + message[len(name):]
+    return message
+
+
+def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s frontend %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("WALKSERVE_LOG_LEVEL", args.log_level.upper())  # the runtime's processes
@@ -143,11 +165,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _placement(value: str | None) -> Path | None:
+    """The placement file, parsed once here so a broken one fails before anything starts."""
     if value is None:
         return None
     from walkserve.cli.placement_arg import placement_path
+    from walkserve.placement.plan import load_placement
 
-    return placement_path(value)
+    path = placement_path(value)
+    load_placement(path)
+    return path
 
 
 def _prepare_embedded(config: ServerConfig) -> ServerConfig:

@@ -14,12 +14,12 @@ from typing import Any
 
 from walkserve.core.errors import ConfigError
 from walkserve.models.base import ModelRef
-from walkserve.models.orpheus.tokens import AUDIO_CODE_BASE, CODEBOOK_SIZE, FRAME_TOKENS
+from walkserve.models.orpheus.tokens import AUDIO_TOKEN_RANGE
 
 SERVED_FAMILIES = ("orpheus", "llama", "qwen2", "qwen3")
 TEXT_FAMILIES = ("llama", "qwen2", "qwen3")
 # Orpheus's audio codes end here: a Llama vocabulary at least this large is an Orpheus LM
-ORPHEUS_MIN_VOCAB = AUDIO_CODE_BASE + FRAME_TOKENS * CODEBOOK_SIZE
+ORPHEUS_MIN_VOCAB = AUDIO_TOKEN_RANGE[1]
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,7 @@ def detect_family(model_path: str | None, snac_path: str | None) -> str:
 
 
 def _check_family(family: str, model_path: str | None, snac_path: str | None) -> None:
+    import walkserve.models.builtin  # noqa: F401  (registers the shipped families)
     from walkserve.models.registry import families
 
     known = families()
@@ -92,6 +93,25 @@ def _check_family(family: str, model_path: str | None, snac_path: str | None) ->
         raise ConfigError(f"--snac-path is an Orpheus option; model family {family!r} takes none")
     if family in SERVED_FAMILIES and model_path is None:
         raise ConfigError(f"model family {family!r} needs its checkpoint: --model-path DIR")
+    if family == "orpheus":
+        _check_orpheus(Path(model_path), snac_path)
+
+
+def _check_orpheus(root: Path, snac_path: str | None) -> None:
+    """The Orpheus LM is found, has Orpheus's audio vocabulary, and a SNAC directory is known."""
+    embedded = (root / "lm").is_dir() and (root / "snac").is_dir()
+    if snac_path is None and not embedded:
+        raise ConfigError(f"{root}: Orpheus needs its SNAC codec too: add --snac-path SNAC_DIR "
+                          "(or give a directory holding lm/ and snac/)")
+    lm = root / "lm" if embedded else root
+    if not (lm / "config.json").is_file():
+        raise ConfigError(f"{lm}: not an Orpheus LM directory (no config.json)")
+    from walkserve.models.llama.config import LMConfig
+
+    vocab = LMConfig.from_file(lm).vocab_size
+    if vocab < ORPHEUS_MIN_VOCAB:
+        raise ConfigError(f"{lm}: not an Orpheus LM: its vocabulary ({vocab} ids) has no audio codes "
+                          f"(Orpheus's end at id {ORPHEUS_MIN_VOCAB - 1})")
 
 
 def _check_dir(path: str, flag: str) -> None:

@@ -189,6 +189,8 @@ class AsyncEngine(EngineClient):
                 if isinstance(msg, m.Status):
                     if msg.query_id == 0 and self.status.query_id:
                         msg.query_id = self.status.query_id  # a periodic update keeps the last answer's id
+                    if msg.state == "failed" and self.status.state == "failed":
+                        msg.detail = self.status.detail  # the first failure names the cause, later ones its effects
                     self.status = msg
                     self.status_changed.set()
                     continue

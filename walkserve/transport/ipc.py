@@ -100,7 +100,8 @@ class Outbox:
         self.put(peer, message)
         self.flush()
 
-    def close(self) -> None:
+    def close(self, linger_ms: int = 0) -> None:
+        """Close every socket; ``linger_ms`` > 0 first lets queued messages go out for up to that long."""
         for sock in self.sockets.values():
-            sock.close(0)
+            sock.close(linger_ms)
         self.sockets.clear()

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from walkserve.core.array import ArrayData
 from walkserve.core.errors import InvalidRequest
 from walkserve.core.sampling import SamplingParams
 from walkserve.models.llama.config import LMConfig
@@ -28,7 +29,7 @@ def qwen(tiny_dirs):
 def test_card(llama, qwen, tiny_dirs):
     card = llama.card()
     assert card.id == "tiny-llama" and card.family == "llama" and card.random_weights
-    assert card.capabilities == frozenset({"completions", "chat"})
+    assert card.capabilities == frozenset({"completions", "chat", "generate"})
     assert card.max_context == 1024 == llama.config.max_position_embeddings
     assert qwen.card().id == "qwen3" and qwen.card().random_weights  # from the tiny writer's config marker
     config = json.loads((tiny_dirs["qwen3"] / "config.json").read_text())
@@ -87,11 +88,33 @@ def test_chat_renders_template_and_flattens_parts(qwen):
     ("chat", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]}, {}, "messages"),
     ("chat", {"messages": [{"role": "robot", "content": "hi"}]}, {}, "messages"),  # template's raise_exception
     ("speech", {"input": "hi"}, {}, "task"),
+    ("generate", {"inputs": {"prompt": "hi"}, "modalities": ["audio"]}, {}, "modalities"),
+    ("generate", {"inputs": "hi"}, {}, "inputs"),
+    ("generate", {"inputs": {"text": "hi"}}, {}, "inputs.text"),
+    ("generate", {"inputs": {"prompt_token_ids": ArrayData.from_list([1.0], "float32")}}, {}, "inputs.prompt_token_ids"),
+    ("generate", {"inputs": {"prompt_token_ids": [1, 512]}}, {}, "prompt_token_ids"),
 ])
 def test_invalid_requests(llama, task, payload, sampling, param):
     with pytest.raises(InvalidRequest) as e:
         llama.build_request(task, payload, SamplingParams(**sampling), {})
     assert e.value.param == param
+
+
+def test_generate_task_takes_a_prompt_or_token_ids(llama):
+    """The native route's task: the same prompt ids as a completion, from a string, a list or an int array."""
+    sampling = SamplingParams(max_tokens=4)
+    want = llama.build_request("completion", {"prompt": "The river"}, sampling, {})
+    ids = want.inputs["prompt_token_ids"].tolist()
+    payloads = [
+        {"inputs": {"prompt": "The river"}, "modalities": ["text"]},
+        {"inputs": {"prompt_token_ids": ids}},
+        {"inputs": {"prompt_token_ids": ArrayData.from_list(ids, "int32")}, "modalities": ["text"]},
+    ]
+    for payload in payloads:
+        spec = llama.build_request("generate", payload, sampling, {"p": 1})
+        assert spec.inputs["prompt_token_ids"].tolist() == ids
+        assert (spec.task, spec.modalities, spec.params) == ("generate", ("text",), {"p": 1})
+        assert spec.sampling == want.sampling  # the model's stop ids merged in the same way
 
 
 def test_chat_without_template_is_invalid(tmp_path):

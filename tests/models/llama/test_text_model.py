@@ -115,7 +115,7 @@ def test_component_spec(tiny_dirs):
     engine = build_engine(spec, CPU, {"num_blocks": 8})
     assert isinstance(engine, KVCacheEngine) and engine.block_manager.block_size == 8
     card = model.processor().card()
-    assert card.random_weights and card.family == "qwen2" and card.capabilities == {"completions", "chat"}
+    assert card.random_weights and card.family == "qwen2" and card.capabilities == {"completions", "chat", "generate"}
 
 
 def _header_bytes(path) -> int:

@@ -21,7 +21,10 @@ from walkserve.models.tokenizer import Tokenizer
 
 
 class TextLMProcessor(Processor):
-    """Turns ``completion`` / ``chat`` payloads into ``RequestSpec(inputs={"prompt_token_ids": int64 [N]})``.
+    """Turns ``completion`` / ``chat`` / ``generate`` payloads into ``RequestSpec(inputs={"prompt_token_ids": int64 [N]})``.
+
+    ``generate`` is the native route's task: ``{"inputs": {"prompt": str} or
+    {"prompt_token_ids": [int] or int ArrayData [N]}, "modalities": ["text"]}``.
 
     The model's end-of-sequence ids (config.json and generation_config.json)
     are merged into ``sampling.stop_token_ids`` unless ``sampling.ignore_eos``.
@@ -42,7 +45,7 @@ class TextLMProcessor(Processor):
         self._card = ModelCard(
             id=model_id or path.name,
             family=family or self.config.family,
-            capabilities=frozenset({"completions", "chat"}),
+            capabilities=frozenset({"completions", "chat", "generate"}),
             max_context=self.config.max_position_embeddings,
             random_weights=random_weights or self.config.random_weights,
             description=f"{self.config.architecture} ({self.config.num_hidden_layers} layers)",
@@ -64,6 +67,8 @@ class TextLMProcessor(Processor):
             ids, field = self._completion_ids(payload), "prompt"
         elif task == "chat":
             ids, field = self._chat_ids(payload, params), "messages"
+        elif task == "generate":
+            ids, field = self._generate_ids(payload), "inputs"
         else:
             raise InvalidRequest(f"{self._card.id} does not serve task {task!r}", param="task")
         self._check_length(ids, field, sampling)
@@ -88,6 +93,25 @@ class TextLMProcessor(Processor):
         if not prompt:
             raise InvalidRequest("prompt is empty", param="prompt")
         return self.tokenize(prompt)
+
+    def _generate_ids(self, payload: dict[str, Any]) -> list[int]:
+        modalities = list(payload.get("modalities") or ["text"])
+        if modalities != ["text"]:
+            raise InvalidRequest(f"{self._card.id} produces text only, not modalities {modalities}", param="modalities")
+        inputs = payload.get("inputs")
+        if not isinstance(inputs, dict):
+            raise InvalidRequest("inputs must be an object with prompt or prompt_token_ids", param="inputs")
+        unknown = sorted(set(inputs) - {"prompt", "prompt_token_ids"})
+        if unknown:
+            raise InvalidRequest(f"a text LM takes inputs prompt or prompt_token_ids, not {unknown[0]!r}",
+                                 param=f"inputs.{unknown[0]}")
+        ids = inputs.get("prompt_token_ids")
+        if isinstance(ids, ArrayData):
+            if not ids.dtype.startswith(("int", "uint")) or len(ids.shape) != 1:
+                raise InvalidRequest(f"prompt_token_ids must be a 1-D integer array, got {ids.dtype} {list(ids.shape)}",
+                                     param="inputs.prompt_token_ids")
+            inputs = {**inputs, "prompt_token_ids": [int(t) for t in ids.tolist()]}
+        return self._completion_ids(inputs)
 
     def _valid_ids(self, token_ids: Any) -> list[int]:
         vocab = self.config.vocab_size

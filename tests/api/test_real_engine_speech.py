@@ -1,0 +1,253 @@
+"""`walkserve serve` (the CLI, as a subprocess) serving the embedded tiny Orpheus, over the real runtime.
+
+One server per module: started with no model, so it writes the embedded
+random-weight checkpoint into a temporary WALKSERVE_CACHE_DIR, and with
+``--default-max-tokens 71`` so a speech request makes 71 audio tokens: 10
+complete frames (the 71st token completes none), 10 x 2048 samples at
+24 kHz. The last test stops it with SIGTERM.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import os
+import shlex
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from subprocess import Popen
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile
+
+from tests.api.real_server import (
+    OutputReader,
+    alive,
+    descendants,
+    free_port,
+    metric,
+    metrics,
+    segments_of,
+    start_cli,
+    wait_for,
+    wait_healthy,
+)
+
+pytestmark = pytest.mark.slow
+MAX_TOKENS = 71
+SAMPLES = (MAX_TOKENS // 7) * 2048  # complete frames x samples per frame
+SEED = 11  # fixed, so the random LM's 71 tokens (and whether one is END_OF_SPEECH) never change
+MODEL = "orpheus-tiny-random"
+MP3_LEAD_IN = 1105  # LAME's encoder delay + the decoder's, in samples (no gapless header in a stream)
+
+
+@dataclass
+class Served:
+    url: str
+    process: Popen
+    output: OutputReader
+    cache: Path
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("walkserve-cache")
+    port = free_port()
+    process = start_cli(["--port", str(port), "--default-max-tokens", str(MAX_TOKENS), "--drain-timeout", "30"],
+                        env={"WALKSERVE_CACHE_DIR": str(cache)})
+    output = OutputReader(process)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, process, output, timeout=240)
+        assert wait_for(lambda: "stop:" in output.text(), 10), output.text()
+        yield Served(url, process, output, cache)
+    finally:
+        if process.poll() is None:
+            for pid in descendants(process.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            process.kill()
+            process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def client(served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def decode(data: bytes, fmt: str) -> np.ndarray:
+    if fmt == "pcm":
+        return np.frombuffer(data, "<i2").astype(np.float32) / 32768
+    if fmt == "aac":
+        import av
+
+        with av.open(io.BytesIO(data)) as container:
+            return np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(audio=0)])
+    samples, rate = soundfile.read(io.BytesIO(data), dtype="float32")
+    assert rate == 24000
+    return samples
+
+
+def test_start_output_and_embedded_checkpoint(served):
+    text = served.output.text()
+    for expected in ("embedded demo", "RANDOM weights", "wrote the embedded checkpoint", "loading model",
+                     "starting workers", "runtime ready in", "POST /v1/audio/speech", "out.wav"):
+        assert expected in text, (expected, text)
+    root = served.cache / "embedded"
+    assert sorted(p.name for p in root.iterdir()) == [MODEL]  # no temporary directory left behind
+    assert (root / MODEL / "lm" / "config.json").is_file() and (root / MODEL / "snac" / "model.safetensors").is_file()
+    assert "Traceback" not in text
+
+
+def test_the_printed_curl_line_works(served):
+    [line] = [x for x in served.output.lines if x.strip().startswith("try:")]
+    words = shlex.split(line.split("try:", 1)[1])
+    assert words[:2] == ["curl", "-s"] and words[-2:] == ["-o", "out.wav"]
+    url, body = words[2], json.loads(words[words.index("-d") + 1])
+    assert url == f"{served.url}/v1/audio/speech"
+    response = httpx.post(url, json={**body, "seed": SEED}, timeout=120)
+    assert response.status_code == 200 and response.headers["content-type"] == "audio/wav"
+    assert len(decode(response.content, "wav")) == SAMPLES
+
+
+def test_models_say_random_weights(client):
+    [model] = client.models.list().data
+    extra = model.model_extra
+    assert model.id == MODEL and extra["random_weights"] is True and extra["family"] == "orpheus"
+    assert extra["sample_rate"] == 24000 and "tara" in extra["voices"]
+    assert {"speech", "audio_out"} <= set(extra["capabilities"])
+
+
+def test_every_audio_format_decodes_to_the_expected_samples(served, client):
+    formats = httpx.get(f"{served.url}/v1/models", timeout=10).json()["data"][0]["audio_formats"]
+    assert {"wav", "flac", "pcm"} <= set(formats)
+
+    def speak(fmt: str) -> bytes:
+        answer = client.audio.speech.create(model=MODEL, voice="tara", input="Hello there.", response_format=fmt,
+                                            extra_body={"seed": SEED})
+        return answer.content
+
+    with ThreadPoolExecutor(len(formats) + 1) as pool:
+        native = pool.submit(_native_audio, served.url)
+        audio = dict(zip(formats, pool.map(speak, formats)))
+    reference = native.result()
+    assert len(reference) == SAMPLES and np.abs(reference).max() > 0
+    for fmt, data in audio.items():
+        samples = decode(data, fmt)
+        if fmt == "mp3":  # streamed: LAME's lead-in, the audio, padding to whole 576-sample frames
+            assert len(samples) == -(-(SAMPLES + MP3_LEAD_IN) // 576) * 576, len(samples)
+            samples = samples[MP3_LEAD_IN : MP3_LEAD_IN + SAMPLES]
+        assert len(samples) == SAMPLES, (fmt, len(samples))
+        if fmt in ("wav", "flac", "pcm"):  # lossless: the engine's audio, quantized to 16 bits
+            np.testing.assert_allclose(samples, reference, atol=1.5 / 32768, err_msg=fmt)
+        else:  # lossy (noise-like audio costs Opus most): still clearly the same signal; unrelated ones give ~0
+            assert np.corrcoef(samples, reference)[0, 1] > 0.5, fmt
+
+
+def _native_audio(url: str) -> np.ndarray:
+    """The same speech through /v1/generate, as float32 samples (no encoder in between)."""
+    body = {"task": "speech", "inputs": {"input": "Hello there.", "voice": "tara"}, "sampling": {"seed": SEED},
+            "audio_encoding": "float32", "stream": False}
+    answer = httpx.post(f"{url}/v1/generate", json=body, timeout=120).json()
+    parts = [np.frombuffer(base64.b64decode(o["data"]["data"]), "<f4") for o in answer["outputs"]]
+    return np.concatenate(parts)
+
+
+def test_streamed_audio_arrives_before_the_request_ends(served):
+    body = {"input": "Streaming now.", "voice": "tara", "response_format": "pcm", "seed": SEED}
+    arrivals: list[tuple[float, int]] = []
+    start = time.monotonic()
+    with httpx.stream("POST", f"{served.url}/v1/audio/speech", json=body, timeout=120) as response:
+        assert response.status_code == 200
+        for chunk in response.iter_raw():
+            arrivals.append((time.monotonic() - start, len(chunk)))
+    total = sum(n for _, n in arrivals)
+    assert total == SAMPLES * 2
+    first, last = arrivals[0][0], arrivals[-1][0]
+    assert arrivals[0][1] < total and last - first > 0.3, arrivals  # bytes kept coming after the first ones
+
+
+def test_speech_metrics_move(served, client):
+    before = metrics(served.url)
+    client.audio.speech.create(model=MODEL, voice="tara", input="Count me.", response_format="wav")
+    after = metrics(served.url)
+    route = "/v1/audio/speech"
+    for name in ("walkserve_time_to_first_audio_seconds_count", "walkserve_speech_real_time_factor_count",
+                 "walkserve_e2e_request_latency_seconds_count"):
+        assert metric(after, name, route=route) == metric(before, name, route=route) + 1, name
+    assert metric(after, "walkserve_audio_output_seconds_total", route=route) == pytest.approx(
+        metric(before, "walkserve_audio_output_seconds_total", route=route) + SAMPLES / 24000)
+    assert metric(after, "walkserve_http_responses_total", route=route, status="200") > 0
+    assert metric(after, "walkserve_kv_blocks_total") > 0
+
+
+def test_disconnect_mid_stream_frees_runtime_state(served):
+    body = {"input": "Leave early.", "voice": "tara", "response_format": "pcm"}
+    aborted = metric(metrics(served.url), "walkserve_engine_requests_total", outcome="aborted")
+    with httpx.Client(timeout=60) as http, http.stream("POST", f"{served.url}/v1/audio/speech", json=body) as response:
+        assert response.status_code == 200
+        busy = False
+        for chunk in response.iter_raw():  # keep reading (the stream flows) until /metrics shows the run
+            if chunk and _gauges(served.url, lambda used, state: used > 0 and state > 0):
+                busy = True
+                break
+        assert busy, "KV blocks and request state should show in use while the stream runs"
+    closed_at = time.monotonic()
+    freed = wait_for(lambda: _gauges(served.url, lambda used, state: used == 0 and state == 0), 3, interval=0.02)
+    took = time.monotonic() - closed_at
+    assert freed and took < 1.0, f"runtime state freed after {took:.2f} s"
+    after = metrics(served.url)
+    assert metric(after, "walkserve_engine_requests_total", outcome="aborted") == aborted + 1
+
+
+def _gauges(url: str, test) -> bool:
+    now = metrics(url)
+    return test(metric(now, "walkserve_kv_blocks_used"), metric(now, "walkserve_requests_with_state"))
+
+
+def test_sigterm_drains_then_exits_without_leftovers(served):
+    """Last in the module: the in-flight stream completes, new work gets 503, every process exits, no shm left."""
+    process = served.process
+    children = descendants(process.pid)
+    assert len(children) >= 3, children  # conductor, worker zygote, worker
+    received: list[int] = []
+    first = threading.Event()
+
+    def consume() -> None:
+        body = {"input": "Finish me.", "voice": "tara", "response_format": "pcm"}
+        with httpx.stream("POST", f"{served.url}/v1/audio/speech", json=body, timeout=60) as response:
+            for chunk in response.iter_raw():
+                received.append(len(chunk))
+                first.set()
+
+    reader = threading.Thread(target=consume)
+    reader.start()
+    assert first.wait(30)
+    process.send_signal(signal.SIGTERM)
+    health = wait_for(lambda: _health_status(served.url) == 503, 5)
+    assert health, "health should turn 503 while draining"
+    refused = httpx.post(f"{served.url}/v1/audio/speech", json={"input": "late"}, timeout=5)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+    reader.join(60)
+    assert sum(received) == SAMPLES * 2  # the in-flight request finished whole
+    assert process.wait(60) == 0
+    served.output.join()
+    assert "stopped: requests drained, runtime shut down" in served.output.text()
+    assert wait_for(lambda: not [p for p in children if alive(p)], 5), [p for p in children if alive(p)]
+    assert segments_of(process.pid) == []
+
+
+def _health_status(url: str) -> int:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code
+    except httpx.TransportError:
+        return 0

@@ -1,0 +1,183 @@
+"""The HTTP API over the real runtime serving a tiny random-weight Llama.
+
+One server per module (an AsyncEngine with its conductor and worker process,
+uvicorn on the same loop). Every greedy answer the official ``openai`` client
+gets is compared with the same request sent straight to the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.api.real_server import in_thread_server, metric, metrics, wait_for
+from walkserve.api.openai.choices import token_ids
+from walkserve.core.config import RuntimeConfig
+from walkserve.core.sampling import SamplingParams
+from walkserve.models.llama.tiny import write_tiny
+
+pytestmark = pytest.mark.slow
+PROMPT = "The river flows"
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Tell me about rivers."}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    path = write_tiny("llama", tmp_path_factory.mktemp("real-llama") / "tiny-llama", seed=3)
+    with in_thread_server("llama", path, RuntimeConfig(max_running=8)) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def direct(server, task: str, payload: dict, **sampling):
+    """(token ids, text, RequestFinished, prompt length) of the request sent straight to the engine."""
+    processor = server.engine.processor
+    spec = processor.build_request(task, payload, SamplingParams(**sampling), {})
+    events, finished = server.run_direct(spec)
+    ids = [t for e in events if e.modality == "text" for t in token_ids(e.data)]
+    return ids, processor.decode(ids), finished, len(spec.inputs["prompt_token_ids"].tolist())
+
+
+def test_models_card_says_random_weights(server, client):
+    [model] = client.models.list().data
+    extra = model.model_extra
+    assert model.id == "tiny-llama" and extra["family"] == "llama" and extra["random_weights"] is True
+    assert {"completions", "chat", "generate"} <= set(extra["capabilities"])
+    assert extra["max_context"] == 1024
+
+
+def test_completion_greedy_equals_engine(server, client):
+    ids, text, finished, n_prompt = direct(server, "completion", {"prompt": PROMPT}, max_tokens=12, temperature=0.0,
+                                           ignore_eos=True)
+    assert len(ids) == 12 and finished.reason.value == "length"
+    extra = {"ignore_eos": True}
+    answer = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=12, temperature=0, extra_body=extra)
+    assert answer.choices[0].text == text and answer.choices[0].finish_reason == "length"
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (n_prompt, 12)
+    stream = client.completions.create(prompt=PROMPT, max_tokens=12, temperature=0, extra_body=extra, stream=True,
+                                       stream_options={"include_usage": True}, model="tiny-llama")
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    assert chunks[-1].usage.prompt_tokens == n_prompt
+
+
+def test_completion_that_may_stop_at_eos_equals_engine(server, client):
+    ids, text, finished, _ = direct(server, "completion", {"prompt": "Once"}, max_tokens=40, temperature=0.0)
+    answer = client.completions.create(model="tiny-llama", prompt="Once", max_tokens=40, temperature=0)
+    assert answer.choices[0].text == text
+    assert answer.choices[0].finish_reason == ("stop" if finished.reason.value == "stop" else "length")
+    assert answer.usage.completion_tokens == len(ids) + (finished.reason.value == "stop")  # the stop token counts
+
+
+def test_chat_greedy_equals_engine(server, client):
+    ids, text, _, n_prompt = direct(server, "chat", {"messages": MESSAGES}, max_tokens=10, temperature=0.0,
+                                    ignore_eos=True)
+    assert len(ids) == 10
+    extra = {"ignore_eos": True}
+    answer = client.chat.completions.create(model="tiny-llama", messages=MESSAGES, max_tokens=10, temperature=0,
+                                            extra_body=extra)
+    message = answer.choices[0].message
+    assert message.role == "assistant" and message.content == text
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (n_prompt, 10)
+    stream = client.chat.completions.create(model="tiny-llama", messages=MESSAGES, max_completion_tokens=10,
+                                            temperature=0, extra_body=extra, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+
+
+def test_concurrent_greedy_requests_each_equal_the_engine(server):
+    """Requests batched together in the runtime answer exactly as they do alone."""
+    prompts = ["A cat", "The sea is", "Numbers: 1 2 3", "Why"]
+    want = [direct(server, "completion", {"prompt": p}, max_tokens=8, temperature=0.0, ignore_eos=True)[1]
+            for p in prompts]
+
+    async def ask_all():
+        async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0) as aclient:
+            answers = await asyncio.gather(*(
+                aclient.completions.create(model="tiny-llama", prompt=p, max_tokens=8, temperature=0,
+                                           extra_body={"ignore_eos": True}) for p in prompts))
+        return [a.choices[0].text for a in answers]
+
+    assert asyncio.run(ask_all()) == want
+
+
+def test_native_generate_task_equals_engine(server):
+    ids, text, _, _ = direct(server, "completion", {"prompt": PROMPT}, max_tokens=6, temperature=0.0, ignore_eos=True)
+    body = {"task": "generate", "inputs": {"prompt": PROMPT}, "sampling": {"max_tokens": 6, "temperature": 0,
+                                                                           "ignore_eos": True}}
+    with httpx.stream("POST", f"{server.url}/v1/generate", json=body, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        lines = [json.loads(line) for line in response.iter_lines() if line]
+    outputs = [line for line in lines if line["type"] == "output"]
+    assert [t for o in outputs for t in o["data"]["token_ids"]] == ids
+    assert "".join(o["data"]["text"] for o in outputs) + lines[-1]["text"] == text
+    assert lines[-1]["type"] == "finished" and lines[-1]["finish_reason"] == "length"
+
+
+def test_metrics_move(server, client):
+    before = metrics(server.url)
+    client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=5, temperature=0)
+    stream = client.chat.completions.create(model="tiny-llama", messages=MESSAGES, max_tokens=5, stream=True)
+    assert list(stream)
+    after = wait_for(lambda: _finished_moved(server.url, before, 2), timeout=3)
+    assert after, "engine counters did not move"
+    for route in ("/v1/completions", "/v1/chat/completions"):
+        for name in ("walkserve_time_to_first_token_seconds_count", "walkserve_e2e_request_latency_seconds_count"):
+            assert metric(after, name, route=route) >= metric(before, name, route=route) + 1, (name, route)
+    assert metric(after, "walkserve_generation_tokens_total", route="/v1/completions") > metric(
+        before, "walkserve_generation_tokens_total", route="/v1/completions")
+    assert metric(after, "walkserve_kv_blocks_total") > 0 and metric(after, "walkserve_healthy") == 1
+
+
+def _finished_moved(url: str, before: dict, n: int):
+    now = metrics(url)
+    key = "walkserve_engine_requests_total"
+    return now if metric(now, key, outcome="finished") >= metric(before, key, outcome="finished") + n else None
+
+
+def test_disconnect_mid_stream_frees_runtime_state(server):
+    """KV blocks and per-request state are in use while a stream runs and back to 0 within a second of the
+    client going away (as engine.stats() reports them, and /metrics with it)."""
+    engine = server.engine
+    body = {"prompt": PROMPT, "max_tokens": 900, "ignore_eos": True, "stream": True}
+    aborted_before = engine.stats().aborted
+    with httpx.Client(timeout=30) as http, http.stream("POST", f"{server.url}/v1/completions", json=body) as response:
+        assert response.status_code == 200
+        busy = False
+        for line in response.iter_lines():  # keep reading (the stream flows) until the stats show the run
+            if line.startswith("data: {") and _busy(engine.stats()) and _busy_metrics(metrics(server.url)):
+                busy = True
+                break
+        assert busy, "KV blocks and request state should show in use while the stream runs"
+    closed_at = time.monotonic()
+    freed = wait_for(lambda: engine.stats().requests_with_state == 0 and engine.stats().kv_blocks_used == 0
+                     and engine.stats().running == 0, timeout=3, interval=0.02)
+    took = time.monotonic() - closed_at
+    assert freed, engine.stats()
+    assert took < 1.0, f"state freed only {took:.2f} s after the client left"
+    assert engine.stats().aborted == aborted_before + 1
+    scraped = metrics(server.url)
+    assert metric(scraped, "walkserve_kv_blocks_used") == 0 and metric(scraped, "walkserve_requests_with_state") == 0
+
+
+def _busy(stats) -> bool:
+    return stats.kv_blocks_used > 0 and stats.requests_with_state > 0 and stats.running == 1
+
+
+def _busy_metrics(scraped: dict) -> bool:
+    return (metric(scraped, "walkserve_kv_blocks_used") > 0 and metric(scraped, "walkserve_kv_usage_ratio") > 0
+            and metric(scraped, "walkserve_requests_with_state") > 0)
