@@ -172,6 +172,8 @@ class Worker:
             del self.inflight[fid]
         self.to_compute = [item for item in self.to_compute if item[1].request_id != rid]
         self.compute.release(rid)
+        # report soon, so observers see the state freed without waiting a whole stats period
+        self._last_stats = min(self._last_stats, time.monotonic() - STATS_INTERVAL_S + 0.05)
 
     def on_peers(self, msg: m.Peers) -> None:
         for rank, address in msg.addresses.items():
