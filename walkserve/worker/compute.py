@@ -145,10 +145,14 @@ class ComputeThread:
                 still.append((component, firing, futures))
                 continue
             if state == FAILED:
-                self._publish(component, FiringResult(firing, error="an input of this firing failed"), futures)
+                self._publish(
+                    component, FiringResult(firing, error="an input of this firing failed"), futures
+                )
                 self._signal()
                 continue
-            firing.inputs = {k: (v.value if isinstance(v, Future) else v) for k, v in firing.inputs.items()}
+            firing.inputs = {
+                k: (v.value if isinstance(v, Future) else v) for k, v in firing.inputs.items()
+            }
             self._futures[firing.id] = (firing.request_id, futures)
             self.engines[component].submit(firing)
         self._waiting = still

@@ -25,143 +25,39 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from walkserve.graph.compose import LAST, DynamicLoop
 from walkserve.graph.plan import (
     INPUT,
-    FromCarry,
-    FromStream,
-    StreamInfo,
-    ToCarry,
     ToClient,
-    ToNode,
     ToOutput,
     ToStream,
     WalkPlan,
 )
 from walkserve.graph.stop import resolve_count
 from walkserve.streaming.buffer import EXHAUSTED, StreamBuffer, StreamOverflow
+from walkserve.worker.plan_index import STREAM, DataflowError, index_of, value_key
+from walkserve.worker.walk_exits import LoopExits
+from walkserve.worker.walk_streams import StreamSide
 
 Path = tuple[int, ...]
 DONE = None
 _MISSING = object()
 
 
-class DataflowError(Exception):
-    """The request cannot go on (bad iteration count, stream overflow, a loop with no last value)."""
-
-
 class Sink(Protocol):
     """Where a WalkState's effects go; the worker implements it."""
 
-    def fire(self, ws: WalkState, node: str, path: Path, inputs: dict, spans: dict, speculative: bool) -> None: ...
+    def fire(
+        self, ws: WalkState, node: str, path: Path, inputs: dict, spans: dict, speculative: bool
+    ) -> None: ...
 
     def send(self, rank: int, kind: str, ws: WalkState, **fields: Any) -> None: ...
 
     def report(self, kind: str, ws: WalkState, **fields: Any) -> None: ...
 
 
-@dataclass
-class PlanIndex:
-    """Per-plan facts the dataflow looks up on every event, computed once."""
-
-    depth: dict[str, int] = field(default_factory=dict)  # scope -> number of enclosing scopes
-    bound_spec: dict[str, Any] = field(default_factory=dict)  # scope -> Count
-    stop_of: dict[str, tuple[str, str, Any]] = field(default_factory=dict)  # stop node -> (scope, output, rule)
-    speculate: dict[str, bool] = field(default_factory=dict)  # node -> may run ahead of the stop rule
-    scope_nodes: dict[str, list[str]] = field(default_factory=dict)
-    consumers: dict[str, set[str]] = field(default_factory=dict)  # node/input -> nodes it feeds directly
-    produces: dict[str, list[StreamInfo]] = field(default_factory=dict)  # node -> streams it produces
-    exit_routes: dict[tuple[str, str], list] = field(default_factory=dict)
-    route_src: dict[Any, tuple[str, str]] = field(default_factory=dict)  # exit route -> (node, output)
-    held_routes: dict[tuple[str, str], list] = field(default_factory=dict)
-    slots: dict[str, list] = field(default_factory=dict)  # node -> [(slot, source)]
-    stream_slots: dict[str, list] = field(default_factory=dict)  # node -> [(slot, FromStream)]
-    forward: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (node, out) -> consumers, no exits
-    recipes: dict[str, list] = field(default_factory=dict)  # node -> [(slot, recipe)] (see _recipe)
-    dynamic_levels: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # node -> [(depth, scope)]
-
-
-_INPUT, _EDGE, _CARRY, _STREAM = 0, 1, 2, 3
-
-
-def _recipe(plan: WalkPlan, idx: PlanIndex, source: Any) -> tuple:
-    """How to find a slot's value key from a firing path, decided once per plan."""
-    if isinstance(source, FromStream):
-        return (_STREAM, source)
-    if isinstance(source, FromCarry):
-        d = len(plan.scopes[source.scope].chain) - 1
-        return (_CARRY, d, source.node, source.output, _recipe(plan, idx, source.initial))
-    if source.node == INPUT:
-        return (_INPUT, (INPUT, source.output, ()))
-    if source.exits:
-        depth = len(plan.scopes[source.exits[-1]].chain) - 1
-        return (_EDGE, source.node, source.output, depth)
-    return (_EDGE, source.node, source.output, len(plan.chains[source.node]))
-
-
-def _key(recipe: tuple, path: Path) -> tuple:
-    tag = recipe[0]
-    if tag == _EDGE:
-        return (recipe[1], recipe[2], path[: recipe[3]])
-    if tag == _INPUT:
-        return recipe[1]
-    d = recipe[1]
-    if path[d] == 0:
-        return _key(recipe[4], path)
-    return (recipe[2], recipe[3], (*path[:d], path[d] - 1))
-
-
-def index_of(plan: WalkPlan) -> PlanIndex:
-    idx = getattr(plan, "_dataflow_index", None)
-    if idx is not None:
-        return idx
-    idx = PlanIndex()
-    for sid, scope in plan.scopes.items():
-        idx.depth[sid] = len(scope.chain) - 1
-        idx.scope_nodes[sid] = plan.scope_nodes(sid)
-        if scope.loop is not None:
-            idx.bound_spec[sid] = scope.loop.iterations
-            if isinstance(scope.loop, DynamicLoop):
-                node, out = scope.loop.stop.output.split(".")
-                idx.stop_of[node] = (sid, out, scope.loop.stop)
-    for name, node in plan.nodes.items():
-        ok = node.speculate
-        for sid in plan.chains[name]:
-            loop = plan.scopes[sid].loop
-            if isinstance(loop, DynamicLoop) and not loop.speculate:
-                ok = False
-        idx.speculate[name] = ok
-    for name, node in plan.nodes.items():
-        idx.slots[name] = [(slot, plan.sources[(name, slot)]) for slot in node.inputs]
-        idx.recipes[name] = [(slot, _recipe(plan, idx, src)) for slot, src in idx.slots[name]]
-        idx.dynamic_levels[name] = [
-            (d, sid) for d, sid in enumerate(plan.chains[name]) if plan.scopes[sid].kind == "dynamic"
-        ]
-        idx.stream_slots[name] = [(s, src) for s, src in idx.slots[name] if isinstance(src, FromStream)]
-    for (src, out), routes in plan.routes.items():
-        for r in routes:
-            if isinstance(r, (ToNode, ToCarry)) and not getattr(r, "exits", ()):
-                idx.forward.setdefault((src, out), []).append(r.node)
-            if isinstance(r, (ToNode, ToCarry)):
-                idx.consumers.setdefault(src, set()).add(r.node)
-                if isinstance(r, ToNode) and r.exits:
-                    idx.exit_routes.setdefault((src, out), []).append(r)
-                    idx.route_src[r] = (src, out)
-            elif isinstance(r, ToOutput) and r.exits:
-                idx.exit_routes.setdefault((src, out), []).append(r)
-                idx.route_src[r] = (src, out)
-            elif isinstance(r, (ToClient, ToStream, ToOutput)):
-                idx.held_routes.setdefault((src, out), []).append(r)
-            if isinstance(r, ToStream):
-                idx.produces.setdefault(src, []).append(plan.streams[r.stream])
-    plan._dataflow_index = idx
-    return idx
-
-
-class WalkState:
+class WalkState(StreamSide, LoopExits):
     """The dataflow of one (request, walk) on one rank."""
 
     def __init__(
@@ -193,7 +89,9 @@ class WalkState:
         self.templates: dict[tuple[int, Path], Any] = {}
         self.held: list[tuple[str, Path, dict]] = []
         self.items_sent: dict[tuple[int, Path], int] = defaultdict(int)
-        self.prefixes: dict[int, set[Path]] = defaultdict(set)  # producer side: stream -> outer instances seen
+        self.prefixes: dict[int, set[Path]] = defaultdict(
+            set
+        )  # producer side: stream -> outer instances seen
         self.stream_ended: set[tuple[int, Path]] = set()
         self.paused: set[tuple[int, Path]] = set()  # producer side: streams a consumer paused
         self.pausing: set[tuple[int, Path]] = set()  # consumer side: streams we asked to pause
@@ -206,7 +104,9 @@ class WalkState:
         self._stale: set[str] = set()  # nodes whose cursor may lie past a loop's (new) limit
         self._draining = False
         self._producers = [n for n in self.local if n in self.idx.produces]
-        self.wasted: dict[tuple, int] = defaultdict(int)  # (node, loop instance) -> firings not exposed
+        self.wasted: dict[tuple, int] = defaultdict(
+            int
+        )  # (node, loop instance) -> firings not exposed
 
     # ---- entry points (called by the worker) ----------------------------------------------
     def start(self, inputs: Mapping[str, Any]) -> None:
@@ -322,7 +222,7 @@ class WalkState:
         inputs, spans = {}, {}
         values = self.values
         for slot, recipe in self.idx.recipes[node]:
-            if recipe[0] == _STREAM:
+            if recipe[0] == STREAM:
                 source = recipe[1]
                 info = self.plan.streams[source.stream]
                 d = self.idx.depth[info.consumer_scope]
@@ -336,7 +236,7 @@ class WalkState:
                 inputs[slot] = self.concat(list(chunk.items), self.templates.get(key))
                 spans[slot] = chunk.span
                 continue
-            value = values.get(_key(recipe, path), _MISSING)
+            value = values.get(value_key(recipe, path), _MISSING)
             if value is _MISSING:
                 return None
             inputs[slot] = value
@@ -364,13 +264,17 @@ class WalkState:
     def _paused_producer(self, node: str, path: Path) -> bool:
         if not self.paused:
             return False
-        return any((info.index, path[:-1]) in self.paused for info in self.idx.produces.get(node, ()))
+        return any(
+            (info.index, path[:-1]) in self.paused for info in self.idx.produces.get(node, ())
+        )
 
     # ---- loop bookkeeping ------------------------------------------------------------------
     def _bound(self, scope: str) -> int:
         if scope not in self.bounds:
             try:
-                self.bounds[scope] = resolve_count(self.idx.bound_spec[scope], self.params, f"loop {scope!r}")
+                self.bounds[scope] = resolve_count(
+                    self.idx.bound_spec[scope], self.params, f"loop {scope!r}"
+                )
             except ValueError as e:
                 raise DataflowError(str(e)) from None
         return self.bounds[scope]
@@ -392,7 +296,11 @@ class WalkState:
             for d in range(len(chain) - 1, -1, -1):
                 limit = self._limit(chain[d], path[:d])
                 if limit is not None and path[d] >= limit:
-                    path = DONE if d == 0 else (*path[: d - 1], path[d - 1] + 1, *(0,) * (len(chain) - d))
+                    path = (
+                        DONE
+                        if d == 0
+                        else (*path[: d - 1], path[d - 1] + 1, *(0,) * (len(chain) - d))
+                    )
                     break
             else:
                 break
@@ -416,7 +324,9 @@ class WalkState:
     def _broadcast(self, scope: str, outer: Path, k: int, end: int) -> None:
         ranks = self._scope_ranks.get(scope)
         if ranks is None:
-            ranks = self._scope_ranks[scope] = sorted({self.ranks[n] for n in self.idx.scope_nodes[scope]} - {self.rank})
+            ranks = self._scope_ranks[scope] = sorted(
+                {self.ranks[n] for n in self.idx.scope_nodes[scope]} - {self.rank}
+            )
         for rank in ranks:
             self.sink.send(rank, "loop", self, scope=scope, outer=outer, k=k, end=end)
 
@@ -460,7 +370,9 @@ class WalkState:
         try:
             stop = rule.should_stop(outputs[out], self.params, k)
         except Exception as e:
-            raise DataflowError(f"stop rule of loop {scope!r} failed: {type(e).__name__}: {e}") from None
+            raise DataflowError(
+                f"stop rule of loop {scope!r} failed: {type(e).__name__}: {e}"
+            ) from None
         if stop:
             self._claim_end(scope, outer, k + 1 if rule.include_stopping else k, True)
         elif k + 1 >= self._bound(scope):
@@ -488,7 +400,9 @@ class WalkState:
                 rank = self.ranks[consumer]
                 if rank != self.rank and rank not in sent:
                     sent.add(rank)
-                    self.sink.send(rank, "deliver", self, node=node, output=out, path=path, value=value)
+                    self.sink.send(
+                        rank, "deliver", self, node=node, output=out, path=path, value=value
+                    )
             for r in idx.exit_routes.get((node, out), ()):
                 self._aggregate(r, node, out, path, value)
             held = held or (node, out) in idx.held_routes
@@ -519,7 +433,9 @@ class WalkState:
 
     def _emit(self, route: Any, node: str, out: str, path: Path, value: Any) -> None:
         if isinstance(route, ToClient):
-            self.sink.report("client", self, node=node, modality=route.modality, path=path, value=value)
+            self.sink.report(
+                "client", self, node=node, modality=route.modality, path=path, value=value
+            )
         elif isinstance(route, ToOutput):
             self.sink.report("output", self, name=route.name, value=value)
         elif isinstance(route, ToStream):
@@ -530,128 +446,18 @@ class WalkState:
             if rank == self.rank:
                 self._stream_item(route.stream, path[:-1], path[-1], value)
             else:
-                self.sink.send(rank, "item", self, stream=route.stream, prefix=path[:-1], index=path[-1], value=value)
-
-    def _prefixes(self, info: StreamInfo) -> set[Path]:
-        """Outer instances of the producer's loop that this stream has (or will have) items for."""
-        return {(info.index, prefix) for prefix in self.prefixes[info.index]}
-
-    def _end_streams(self) -> None:
-        for node in self._producers:
-            for info in self.idx.produces.get(node, ()):
-                for key in self._prefixes(info):
-                    if key in self.stream_ended:
-                        continue
-                    limit = self._limit(info.producer_scope, key[1])
-                    if limit is None or self.items_sent[key] < limit or self._held_for(node):
-                        continue
-                    self.stream_ended.add(key)
-                    rank = self.ranks[info.consumer]
-                    if rank == self.rank:
-                        self._stream_end(info.index, key[1], limit)
-                    else:
-                        self.sink.send(rank, "end", self, stream=info.index, prefix=key[1], n_items=limit)
+                self.sink.send(
+                    rank,
+                    "item",
+                    self,
+                    stream=route.stream,
+                    prefix=path[:-1],
+                    index=path[-1],
+                    value=value,
+                )
 
     def _held_for(self, node: str) -> bool:
         return any(n == node for n, _, _ in self.held)
-
-    # ---- leaving loops ---------------------------------------------------------------------
-    def _aggregate(self, route: Any, node: str, out: str, path: Path, value: Any) -> None:
-        if self._exposed(node, path) is False:
-            return
-        scope = route.exits[0]
-        d = self.idx.depth[scope]
-        self.agg.setdefault((route, 0, path[:d]), {})[path[d]] = value
-
-    def _flush_exits(self) -> None:
-        progress = True
-        while progress:
-            progress = False
-            for (route, level, outer), per_iter in list(self.agg.items()):
-                scope = route.exits[level]
-                limit = self._limit(scope, outer)
-                if limit is None or any(k not in per_iter for k in range(limit)):
-                    continue
-                del self.agg[(route, level, outer)]
-                value = self._combine(route, scope, [per_iter[k] for k in range(limit)])
-                progress = True
-                if level + 1 < len(route.exits):
-                    d = self.idx.depth[route.exits[level + 1]]
-                    self.agg.setdefault((route, level + 1, outer[:d]), {})[outer[d]] = value
-                else:
-                    self._deliver_exit(route, outer, value)
-
-    def _combine(self, route: Any, scope: str, values: list) -> Any:
-        src = self.idx.route_src[route]
-        mode = self.plan.loop(scope).outputs[f"{src[0]}.{src[1]}"]
-        if mode == LAST:
-            if not values:
-                raise DataflowError(f"loop {scope!r} exposed no iteration, so {src[0]}.{src[1]} has no last value")
-            return values[-1]
-        return self.concat(values, None)
-
-    def _deliver_exit(self, route: Any, outer: Path, value: Any) -> None:
-        src = self.idx.route_src[route]
-        if isinstance(route, ToOutput):
-            self.sink.report("output", self, name=route.name, value=value)
-            return
-        rank = self.ranks[route.node]
-        if rank == self.rank:
-            self.values[(src[0], src[1], outer)] = value
-            self._try(route.node)
-        else:
-            self.sink.send(rank, "deliver", self, node=src[0], output=src[1], path=outer, value=value)
-
-    # ---- streams, consumer side -------------------------------------------------------------
-    def _buffer(self, key: tuple[int, Path]) -> StreamBuffer:
-        buf = self.buffers.get(key)
-        if buf is None:
-            info = self.plan.streams[key[0]]
-            buf = self.buffers[key] = StreamBuffer(info.policy, info.capacity)
-        return buf
-
-    def _stream_item(self, stream: int, prefix: Path, index: int, value: Any) -> None:
-        key = (stream, prefix)
-        buf = self._buffer(key)
-        pending = self.reorder[key]
-        pending[index] = value
-        while buf.n_items in pending:
-            item = pending.pop(buf.n_items)
-            self.templates.setdefault(key, item)
-            buf.push(item)
-        info = self.plan.streams[stream]
-        if buf.full and key not in self.pausing:
-            self.pausing.add(key)
-            self._flow(info, prefix, True)
-        self._try(info.consumer)
-
-    def _stream_end(self, stream: int, prefix: Path, n_items: int) -> None:
-        key = (stream, prefix)
-        buf = self._buffer(key)
-        if buf.n_items != n_items or self.reorder.get(key):
-            raise DataflowError(f"stream {stream} ended with {n_items} items but {buf.n_items} arrived in order")
-        buf.end()
-        self._try(self.plan.streams[stream].consumer)
-
-    def _consumed_chunks(self, node: str, path: Path) -> None:
-        for slot in self.plan.nodes[node].inputs:
-            source = self.plan.sources[(node, slot)]
-            if isinstance(source, FromStream):
-                info = self.plan.streams[source.stream]
-                d = self.idx.depth[info.consumer_scope]
-                key = (source.stream, path[:d])
-                buf = self._buffer(key)
-                buf.consumed(path[d])
-                if key in self.pausing and not buf.full:
-                    self.pausing.discard(key)
-                    self._flow(info, path[:d], False)
-
-    def _flow(self, info: StreamInfo, prefix: Path, pause: bool) -> None:
-        rank = self.ranks[info.producer]
-        if rank == self.rank:
-            self.flow(info.index, prefix, pause)
-        else:
-            self.sink.send(rank, "flow", self, stream=info.index, prefix=prefix, pause=pause)
 
     # ---- completion ------------------------------------------------------------------------
     def _check_done(self, node: str) -> None:
@@ -663,4 +469,7 @@ class WalkState:
             if any(key not in self.stream_ended for key in self._prefixes(info)):
                 return
         self.done.add(node)
-        self.sink.report("done", self, node=node, firings=self.fired[node], hit_bound=node in self.hit_bound)
+        self.sink.report(
+            "done", self, node=node, firings=self.fired[node], hit_bound=node in self.hit_bound
+        )
+

@@ -82,8 +82,13 @@ def _report_start_failure(spec: RunSpec, rank: int, e: Exception) -> None:
     ctx = zmq.Context()
     out = Outbox(ctx, spec.token)
     out.connect("conductor", spec.conductor_address)
-    out.send_now("conductor", m.Failed(f"rank:{rank}", f"rank {rank} could not start: {type(e).__name__}: {e}"))
-    out.close(linger_ms=2000)  # closing at once would drop the report before it reaches the conductor
+    out.send_now(
+        "conductor",
+        m.Failed(f"rank:{rank}", f"rank {rank} could not start: {type(e).__name__}: {e}"),
+    )
+    out.close(
+        linger_ms=2000
+    )  # closing at once would drop the report before it reaches the conductor
     ctx.term()
 
 

@@ -1,0 +1,142 @@
+"""Per-plan facts the worker dataflow looks up on every event, computed once per plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from walkserve.graph.compose import DynamicLoop
+from walkserve.graph.plan import (
+    INPUT,
+    FromCarry,
+    FromStream,
+    StreamInfo,
+    ToCarry,
+    ToClient,
+    ToNode,
+    ToOutput,
+    ToStream,
+    WalkPlan,
+)
+
+Path = tuple[int, ...]
+
+
+class DataflowError(Exception):
+    """The request cannot go on (bad iteration count, stream overflow, a loop with no last value)."""
+
+
+@dataclass
+class PlanIndex:
+    """Per-plan facts the dataflow looks up on every event, computed once."""
+
+    depth: dict[str, int] = field(default_factory=dict)  # scope -> number of enclosing scopes
+    bound_spec: dict[str, Any] = field(default_factory=dict)  # scope -> Count
+    stop_of: dict[str, tuple[str, str, Any]] = field(
+        default_factory=dict
+    )  # stop node -> (scope, output, rule)
+    speculate: dict[str, bool] = field(
+        default_factory=dict
+    )  # node -> may run ahead of the stop rule
+    scope_nodes: dict[str, list[str]] = field(default_factory=dict)
+    consumers: dict[str, set[str]] = field(
+        default_factory=dict
+    )  # node/input -> nodes it feeds directly
+    produces: dict[str, list[StreamInfo]] = field(
+        default_factory=dict
+    )  # node -> streams it produces
+    exit_routes: dict[tuple[str, str], list] = field(default_factory=dict)
+    route_src: dict[Any, tuple[str, str]] = field(
+        default_factory=dict
+    )  # exit route -> (node, output)
+    held_routes: dict[tuple[str, str], list] = field(default_factory=dict)
+    slots: dict[str, list] = field(default_factory=dict)  # node -> [(slot, source)]
+    stream_slots: dict[str, list] = field(default_factory=dict)  # node -> [(slot, FromStream)]
+    forward: dict[tuple[str, str], list[str]] = field(
+        default_factory=dict
+    )  # (node, out) -> consumers, no exits
+    recipes: dict[str, list] = field(default_factory=dict)  # node -> [(slot, recipe)] (see _recipe)
+    dynamic_levels: dict[str, list[tuple[int, str]]] = field(
+        default_factory=dict
+    )  # node -> [(depth, scope)]
+
+
+INPUT_KEY, EDGE, CARRY, STREAM = 0, 1, 2, 3
+
+
+def recipe(plan: WalkPlan, idx: PlanIndex, source: Any) -> tuple:
+    """How to find a slot's value key from a firing path, decided once per plan."""
+    if isinstance(source, FromStream):
+        return (STREAM, source)
+    if isinstance(source, FromCarry):
+        d = len(plan.scopes[source.scope].chain) - 1
+        return (CARRY, d, source.node, source.output, recipe(plan, idx, source.initial))
+    if source.node == INPUT:
+        return (INPUT_KEY, (INPUT, source.output, ()))
+    if source.exits:
+        depth = len(plan.scopes[source.exits[-1]].chain) - 1
+        return (EDGE, source.node, source.output, depth)
+    return (EDGE, source.node, source.output, len(plan.chains[source.node]))
+
+
+def value_key(recipe: tuple, path: Path) -> tuple:
+    tag = recipe[0]
+    if tag == EDGE:
+        return (recipe[1], recipe[2], path[: recipe[3]])
+    if tag == INPUT_KEY:
+        return recipe[1]
+    d = recipe[1]
+    if path[d] == 0:
+        return value_key(recipe[4], path)
+    return (recipe[2], recipe[3], (*path[:d], path[d] - 1))
+
+
+def index_of(plan: WalkPlan) -> PlanIndex:
+    idx = getattr(plan, "_dataflow_index", None)
+    if idx is not None:
+        return idx
+    idx = PlanIndex()
+    for sid, scope in plan.scopes.items():
+        idx.depth[sid] = len(scope.chain) - 1
+        idx.scope_nodes[sid] = plan.scope_nodes(sid)
+        if scope.loop is not None:
+            idx.bound_spec[sid] = scope.loop.iterations
+            if isinstance(scope.loop, DynamicLoop):
+                node, out = scope.loop.stop.output.split(".")
+                idx.stop_of[node] = (sid, out, scope.loop.stop)
+    for name, node in plan.nodes.items():
+        ok = node.speculate
+        for sid in plan.chains[name]:
+            loop = plan.scopes[sid].loop
+            if isinstance(loop, DynamicLoop) and not loop.speculate:
+                ok = False
+        idx.speculate[name] = ok
+    for name, node in plan.nodes.items():
+        idx.slots[name] = [(slot, plan.sources[(name, slot)]) for slot in node.inputs]
+        idx.recipes[name] = [(slot, recipe(plan, idx, src)) for slot, src in idx.slots[name]]
+        idx.dynamic_levels[name] = [
+            (d, sid)
+            for d, sid in enumerate(plan.chains[name])
+            if plan.scopes[sid].kind == "dynamic"
+        ]
+        idx.stream_slots[name] = [
+            (s, src) for s, src in idx.slots[name] if isinstance(src, FromStream)
+        ]
+    for (src, out), routes in plan.routes.items():
+        for r in routes:
+            if isinstance(r, (ToNode, ToCarry)) and not getattr(r, "exits", ()):
+                idx.forward.setdefault((src, out), []).append(r.node)
+            if isinstance(r, (ToNode, ToCarry)):
+                idx.consumers.setdefault(src, set()).add(r.node)
+                if isinstance(r, ToNode) and r.exits:
+                    idx.exit_routes.setdefault((src, out), []).append(r)
+                    idx.route_src[r] = (src, out)
+            elif isinstance(r, ToOutput) and r.exits:
+                idx.exit_routes.setdefault((src, out), []).append(r)
+                idx.route_src[r] = (src, out)
+            elif isinstance(r, (ToClient, ToStream, ToOutput)):
+                idx.held_routes.setdefault((src, out), []).append(r)
+            if isinstance(r, ToStream):
+                idx.produces.setdefault(src, []).append(plan.streams[r.stream])
+    plan._dataflow_index = idx
+    return idx
