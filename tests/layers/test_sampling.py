@@ -148,3 +148,18 @@ def test_unseeded_rows_use_the_sampler_generator():
     sampler = Sampler(seed=5)
     sampler(logits, rows)
     assert sampler(logits, rows).token_ids.tolist() != first.tolist()  # the process RNG advances
+
+
+def test_greedy_fast_path_equals_the_full_pipeline():
+    logits = _logits(4, vocab=40, seed=3)
+    logits[1, [7, 20]] = logits[1].max() + 1.0  # a tie: the first index wins on both paths
+    plain = [_row(temperature=0.0) for _ in range(4)]
+    fast = Sampler(seed=0)(logits, plain).token_ids
+    assert fast.tolist() == logits.argmax(-1).tolist() and fast[1].item() == 7
+    # one row that needs the full pipeline (logprobs) sends the whole batch through it: same tokens
+    full = Sampler(seed=0)(logits, [*plain[:3], _row(temperature=0.0, logprobs=1)])
+    assert full.token_ids.tolist() == fast.tolist() and full.logprobs is not None
+    # a greedy row still short of min_tokens is not plain: its stop ids stay masked
+    stop = int(fast[0])
+    rows = [_row(temperature=0.0, min_tokens=1, stop_token_ids=(stop,)), *plain[1:]]
+    assert Sampler(seed=0)(logits, rows).token_ids[0].item() != stop

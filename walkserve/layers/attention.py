@@ -100,9 +100,7 @@ class PagedIndex:
     @staticmethod
     def build(batch: PagedBatch, device: torch.device) -> PagedIndex:
         width = max(len(t) for t in batch.block_tables)
-        tables = torch.zeros(len(batch.block_tables), width, dtype=torch.long)
-        for i, table in enumerate(batch.block_tables):
-            tables[i, : len(table)] = torch.tensor(table, dtype=torch.long)
+        tables = torch.tensor([t + [0] * (width - len(t)) for t in batch.block_tables], dtype=torch.long)  # [S, W]
         q_lens = torch.tensor(batch.query_lens, dtype=torch.long)
         kv_lens = torch.tensor(batch.kv_lens, dtype=torch.long)
         seq_of = torch.repeat_interleave(torch.arange(len(q_lens)), q_lens)  # [T]
@@ -111,15 +109,19 @@ class PagedIndex:
         slots = _slots(tables, seq_of, positions, batch.block_size)
         return PagedIndex(batch, tables.to(device), kv_lens.to(device), slots.to(device))
 
-    def padded_slots(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Slots [B, Lmax] of every KV position of sequences ``rows`` (padding reads slot 0), key mask [B, Lmax]."""
-        device = self.tables.device
-        width = max((self.batch.kv_lens[i] for i in rows), default=0)
-        seqs = torch.tensor(rows, dtype=torch.long, device=device)  # [B]
-        positions = torch.arange(width, device=device).expand(len(rows), width)  # [B, Lmax]
-        mask = positions < self.kv_lens[seqs].unsqueeze(1)  # [B, Lmax]
-        slots = _slots(self.tables, seqs.unsqueeze(1).expand_as(positions), positions, self.batch.block_size)
-        return slots.masked_fill(~mask, 0), mask
+    def padded_blocks(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Blocks of sequences ``rows``, padded to the longest: ids [B * W] (padding reads block 0), key mask [B, W * bs].
+
+        Gathering whole blocks (``bs`` slots per index) costs far less than
+        gathering slot by slot; the mask hides the padding and each block's
+        unwritten tail.
+        """
+        bs = self.batch.block_size
+        width = max(-(-self.batch.kv_lens[i] // bs) for i in rows)
+        blocks = self.tables[rows, :width]  # [B, W]
+        positions = torch.arange(width * bs, device=self.tables.device)  # [W * bs]
+        mask = positions[None, :] < self.kv_lens[rows][:, None]  # [B, W * bs]
+        return blocks.reshape(-1), mask
 
 
 def _slots(tables: torch.Tensor, seqs: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -139,11 +141,12 @@ class TorchPagedAttention(AttentionContext):
     """Paged attention in plain PyTorch: correct for any block tables and any mix, on any device.
 
     Every layer writes the new tokens' k/v to their slots, then gathers each
-    sequence's whole KV through slot indices precomputed once per step, into
+    sequence's blocks (whole blocks, indices precomputed once per step) into
     scratch buffers reused by every layer. Decodes (one new token) run as one
-    padded, masked SDPA call with the query heads of each KV head folded into
-    the query axis (no K/V expansion for GQA); each prefill chunk runs in its
-    own SDPA call with a causal mask aligned to the sequence's end.
+    padded SDPA call with an additive key mask and the query heads of each KV
+    head folded into the query axis (no K/V expansion for GQA); each prefill
+    chunk runs in its own SDPA call with a causal mask aligned to the
+    sequence's end. A batch of decodes only skips every row scatter.
     """
 
     def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch, scratch: Scratch):
@@ -155,36 +158,44 @@ class TorchPagedAttention(AttentionContext):
         for q_len in batch.query_lens:
             starts.append(starts[-1] + q_len)
         decodes = [i for i, q_len in enumerate(batch.query_lens) if q_len == 1]
+        self.only_decodes = len(decodes) == len(batch.query_lens)
         self.decode_rows = torch.tensor([starts[i] for i in decodes], dtype=torch.long, device=device)
-        self.decode_index, mask = index.padded_slots(decodes)  # [B, Lmax]
-        self.decode_mask = mask[:, None, None, :]  # [B, 1, 1, Lmax]
+        self.decode_blocks = self.decode_bias = None
+        if decodes:
+            self.decode_blocks, mask = index.padded_blocks(decodes)  # [B * W], [B, W * bs]
+            bias = torch.zeros(mask.shape, dtype=k_cache.dtype, device=device).masked_fill_(~mask, float("-inf"))
+            self.decode_bias = bias[:, None, None, :]  # [B, 1, 1, W * bs]
         self.prefills = [
-            (starts[i], starts[i + 1], index.padded_slots([i])[0][0])
+            (starts[i], starts[i + 1], batch.kv_lens[i], index.padded_blocks([i])[0])
             for i, q_len in enumerate(batch.query_lens)
             if q_len > 1
         ]
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         hkv, dh = k.shape[1], k.shape[2]
-        k_flat = self.k_cache[layer].view(-1, hkv, dh)  # [N * bs, Hkv, Dh]
-        v_flat = self.v_cache[layer].view(-1, hkv, dh)
-        k_flat.index_copy_(0, self.slot_mapping, k.to(k_flat.dtype))
-        v_flat.index_copy_(0, self.slot_mapping, v.to(v_flat.dtype))
+        k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]  # [N, bs, Hkv, Dh]
+        k_cache.view(-1, hkv, dh).index_copy_(0, self.slot_mapping, k.to(k_cache.dtype))
+        v_cache.view(-1, hkv, dh).index_copy_(0, self.slot_mapping, v.to(v_cache.dtype))
+        if self.only_decodes:
+            keys, values = self._gather(k_cache, v_cache, self.decode_blocks, len(self.decode_rows))
+            return _decode(q, keys, values, self.decode_bias, scale)
         out = torch.empty_like(q)  # [T, Hq, Dh]
-        if self.decode_rows.numel():
-            keys, values = self._gather(k_flat, v_flat, self.decode_index)  # [B, Lmax, Hkv, Dh]
-            out[self.decode_rows] = _decode(q[self.decode_rows], keys, values, self.decode_mask, scale)
-        for start, end, slots in self.prefills:
-            keys, values = self._gather(k_flat, v_flat, slots)  # [L, Hkv, Dh]
-            out[start:end] = _attend(q[start:end], keys, values, scale)
+        if self.decode_blocks is not None:
+            keys, values = self._gather(k_cache, v_cache, self.decode_blocks, len(self.decode_rows))
+            out[self.decode_rows] = _decode(q[self.decode_rows], keys, values, self.decode_bias, scale)
+        for start, end, kv_len, blocks in self.prefills:
+            keys, values = self._gather(k_cache, v_cache, blocks, 1)  # [1, W * bs, Hkv, Dh]
+            out[start:end] = _attend(q[start:end], keys[0], values[0], kv_len, scale)
         return out
 
-    def _gather(self, k_flat: torch.Tensor, v_flat: torch.Tensor, slots: torch.Tensor):
-        shape = (*slots.shape, *k_flat.shape[1:])
-        keys = self.scratch.get("k", shape, k_flat.dtype, k_flat.device)
-        values = self.scratch.get("v", shape, v_flat.dtype, v_flat.device)
-        torch.index_select(k_flat, 0, slots.reshape(-1), out=keys.view(-1, *k_flat.shape[1:]))
-        torch.index_select(v_flat, 0, slots.reshape(-1), out=values.view(-1, *v_flat.shape[1:]))
+    def _gather(self, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor, rows: int):
+        """K and V of ``blocks`` [B * W] as [B, W * bs, Hkv, Dh] views of the scratch buffers."""
+        n, bs, hkv, dh = k_cache.shape
+        shape = (rows, blocks.numel() // rows * bs, hkv, dh)
+        keys = self.scratch.get("k", shape, k_cache.dtype, k_cache.device)
+        values = self.scratch.get("v", shape, v_cache.dtype, v_cache.device)
+        torch.index_select(k_cache.view(n, -1), 0, blocks, out=keys.view(blocks.numel(), -1))
+        torch.index_select(v_cache.view(n, -1), 0, blocks, out=values.view(blocks.numel(), -1))
         return keys, values
 
 
@@ -203,36 +214,41 @@ class Scratch:
         return buf[:numel].view(shape)
 
 
-def _decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """One query per sequence: q [B, Hq, Dh] over keys, values [B, Lmax, Hkv, Dh] with key mask [B, 1, 1, Lmax]."""
+def _decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
+    """One query per sequence: q [B, Hq, Dh] over keys, values [B, L, Hkv, Dh] with additive key mask [B, 1, 1, L]."""
     b, hq, dh = q.shape
     hkv = keys.shape[2]
     out = F.scaled_dot_product_attention(
         q.reshape(b, hkv, hq // hkv, dh).to(keys.dtype),  # [B, Hkv, G, Dh]: query head h uses KV head h // G
-        keys.transpose(1, 2),  # [B, Hkv, Lmax, Dh]
+        keys.transpose(1, 2),  # [B, Hkv, L, Dh]
         values.transpose(1, 2),
-        attn_mask=mask,
+        attn_mask=bias,
         scale=scale,
     )
     return out.reshape(b, hq, dh).to(q.dtype)  # [B, Hq, Dh]
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal attention of q [n, Hq, Dh] (the last n positions) over k, v [L, Hkv, Dh]; returns [n, Hq, Dh]."""
-    n, length = q.shape[0], k.shape[0]
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len: int, scale: float) -> torch.Tensor:
+    """Causal attention of q [n, Hq, Dh] (positions kv_len - n .. kv_len - 1) over the first kv_len of k, v [L, Hkv, Dh].
+
+    The inputs go to SDPA as 4-D tensors: PyTorch's CPU flash kernel takes only
+    those (3-D ones fall back to the unfused math path, ~5x slower here).
+    """
+    n = q.shape[0]
+    k, v = k[:kv_len], v[:kv_len]
     mask = None
-    if length > n:
-        mask = torch.ones(n, length, dtype=torch.bool, device=q.device).tril(diagonal=length - n)  # [n, L]
+    if kv_len > n:  # a cached prefix: query i sees keys up to kv_len - n + i
+        mask = torch.ones(n, kv_len, dtype=torch.bool, device=q.device).tril(diagonal=kv_len - n)  # [n, L]
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).to(k.dtype),  # [Hq, n, Dh]
-        k.transpose(0, 1),  # [Hkv, L, Dh]
-        v.transpose(0, 1),
+        q.transpose(0, 1)[None].to(k.dtype),  # [1, Hq, n, Dh]
+        k.transpose(0, 1)[None],  # [1, Hkv, L, Dh]
+        v.transpose(0, 1)[None],
         attn_mask=mask,
         is_causal=mask is None,
         scale=scale,
         enable_gqa=q.shape[1] != k.shape[1],
     )
-    return out.transpose(0, 1).to(q.dtype)
+    return out[0].transpose(0, 1).to(q.dtype)  # [n, Hq, Dh]
 
 
 class TorchPagedBackend(PagedAttentionBackend):

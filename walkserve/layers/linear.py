@@ -1,4 +1,5 @@
-"""FusedLinear: several projections of one input computed as one matmul (q/k/v, gate/up).
+"""Linear layers: ``Linear`` (``nn.Linear`` through the CPU-aware ``linear``) and ``FusedLinear``,
+several projections of one input computed as one matmul (q/k/v, gate/up).
 
 The checkpoint stores the parts separately (``q_proj.weight``, ``k_proj.weight``
 ...). A module whose parameters do not match checkpoint names one to one
@@ -15,11 +16,20 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from walkserve.layers.cpu_linear import linear
+
 # checkpoint tensor name -> (parameter name on the module, index into that parameter)
 CheckpointParts = dict[str, tuple[str, tuple[int | slice, ...]]]
 
 
-class FusedLinear(nn.Linear):
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters and checkpoint names) computed through ``linear``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+class FusedLinear(Linear):
     """One ``nn.Linear`` whose output rows are the concatenation of named sibling projections.
 
     ``parts`` lists (checkpoint module name, out_features) in output order;

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from walkserve.layers.linear import FusedLinear
+from walkserve.layers.linear import FusedLinear, Linear
 
 
 class SwiGLU(nn.Module):
@@ -18,7 +18,7 @@ class SwiGLU(nn.Module):
         self.gate_up_proj = FusedLinear(
             hidden_size, [("gate_proj", intermediate_size), ("up_proj", intermediate_size)], bias=bias
         )
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj.split(self.gate_up_proj(x))  # [..., I] each

@@ -59,6 +59,8 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> SamplerOutput:
         """logits: [N, V] (any float dtype); returns one token per row."""
+        if all(_plain_greedy(r) for r in rows):  # the common decode batch: one argmax, no copy
+            return SamplerOutput(token_ids=logits.argmax(dim=-1))
         logits = logits.float().clone()  # [N, V]
         apply_penalties(logits, rows)
         mask_min_tokens(logits, rows)
@@ -94,6 +96,20 @@ class Sampler:
         if device not in self._generators:
             self._generators[device] = torch.Generator(device=device).manual_seed(self._seed)
         return self._generators[device]
+
+
+def _plain_greedy(row: SampleRow) -> bool:
+    """Greedy with nothing that changes the logits (penalties, active min_tokens, allowed ranges) and no logprobs."""
+    p = row.params
+    return (
+        p.greedy
+        and p.logprobs is None
+        and row.allowed is None
+        and p.repetition_penalty == 1.0
+        and not p.presence_penalty
+        and not p.frequency_penalty
+        and (not p.stop_token_ids or len(row.output) >= p.min_tokens)
+    )
 
 
 def step_seed(seed: int, step: int) -> int:

@@ -94,7 +94,7 @@ def generate_audio_tokens(
 
 
 @torch.inference_mode()
-def _decode_window(snac_model, tokens: Sequence[int], first_frame: int, base_seed: int) -> torch.Tensor:
+def decode_window(snac_model, tokens: Sequence[int], first_frame: int, base_seed: int) -> torch.Tensor:
     """SNAC-decode whole frames starting at frame ``first_frame``; returns float32 [frames * 2048]."""
     ids = torch.tensor(list(tokens), dtype=torch.int64)
     codes = ids - AUDIO_BASE - (torch.arange(len(ids)) % FRAME) * CODES  # frames start at multiples of 7
@@ -112,16 +112,16 @@ def decode_stream(snac_model, tokens: Sequence[int], base_seed: int) -> torch.Te
         if (n - WINDOW) % FRAME:
             continue
         first = n // FRAME - WINDOW // FRAME
-        wave = _decode_window(snac_model, tokens[FRAME * first : n], first, base_seed)
+        wave = decode_window(snac_model, tokens[FRAME * first : n], first, base_seed)
         pieces.append(wave[: 2 * FRAME_SAMPLES] if first == 0 else wave[FRAME_SAMPLES : 2 * FRAME_SAMPLES])
         windows += 1
     complete = len(tokens) // FRAME
     if windows:
         first = windows - 1
-        wave = _decode_window(snac_model, tokens[FRAME * first : FRAME * first + WINDOW], first, base_seed)
+        wave = decode_window(snac_model, tokens[FRAME * first : FRAME * first + WINDOW], first, base_seed)
         pieces.append(wave[2 * FRAME_SAMPLES : 4 * FRAME_SAMPLES])
     elif complete:
-        pieces.append(_decode_window(snac_model, tokens[: FRAME * complete], 0, base_seed))
+        pieces.append(decode_window(snac_model, tokens[: FRAME * complete], 0, base_seed))
     return torch.cat(pieces) if pieces else torch.zeros(0)
 
 

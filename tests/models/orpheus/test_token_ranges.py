@@ -42,9 +42,13 @@ def test_logprobs_are_of_the_constrained_distribution():
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory) -> KVCacheEngine:
-    path = write_tiny("llama", tmp_path_factory.mktemp("ranges_lm"), seed=5)
-    return KVCacheEngine("lm", load_causal_lm(path, progress=False), "cpu", "float32", num_blocks=32)
+def lm_path(tmp_path_factory):
+    return write_tiny("llama", tmp_path_factory.mktemp("ranges_lm"), seed=5)
+
+
+@pytest.fixture(scope="module")
+def engine(lm_path) -> KVCacheEngine:
+    return KVCacheEngine("lm", load_causal_lm(lm_path, progress=False), "cpu", "float32", num_blocks=32)
 
 
 def _firing(request_id: str, tokens: list[int], ranges, sampling: SamplingParams) -> Firing:
@@ -81,3 +85,43 @@ def test_engine_applies_a_position_dependent_rule(engine, sampling):
 def test_engine_accepts_a_fixed_list(engine):
     tokens = _generate(engine, "req-fixed", [(40, 41), (50, 51)], SamplingParams(temperature=0.0), 5)
     assert set(tokens) <= {40, 50}
+
+
+def test_every_allowed_id_is_emittable():
+    from walkserve.models.orpheus.tokens import EMITTABLE_RANGES, allowed_ranges
+
+    def covered(lo: int, hi: int) -> bool:
+        return any(a <= lo and hi <= b for a, b in EMITTABLE_RANGES)
+
+    for n in range(14):
+        assert all(covered(lo, hi) for lo, hi in allowed_ranges(n)), n
+
+
+def test_restricted_head_keeps_the_logits_of_its_ranges(tmp_path):
+    model = load_causal_lm(write_tiny("llama", tmp_path, seed=6), progress=False)
+    hidden = torch.randn(3, model.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    full = model.compute_logits(hidden)  # [3, V]
+    ranges = [(5, 9), (100, 140)]
+    model.restrict_vocab(ranges)
+    part = model.compute_logits(hidden)
+    keep = torch.zeros(full.shape[1], dtype=torch.bool)
+    keep[5:9] = keep[100:140] = True
+    torch.testing.assert_close(part[:, keep], full[:, keep], rtol=0, atol=1e-6)
+    assert torch.isneginf(part[:, ~keep]).all() and part.dtype == torch.float32
+    with pytest.raises(ValueError, match=r"\[0, 2000000\) is not inside"):
+        model.restrict_vocab([(0, 2_000_000)])
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_p=0.9, seed=2)])
+def test_restricted_head_samples_what_the_full_head_samples(engine, lm_path, sampling):
+    """Masked ids never win, so computing only the rows the ranges can allow changes no draw."""
+    model = load_causal_lm(lm_path, progress=False)
+    model.restrict_vocab([(100, 400)])
+    restricted = KVCacheEngine("lm", model, "cpu", "float32", num_blocks=32)
+
+    def ranges(n: int) -> list[tuple[int, int]]:
+        lo = 100 + (n % 3) * 100
+        return [(lo, lo + 100)]
+
+    want = _generate(engine, "req-full", ranges, sampling, 12)
+    assert _generate(restricted, "req-restricted", ranges, sampling, 12) == want

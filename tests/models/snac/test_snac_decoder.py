@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from walkserve.models.snac import decoder as decoder_module
+from walkserve.models.snac.spans import plan_spans
 from walkserve.models.snac.tiny import write_snac
 from walkserve.models.snac.weights import load_snac
 
@@ -41,9 +43,30 @@ def test_batched_rows_each_match_their_own_reference(tiny_snac_dir, oracle):
         row_codes = [c[row : row + 1] for c in codes]
         assert_close(audio[row : row + 1], oracle.decode(ref, row_codes, seed))
         alone = ours.decode(row_codes, [gen(seed)])
-        torch.testing.assert_close(
-            audio[row : row + 1], alone, rtol=1e-4, atol=1e-5
-        )  # batch-size reductions
+        assert torch.equal(audio[row : row + 1], alone)  # batch-invariant kernels: bit for bit
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("cache_elements", [decoder_module.CACHE_ELEMENTS, 2048])
+def test_rows_decode_bit_identically_whatever_the_batch_and_threads(
+    tiny_snac_dir, oracle, monkeypatch, threads, cache_elements
+):
+    """A row's samples do not depend on its batch neighbours, the thread count or row pieces."""
+    ours = load_snac(tiny_snac_dir)
+    codes = oracle.codes(4, batch=5, seed=8)
+    alone = [ours.decode([c[r : r + 1] for c in codes], [gen(40 + r)]) for r in range(5)]
+    monkeypatch.setattr(decoder_module, "CACHE_ELEMENTS", cache_elements)
+    first, rows = ours._tail_plan(5, plan_spans(ours.cfg.decoder_rates, 16, (0, 4 * 2048)))
+    # 2048: block 0's weights outweigh its activations (whole batch), then 1-row pieces
+    assert (first, rows) == ((4, 5) if cache_elements > 2048 else (1, 1))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        batch = ours.decode(codes, [gen(40 + r) for r in range(5)])
+    finally:
+        torch.set_num_threads(before)
+    for r in range(5):
+        assert torch.equal(batch[r : r + 1], alone[r]), r
 
 
 def test_noise_follows_the_generator(tiny_snac_dir, oracle):
@@ -121,3 +144,26 @@ def test_bfloat16_load_runs_close_to_float32(tiny_snac_dir, oracle):
     bf16 = load_snac(tiny_snac_dir, dtype="bfloat16").decode(codes, [gen(0)])
     assert bf16.dtype == torch.bfloat16
     assert (bf16.float() - f32).abs().mean() < 0.05
+
+
+@pytest.mark.parametrize("keep", [(2048, 4096), (0, 4096), (4096, 8192), (0, 8192), (1, 2), (8000, 8192), (3000, 5000)])
+def test_keep_decodes_exactly_the_slice(tiny_snac_dir, oracle, keep):
+    """Computing only what ``keep`` depends on gives the whole decode's samples, bit for bit."""
+    ours = load_snac(tiny_snac_dir)
+    codes = oracle.codes(4, batch=3, seed=12)
+    whole = ours.decode(codes, [gen(60 + r) for r in range(3)])
+    part = ours.decode(codes, [gen(60 + r) for r in range(3)], keep=keep)
+    assert part.shape == (3, 1, keep[1] - keep[0])
+    assert torch.equal(part, whole[..., keep[0] : keep[1]])
+
+
+def test_keep_skips_most_of_a_window_and_is_checked(tiny_snac_dir, oracle):
+    spans = plan_spans((8, 8, 4, 2), 16, (2048, 4096))  # a streaming window's one kept frame
+    assert [s.length for s in spans] == [128, 1024, 4096, 8192]
+    assert spans[-1].kept == (2045, 4099) and spans[-1].upsampled == (2006, 4138)
+    assert spans[-1].inputs == spans[-2].kept and spans[0].inputs[0] >= 0
+    computed = sum(s.upsampled[1] - s.upsampled[0] for s in spans[1:])
+    assert computed < 0.45 * (1024 + 4096 + 8192)  # the high-resolution blocks do well under half the work
+    ours = load_snac(tiny_snac_dir)
+    with pytest.raises(ValueError, match=r"keep \[4096, 9000\] is not a non-empty part of \[0, 8192\)"):
+        ours.decode(oracle.codes(4, seed=1), [gen(0)], keep=(4096, 9000))

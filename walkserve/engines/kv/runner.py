@@ -110,7 +110,7 @@ class ModelRunner:
         if not sample:
             return
         rows = [_sample_row(chunks[m], names[m]) for m in sample]
-        drawn = _on_cpu(self.sampler(logits[sample], rows))
+        drawn = _on_cpu(self.sampler(logits if len(sample) == len(names) else logits[sample], rows))
         for r, m in enumerate(sample):
             outs[m].update(_sampled(drawn, r, rows[r].params, names[m]))
 

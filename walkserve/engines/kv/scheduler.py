@@ -140,8 +140,9 @@ class Scheduler:
         return n
 
     def _reserve_running(self, ctx: Context, n: int, plan: StepPlan) -> int:
-        protected = plan.scheduled() | {ctx.key}
+        protected: set[ContextKey] | None = None  # built only when a victim is needed (rare)
         while not self.bm.can_append(ctx.key, n):
+            protected = protected or plan.scheduled() | {ctx.key}
             victim = self._victim(ctx, protected, running_too=True)
             if victim is None:
                 break
@@ -157,7 +158,7 @@ class Scheduler:
         hits = self.bm.attach_prefix(ctx.key, ctx.token_ids, min(ctx.cacheable, ctx.target - 1))
         ctx.num_computed = hits
         n = min(ctx.remaining, budget)
-        protected = plan.scheduled() | {ctx.key}
+        protected = {ctx.key}  # the loop runs only while nothing else is scheduled
         while not plan.chunks and not self.bm.can_append(ctx.key, n):
             victim = self._victim(ctx, protected, running_too=False)
             if victim is None:

@@ -9,7 +9,7 @@ builds the component.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +35,24 @@ def checkpoint_dir(ref: ModelRef, what: str) -> Path:
     return path
 
 
-def lm_component(path: Path, kv_options: Mapping[str, Any] | None = None) -> ComponentSpec:
-    """The ``lm`` component: our CausalLM from ``path`` on the KV-cache engine."""
+def lm_component(
+    path: Path,
+    kv_options: Mapping[str, Any] | None = None,
+    vocab_ranges: Sequence[tuple[int, int]] | None = None,
+) -> ComponentSpec:
+    """The ``lm`` component: our CausalLM from ``path`` on the KV-cache engine.
+
+    ``vocab_ranges``: the only ids the model may ever sample (``CausalLM.restrict_vocab``).
+    """
 
     def build(ctx: BuildContext) -> Any:
         # imports torch: only in the process that loads the weights
         from walkserve.models.llama.weights import load_causal_lm
 
-        return load_causal_lm(path, device=ctx.device, dtype=ctx.dtype or None, progress=False)
+        model = load_causal_lm(path, device=ctx.device, dtype=ctx.dtype or None, progress=False)
+        if vocab_ranges is not None:
+            model.restrict_vocab(vocab_ranges)
+        return model
 
     return ComponentSpec(
         name="lm",

@@ -14,12 +14,14 @@ through ``checkpoint_parts`` (see ``walkserve.layers.linear``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from walkserve.layers.attention import AttentionContext
-from walkserve.layers.linear import FusedLinear
+from walkserve.layers.cpu_linear import linear
+from walkserve.layers.linear import FusedLinear, Linear
 from walkserve.layers.mlp import SwiGLU
 from walkserve.layers.norm import RMSNorm
 from walkserve.layers.rope import RotaryEmbedding, apply_rotary
@@ -38,7 +40,7 @@ class Attention(nn.Module):
         self.qkv_proj = FusedLinear(
             c.hidden_size, [("q_proj", c.q_size), ("k_proj", c.kv_size), ("v_proj", c.kv_size)], bias=c.qkv_bias
         )
-        self.o_proj = nn.Linear(c.q_size, c.hidden_size, bias=c.o_bias)
+        self.o_proj = Linear(c.q_size, c.hidden_size, bias=c.o_bias)
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
 
@@ -99,9 +101,23 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = Backbone(config)
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(
+        self.lm_head = None if config.tie_word_embeddings else Linear(
             config.hidden_size, config.vocab_size, bias=False
         )
+        self.vocab_ranges: tuple[tuple[int, int], ...] | None = None  # see restrict_vocab
+
+    def restrict_vocab(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """Compute logits only for ids in these ``[lo, hi)`` ranges; every other id gets -inf.
+
+        For models whose every sampled token is constrained to a known subset
+        (Orpheus: the audio ids and END_OF_SPEECH), so the head skips rows the
+        sampler would mask anyway. Raises ValueError for a range outside the vocabulary.
+        """
+        vocab = self.config.vocab_size
+        for lo, hi in ranges:
+            if not 0 <= lo < hi <= vocab:
+                raise ValueError(f"vocabulary range [{lo}, {hi}) is not inside [0, {vocab})")
+        self.vocab_ranges = tuple((int(lo), int(hi)) for lo, hi in ranges)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings: ids [T] -> [T, D]."""
@@ -126,7 +142,12 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in float32: hidden [N, D] -> [N, V]."""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()  # [N, V]
+        if self.vocab_ranges is None:
+            return linear(hidden, weight).float()  # [N, V]
+        logits = torch.full((hidden.shape[0], weight.shape[0]), float("-inf"), device=hidden.device)  # [N, V]
+        for lo, hi in self.vocab_ranges:
+            logits[:, lo:hi] = linear(hidden, weight[lo:hi])  # [N, hi - lo]: contiguous rows, no copy
+        return logits
 
     def checkpoint_ignored(self) -> tuple[str, ...]:
         """Checkpoint tensors that may be present but are not read (a tied head some exporters still write)."""

@@ -8,9 +8,11 @@ device. Which samples each firing emits, and how its noise is seeded, is
 written down in ``emission.py``: over a whole stream the outputs concatenate
 to exactly (complete frames) * 2048 samples, each frame once.
 
-Firings whose windows have the same number of frames are decoded as one SNAC
-batch; each row has its own generator, so batching never changes a request's
-samples. Noise generators live on the CPU (the same noise on every device).
+Firings whose windows have the same number of frames and emit the same frames
+are decoded as one SNAC batch, computing only the emitted samples; each row
+has its own generator and the decoder's kernels are batch-invariant, so
+batching never changes a request's samples. Noise generators live on the CPU
+(the same noise on every device).
 """
 
 from __future__ import annotations
@@ -77,10 +79,10 @@ class OrpheusCodec:
         codes = [self._codes(f, p) for f, p in zip(firings, plans)]
         device = self.decoder.out_conv.weight.device
         audio = [torch.zeros(0, device=device) for _ in firings]
-        groups: dict[int, list[int]] = defaultdict(list)
+        groups: dict[tuple[int, tuple[int, int]], list[int]] = defaultdict(list)
         for k, plan in enumerate(plans):
             if plan.n_frames:
-                groups[plan.n_frames].append(k)
+                groups[(plan.n_frames, plan.sample_range(FRAME_SAMPLES))].append(k)
         for rows in groups.values():
             samples = self._decode(
                 [codes[k] for k in rows], [firings[k] for k in rows], [plans[k] for k in rows]
@@ -105,15 +107,19 @@ class OrpheusCodec:
     def _decode(
         self, codes: list[list[torch.Tensor]], firings: list[Firing], plans: list[WindowPlan]
     ) -> list[torch.Tensor]:
-        """Decode windows of equal length as one batch; return each one's emitted samples."""
+        """Decode windows of equal length and emitted range as one batch; return each one's samples.
+
+        Only the emitted samples are computed (``SnacDecoder.decode(keep=...)``):
+        a regular window keeps one of its four frames.
+        """
         levels = [
             torch.stack([c[level] for c in codes]) for level in range(len(SNAC_STRIDES))
         ]  # [B, n_level]
         gens = [self._generator(f, p) for f, p in zip(firings, plans)]
-        wave = self.decoder.decode(levels, gens)[:, 0].float()  # wave: [B, n_frames * 2048]
-        ranges = [p.sample_range(FRAME_SAMPLES) for p in plans]
+        keep = plans[0].sample_range(FRAME_SAMPLES)
+        wave = self.decoder.decode(levels, gens, keep=keep)[:, 0].float()  # wave: [B, emitted samples]
         # clone: each output owns its memory instead of pinning the whole batch
-        return [wave[row, a:b].clone() for row, (a, b) in enumerate(ranges)]
+        return [wave[row].clone() for row in range(len(plans))]
 
     @staticmethod
     def _generator(firing: Firing, plan: WindowPlan) -> torch.Generator:

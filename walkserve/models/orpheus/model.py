@@ -9,7 +9,11 @@ The LM directory is the official ``canopylabs/orpheus-3b-0.1-ft`` layout
 model.safetensors). Options: ``snac_path``, ``model_id``, ``voices`` (a
 fine-tune's voice names), ``kv`` (KVCacheEngine options), ``codec_dtype``
 (default float32: the codec is small and its output is what users hear),
-``codec_max_batch``. Importing this module imports no torch.
+``codec_max_batch`` (default 16). Importing this module imports no torch.
+
+Every sampled token is constrained to ``tokens.allowed_ranges`` (audio ids of
+the stream position, END_OF_SPEECH), so the LM head computes logits for
+``EMITTABLE_RANGES`` only (29k of 157k rows; the rest would be masked anyway).
 """
 
 from __future__ import annotations
@@ -23,8 +27,12 @@ from walkserve.models.base import BuildContext, ComponentSpec, Model, ModelRef
 from walkserve.models.llama.model import lm_component
 from walkserve.models.orpheus.graph import CODEC, build_graph
 from walkserve.models.orpheus.processor import OrpheusProcessor
+from walkserve.models.orpheus.tokens import EMITTABLE_RANGES
 
 SNAC_WEIGHTS, SNAC_PICKLE = "model.safetensors", "pytorch_model.bin"
+# windows per SNAC batch: past ~16 rows a batch costs no less per row, and a long batch holds back
+# every stream's next chunk until it ends
+CODEC_MAX_BATCH = 16
 
 
 def resolve_dirs(ref: ModelRef) -> tuple[Path, Path]:
@@ -49,7 +57,7 @@ def resolve_dirs(ref: ModelRef) -> tuple[Path, Path]:
     return lm, snac
 
 
-def codec_component(snac: Path, dtype: str = "float32", max_batch: int = 64) -> ComponentSpec:
+def codec_component(snac: Path, dtype: str = "float32", max_batch: int = CODEC_MAX_BATCH) -> ComponentSpec:
     """The ``codec`` component: OrpheusCodec (SNAC decoder) on the stateless engine."""
 
     def build(ctx: BuildContext) -> Any:
@@ -84,8 +92,8 @@ class OrpheusTTS(Model):
     def components(self) -> dict[str, ComponentSpec]:
         lm, snac = self._dirs()
         options = self.ref.options
-        codec = codec_component(snac, options.get("codec_dtype", "float32"), int(options.get("codec_max_batch", 64)))
-        return {"lm": lm_component(lm, options.get("kv")), CODEC: codec}
+        codec = codec_component(snac, options.get("codec_dtype", "float32"), int(options.get("codec_max_batch", CODEC_MAX_BATCH)))
+        return {"lm": lm_component(lm, options.get("kv"), vocab_ranges=EMITTABLE_RANGES), CODEC: codec}
 
     def processor(self) -> OrpheusProcessor:
         lm, _ = self._dirs()

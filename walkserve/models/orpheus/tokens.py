@@ -41,6 +41,8 @@ AUDIO_TOKEN_RANGE = (
     AUDIO_CODE_BASE,
     AUDIO_CODE_BASE + FRAME_TOKENS * CODEBOOK_SIZE,
 )  # [lo, hi) of audio ids
+# every id allowed_ranges() can ever allow: the LM head computes logits for these only
+EMITTABLE_RANGES = ((END_OF_SPEECH, END_OF_SPEECH + 1), AUDIO_TOKEN_RANGE)
 
 PROMPT_PREFIX = (START_OF_HUMAN,)
 PROMPT_SUFFIX = (END_OF_TEXT, END_OF_HUMAN, START_OF_AI, START_OF_SPEECH)

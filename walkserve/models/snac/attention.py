@@ -5,7 +5,7 @@ model). The time axis is cut into windows of ``window`` steps; each window
 attends only to itself (no mask inside it), with 64-wide heads and rotary
 embeddings whose positions restart at 0 in every window::
 
-    x: [B, C, T]  ->  LayerNorm over C  ->  q, k, v: [B, H, T/window, window, 64]
+    x: [B, T, C]  ->  LayerNorm over C  ->  q, k, v: [B, H, T/window, window, 64]
                   ->  softmax(q k^T / 8) v  ->  Linear  ->  + x
 """
 
@@ -50,13 +50,13 @@ class LocalAttention(nn.Module):
         self.to_qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.to_out = nn.Linear(dim, dim, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, T]
-        B, C, T = x.shape
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, T, C]
+        B, T, C = x.shape
         if T % self.window:
             raise ValueError(
                 f"SNAC local attention: {T} latent steps is not a multiple of the window {self.window}"
             )
-        h = self.norm(x.transpose(1, 2))  # h: [B, T, C]
+        h = self.norm(x)  # h: [B, T, C]
         shape = (B, T // self.window, self.window, self.heads, ATTN_HEAD_DIM)
         q, k, v = (t.reshape(shape).permute(0, 3, 1, 2, 4) for t in self.to_qkv(h).chunk(3, dim=-1))
         cos, sin = rotary_cos_sin(self.window, ATTN_HEAD_DIM, x.device, x.dtype)  # [window, 64]
@@ -64,4 +64,4 @@ class LocalAttention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         out = F.scaled_dot_product_attention(q, k, v)  # out: [B, H, W, window, 64]
         out = out.permute(0, 2, 3, 1, 4).reshape(B, T, C)  # out: [B, T, C]
-        return self.to_out(out).transpose(1, 2) + x
+        return self.to_out(out) + x  # [B, T, C]

@@ -1,6 +1,6 @@
 """SnacDecoder: SNAC codes -> waveform (the decoder half of the codec, our own implementation).
 
-    codes (3 levels) -> CodeEmbedding -> z: [B, latent, 4 n0]
+    codes (3 levels) -> CodeEmbedding -> z: [B, 4 n0, latent]   (time-major from here on)
       -> stem (depthwise k7 + pointwise, or one k7 conv) -> [LocalAttention]
       -> UpsampleBlock x len(decoder_rates)   (channels halve, time x rate)
       -> Snake -> Conv k7 -> 1 channel -> tanh  ->  audio: [B, 1, n0 * frame_samples]
@@ -27,6 +27,7 @@ as the batch grows.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -36,6 +37,7 @@ from walkserve.models.snac.attention import LocalAttention
 from walkserve.models.snac.config import SnacConfig
 from walkserve.models.snac.layers import Snake, UpsampleBlock, same_conv
 from walkserve.models.snac.quantizer import CodeEmbedding
+from walkserve.models.snac.spans import BlockSpan, plan_spans
 
 # Activations up to this many elements per piece stay in a core's cache; bigger batches are decoded
 # in row pieces from the first block that would overflow it (rows are independent).
@@ -71,55 +73,79 @@ class SnacDecoder(nn.Module):
         self.out_snake = Snake(dims[-1])
         self.out_conv = nn.Conv1d(dims[-1], 1, 7, padding=3)
 
-    def forward(self, z: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
-        x = z  # x: [B, latent, T]
+    def forward(
+        self,
+        z: torch.Tensor,
+        generators: Sequence[torch.Generator],
+        keep: tuple[int, int] | None = None,
+    ) -> torch.Tensor:
+        """Latents ``[B, T, latent]`` -> audio ``[B, 1, samples]``: all of it, or the samples ``keep``."""
+        x = z  # x: [B, T, latent]
         for conv in self.stem:
-            x = conv(x)  # x: [B, decoder_dim, T]
+            x = same_conv(conv, x)  # x: [B, T, decoder_dim]
         if self.attn is not None:
             x = self.attn(x)
-        x = x.transpose(1, 2).contiguous()  # x: [B, T, decoder_dim]
-        first, rows = self._tail_plan(x.shape[0], x.shape[1])
-        for block in self.blocks[:first]:
-            x = block(x, generators)  # x: [B, T * rate, C / 2]
+        total = x.shape[1] * math.prod(self.cfg.decoder_rates)
+        keep = keep or (0, total)
+        spans = plan_spans(self.cfg.decoder_rates, x.shape[1], keep)
+        x = x[:, spans[0].inputs[0] : spans[0].inputs[1]]
+        first, rows = self._tail_plan(x.shape[0], spans)
+        for block, span in zip(self.blocks[:first], spans[:first]):
+            x = block(x, generators, span)  # x: [B, T_kept, C / 2]
         pieces = [
-            self._tail(x[r : r + rows], generators[r : r + rows], first)
+            self._tail(x[r : r + rows], generators[r : r + rows], spans, first, keep)
             for r in range(0, x.shape[0], rows)
         ]
-        return torch.cat(pieces) if len(pieces) > 1 else pieces[0]  # [B, 1, T * upsample]
+        return torch.cat(pieces) if len(pieces) > 1 else pieces[0]  # [B, 1, keep[1] - keep[0]]
 
     def _tail(
-        self, x: torch.Tensor, generators: Sequence[torch.Generator], first: int
+        self,
+        x: torch.Tensor,
+        generators: Sequence[torch.Generator],
+        spans: list[BlockSpan],
+        first: int,
+        keep: tuple[int, int],
     ) -> torch.Tensor:
-        """Blocks ``first..`` and the output head on some rows: ``[b, T, C]`` -> ``[b, 1, T * rates]``."""
-        for block in self.blocks[first:]:
-            x = block(x, generators)
-        x = same_conv(self.out_conv, self.out_snake(x))  # x: [b, T_out, 1]
-        return torch.tanh_(x).transpose(1, 2)  # [b, 1, T_out]
+        """Blocks ``first..`` and the output head on some rows: ``[b, T, C]`` -> ``[b, 1, kept samples]``."""
+        for block, span in zip(self.blocks[first:], spans[first:]):
+            x = block(x, generators, span)
+        x = same_conv(self.out_conv, self.out_snake(x))  # x: [b, T_kept, 1]
+        start = keep[0] - spans[-1].kept[0]
+        return torch.tanh_(x[:, start : start + keep[1] - keep[0]]).transpose(1, 2)  # [b, 1, kept]
 
-    def _tail_plan(self, batch: int, steps: int) -> tuple[int, int]:
+    def _tail_plan(self, batch: int, spans: list[BlockSpan]) -> tuple[int, int]:
         """(first block decoded in row pieces, rows per piece) so a piece's activations stay cache-sized.
 
-        Blocks before the first one whose whole-batch output exceeds
-        ``CACHE_ELEMENTS`` run on the whole batch (their weights are the big
-        part, read once); from there on, rows go in pieces.
+        A block runs on the whole batch while its weights outweigh its
+        activations or those fit ``CACHE_ELEMENTS`` (weights are then read
+        once for every row); from the first block where neither holds, rows
+        go in pieces small enough to stay in cache.
         """
-        sizes, width = [], self.cfg.decoder_dim  # sizes: elements per row of each block's output
-        for rate in self.cfg.decoder_rates:
-            steps, width = steps * rate, width // 2
-            sizes.append(steps * width)
-        first = next((i for i, n in enumerate(sizes) if batch * n > CACHE_ELEMENTS), len(sizes))
+        widths = [self.cfg.decoder_dim // 2 ** (k + 1) for k in range(len(spans))]
+        sizes = [(s.upsampled[1] - s.upsampled[0]) * w for s, w in zip(spans, widths)]  # per row
+        weights = [sum(p.numel() for p in block.parameters()) for block in self.blocks]
+        first = next(
+            (i for i, n in enumerate(sizes) if batch * n > max(CACHE_ELEMENTS, weights[i])), len(sizes)
+        )
         if first == len(sizes):
             return first, batch
         return first, max(1, CACHE_ELEMENTS // max(sizes[first:]))
 
     @torch.inference_mode()
     def decode(
-        self, codes: Sequence[torch.Tensor], generators: Sequence[torch.Generator] | None = None
+        self,
+        codes: Sequence[torch.Tensor],
+        generators: Sequence[torch.Generator] | None = None,
+        keep: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """Codes ``[B, n0], [B, 2 n0], [B, 4 n0]`` (for strides 4/2/1) -> audio ``[B, 1, n0 * frame_samples]``.
 
         ``generators`` holds one generator per row (required when the config
-        has ``noise``; see the module docstring for the draw order).
+        has ``noise``; see the module docstring for the draw order). ``keep``
+        = ``(lo, hi)`` returns only samples ``[lo, hi)``, computing only what
+        they depend on (``spans.py``): the same values as slicing the whole
+        decode, for a fraction of the work when a streaming client keeps one
+        frame of a window.
         """
         self.quantizer.check(codes)
         batch = codes[0].shape[0]
@@ -127,7 +153,10 @@ class SnacDecoder(nn.Module):
         if self.cfg.noise and len(gens) != batch:
             raise ValueError(f"SNAC decode: {batch} rows need {batch} generators, got {len(gens)}")
         device = self.out_conv.weight.device
+        total = codes[0].shape[1] * self.cfg.frame_samples
+        if keep is not None and not 0 <= keep[0] < keep[1] <= total:
+            raise ValueError(f"SNAC decode: keep {list(keep)} is not a non-empty part of [0, {total})")
         if codes[0].shape[1] == 0:
             return torch.zeros(batch, 1, 0, device=device, dtype=self.out_conv.weight.dtype)
-        z = self.quantizer([c.to(device) for c in codes])  # z: [B, latent, n0 * stride_0]
-        return self.forward(z.to(self.out_conv.weight.dtype), gens)
+        z = self.quantizer([c.to(device) for c in codes])  # z: [B, n0 * stride_0, latent]
+        return self.forward(z.to(self.out_conv.weight.dtype), gens, keep)

@@ -39,7 +39,7 @@ def depthwise_conv(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dilation: int
 ) -> torch.Tensor:
     """A "same"-padded depthwise convolution; ``weight`` is ``[C, 1, K]`` (K odd), zero padding outside."""
-    B, T, C = x.shape
+    T, C = x.shape[1:]
     K = weight.shape[-1]
     taps = weight.reshape(C, K).t()  # taps: [K, C]
     centre = K // 2
@@ -62,7 +62,8 @@ def dense_conv(
     """
     B, T, _ = x.shape
     c_out, c_in, K = weight.shape
-    per_tap = F.linear(x, weight.permute(2, 0, 1).reshape(K * c_out, c_in))  # [B, T, K * C_out]
+    taps = weight.permute(2, 0, 1).reshape(K * c_out, c_in).contiguous()  # taps: [K * C_out, C_in]
+    per_tap = F.linear(x, taps)  # [B, T, K * C_out]
     per_tap = per_tap.view(B, T, K, c_out)
     centre = K // 2
     y = per_tap[:, :, centre].clone()  # y: [B, T, C_out]
@@ -92,15 +93,16 @@ def conv_transpose(
     packed: torch.Tensor,
     bias: torch.Tensor | None,
     stride: int,
-    padding: int,
-    output_padding: int,
+    start: int,
+    length: int,
 ) -> torch.Tensor:
     """``ConvTranspose1d`` with kernel ``2 * stride`` (SNAC's upsampler) as a GEMM and an overlap-add.
 
-    Input step t writes taps ``0..2s-1`` to output steps ``t*s .. t*s+2s-1``:
-    the first s taps land in output block t, the last s in block t + 1. The
-    un-padded result has ``(T + 1) * s`` steps; ``padding`` is cropped from
-    the front and the length is ``(T - 1) * s + 2 s - 2 padding + output_padding``.
+    Input step t writes taps ``0..2s-1`` to un-padded output steps
+    ``t*s .. t*s+2s-1``: the first s taps land in output block t, the last s in
+    block t + 1, so the un-padded result has ``(T + 1) * s`` steps. Returns its
+    steps ``[start, start + length)``: ``start = padding`` and ``length =
+    (T + 1) * s - 2 * padding + output_padding`` is the layer's usual output.
     """
     B, T, c_in = x.shape
     c_out = packed.shape[1] // (2 * stride)
@@ -109,6 +111,5 @@ def conv_transpose(
     full[:, :T] = taps[:, :, 0]
     full[:, T] = 0
     full[:, 1:].add_(taps[:, :, 1])
-    length = (T + 1) * stride - 2 * padding + output_padding
-    out = full.view(B, (T + 1) * stride, c_out)[:, padding : padding + length]  # [B, L, C_out]
+    out = full.view(B, (T + 1) * stride, c_out)[:, start : start + length]  # [B, L, C_out]
     return out + bias if bias is not None else out.contiguous()

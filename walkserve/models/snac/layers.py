@@ -18,8 +18,7 @@ import torch
 from torch import nn
 
 from walkserve.models.snac import kernels
-
-RESIDUAL_DILATIONS = (1, 3, 9)
+from walkserve.models.snac.spans import RESIDUAL_DILATIONS, BlockSpan
 
 
 class Snake(nn.Module):
@@ -35,6 +34,8 @@ class Snake(nn.Module):
 
 def same_conv(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
     """``conv`` (odd kernel, "same" padding, groups 1 or depthwise) on time-major ``x``: [B, T, C]."""
+    if conv.kernel_size[0] == 1 and conv.groups == 1:
+        return kernels.pointwise(x, conv.weight, conv.bias)
     if conv.groups == 1:
         return kernels.dense_conv(x, conv.weight, conv.bias, conv.dilation[0])
     if conv.groups == conv.in_channels == conv.out_channels:
@@ -79,9 +80,9 @@ class NoiseInjection(nn.Module):
         self.linear = nn.Conv1d(dim, dim, 1, bias=False)
 
     def forward(
-        self, x: torch.Tensor, generators: Sequence[torch.Generator]
-    ) -> torch.Tensor:  # x: [B, T, C]
-        noise = draw_noise(generators, x.shape[1], x)  # noise: [B, T, 1]
+        self, x: torch.Tensor, generators: Sequence[torch.Generator], length: int, first: int = 0
+    ) -> torch.Tensor:  # x: [B, T, C]: steps first .. first + T of a sequence of ``length`` steps
+        noise = draw_noise(generators, length, x)[:, first : first + x.shape[1]]  # noise: [B, T, 1]
         h = kernels.pointwise(x, self.linear.weight, None)  # h: [B, T, C]
         return torch.addcmul(x, h, noise, out=h)
 
@@ -113,13 +114,23 @@ class UpsampleBlock(nn.Module):
             self._packed = (key, kernels.pack_transposed(w.detach()))
         return self._packed[1]
 
-    def forward(self, x: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, generators: Sequence[torch.Generator], span: BlockSpan | None = None
+    ) -> torch.Tensor:
+        """``x``: [B, T, C_in] -> [B, T * stride, C_out]; with ``span``, ``x`` holds the steps
+        ``span.inputs`` and the result the steps ``span.kept`` (see ``spans.py``)."""
         up = self.up
+        if span is None:
+            length = x.shape[1] * self.stride
+            span = BlockSpan((0, x.shape[1]), (0, length), (0, length), length)
+        first, last = span.upsampled
+        origin = span.inputs[0] * self.stride - up.padding[0]  # output step of the slice's first un-padded step
         x = kernels.conv_transpose(
-            self.snake(x), self.packed_up(), up.bias, self.stride, up.padding[0], up.output_padding[0]
-        )  # x: [B, T, C_in] -> [B, T * stride, C_out]
+            self.snake(x), self.packed_up(), up.bias, self.stride, first - origin, last - first
+        )  # x: [B, T_in, C_in] -> [B, T_up, C_out]
         if self.noise is not None:
-            x = self.noise(x, generators)
+            x = self.noise(x, generators, span.length, first)
         for unit in self.res:
             x = unit(x)
-        return x
+        keep = span.kept[0] - first
+        return x[:, keep : keep + span.kept[1] - span.kept[0]]

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from walkserve.models.snac import kernels
 from walkserve.models.snac.config import SnacConfig
 
 
@@ -20,18 +21,32 @@ class Codebook(nn.Module):
 
 
 class CodeLevel(nn.Module):
-    """One level: codebook lookup, a pointwise projection to the latent width, repeated ``stride`` times in time."""
+    """One level: codebook lookup, a pointwise projection to the latent width, repeated ``stride`` times in time.
+
+    The projection is linear, so it is applied once to the whole codebook
+    (``projected``, cached until a weight changes) and decoding is a table
+    lookup: cheaper, and a row's values never depend on the batch around it.
+    """
 
     def __init__(self, codebook_size: int, codebook_dim: int, latent: int, stride: int):
         super().__init__()
         self.stride = stride
         self.codebook = Codebook(codebook_size, codebook_dim)
         self.out_proj = nn.Conv1d(codebook_dim, latent, 1)
+        self._projected: tuple[tuple, torch.Tensor] | None = None
+
+    def projected(self) -> torch.Tensor:
+        """``out_proj(codebook)``: ``[codebook_size, latent]``."""
+        book, w, b = self.codebook.weight, self.out_proj.weight, self.out_proj.bias
+        key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in (book, w, b))
+        if self._projected is None or self._projected[0] != key:
+            table = kernels.pointwise(book.detach()[None], w.detach(), b.detach())[0]  # [size, latent]
+            self._projected = (key, table)
+        return self._projected[1]
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:  # codes: [B, n]
-        e = F.embedding(codes, self.codebook.weight).transpose(1, 2)  # e: [B, D_code, n]
-        z = self.out_proj(e)  # z: [B, latent, n]
-        return z.repeat_interleave(self.stride, dim=-1)  # [B, latent, n * stride]
+        z = F.embedding(codes, self.projected())  # z: [B, n, latent]
+        return z.repeat_interleave(self.stride, dim=1)  # [B, n * stride, latent]
 
 
 class CodeEmbedding(nn.Module):
@@ -73,6 +88,6 @@ class CodeEmbedding(nn.Module):
     def forward(self, codes: Sequence[torch.Tensor]) -> torch.Tensor:
         z = None
         for level, c in zip(self.levels, codes):
-            zl = level(c.long())  # zl: [B, latent, n0 * stride_0]
+            zl = level(c.long())  # zl: [B, n0 * stride_0, latent]
             z = zl if z is None else z + zl
-        return z  # z: [B, latent, n0 * stride_0]
+        return z  # z: [B, n0 * stride_0, latent]  (time-major)

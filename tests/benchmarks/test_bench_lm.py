@@ -1,0 +1,35 @@
+"""``./dev bench lm --quick`` runs end to end (all four cases) within a minute and prints its report."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_quick_lm_benchmark_prints_the_table():
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "lm", "--quick"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=180)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert elapsed < 60, f"--quick took {elapsed:.0f} s"
+    assert "| dtype | case | tokens/s | x (a) | x (c) | wall s | check |" in out
+    rows = {m.group(1): float(m.group(2).replace(",", "")) for m in
+            re.finditer(r"^\| float32 \| \(([abcd])\) [^|]+\| ([\d.,]+) \|", out, re.MULTILINE)}
+    assert sorted(rows) == ["a", "b", "c", "d"] and all(v > 0 for v in rows.values()), out
+    # the served model (d) generates exactly what its engine does in a bare loop (c)
+    assert re.search(r"^\| float32 \| \(d\) .*\| 4/4 requests: same tokens as \(c\) \|$", out, re.MULTILINE), out
+    assert re.search(r"^\| float32 \| \(d\) \| [\d.,]+ \| [\d.,]+ \| [\d.,]+ \| [\d.,]+ \| \d+ / \d+ \| 0 \|", out,
+                     re.MULTILINE), out  # TTFT / ITL percentiles, KV blocks, no preemption
+    assert "d/c = " in out and "d/a = " in out

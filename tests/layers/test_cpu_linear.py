@@ -1,0 +1,78 @@
+"""``linear``: the chunked float32 and upcast bf16 CPU paths equal F.linear up to summation order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from walkserve.layers import cpu_linear
+from walkserve.layers.cpu_linear import CHUNK_ELEMS, linear
+from walkserve.layers.linear import Linear
+
+K = 512
+N = 2 * CHUNK_ELEMS // K + 300  # large enough to be chunked, with a partial last chunk
+
+
+def _case(dtype: torch.dtype, rows: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, K, generator=gen).to(dtype)
+    w = (torch.randn(N, K, generator=gen) * 0.05).to(dtype)
+    b = torch.randn(N, generator=gen).to(dtype)
+    return x, w, b
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 16, 64, 65])
+def test_float32_matches_f_linear(rows):
+    x, w, b = _case(torch.float32, rows)
+    got = linear(x, w, b)
+    assert got.dtype == torch.float32 and got.shape == (rows, N)
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16, 200])
+def test_bfloat16_is_as_accurate_as_the_native_kernel(rows):
+    x, w, b = _case(torch.bfloat16, rows, seed=1)
+    exact = F.linear(x.double(), w.double(), b.double())  # [M, N]
+    got, native = linear(x, w, b), F.linear(x, w, b)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, N)
+    # both round an fp32-accumulated result to bf16: the same error bound (half a bf16 ulp plus summation order)
+    bound = (native.double() - exact).abs().max().item()
+    assert (got.double() - exact).abs().max().item() <= 1.05 * bound
+    assert (got.double() - native.double()).abs().max().item() <= 2 * bound
+
+
+def test_leading_dims_and_no_bias():
+    x, w, _ = _case(torch.bfloat16, 12, seed=2)
+    x3 = x.view(3, 4, K)
+    torch.testing.assert_close(linear(x3, w), linear(x, w).view(3, 4, N), rtol=0, atol=0)
+
+
+def test_which_path(monkeypatch):
+    mode = cpu_linear._chunk_mode
+    f32, b16 = _case(torch.float32, 16), _case(torch.bfloat16, 16)
+    assert mode(f32[0], f32[1]) == "chunk"
+    assert mode(f32[0][:3], f32[1]) is None  # a gemv: the plain kernel
+    assert mode(torch.randn(65, K), f32[1]) is None  # prefill-sized float32: plain
+    assert mode(f32[0], f32[1][:100]) is None  # a small weight: plain
+    expected = None if cpu_linear.native_low_precision(torch.bfloat16) else "upcast"
+    assert mode(b16[0], b16[1]) == expected
+    monkeypatch.setattr(cpu_linear, "native_low_precision", lambda dtype: True)
+    assert mode(b16[0], b16[1]) is None  # CPUs with bf16 instructions keep the native kernel
+
+
+def test_autograd_falls_back_to_f_linear():
+    x, w, b = _case(torch.float32, 16)
+    w.requires_grad_(True)
+    linear(x, w, b).sum().backward()
+    assert w.grad is not None and w.grad.shape == w.shape
+
+
+def test_linear_module_loads_like_nn_linear():
+    ref = nn.Linear(K, 7)
+    ours = Linear(K, 7)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(5, K)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), ref(x), rtol=0, atol=0)
