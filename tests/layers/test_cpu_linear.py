@@ -76,3 +76,13 @@ def test_linear_module_loads_like_nn_linear():
     x = torch.randn(5, K)
     with torch.no_grad():
         torch.testing.assert_close(ours(x), ref(x), rtol=0, atol=0)
+
+
+def test_scratch_buffer_survives_switching_inference_mode():
+    """A buffer made under inference_mode cannot be written outside it; the upcast path keeps one per mode."""
+    w = torch.randn(512, 2048).to(torch.bfloat16)
+    x = torch.randn(8, 2048).to(torch.bfloat16)
+    with torch.inference_mode():
+        inside = linear(x, w)
+    outside = linear(x, w)
+    assert torch.equal(inside, outside)

@@ -74,8 +74,14 @@ def native_low_precision(dtype: torch.dtype) -> bool:
 
 
 def _float_buffer(numel: int) -> torch.Tensor:
-    """A float32 buffer of at least ``numel`` elements, one per thread, reused across calls."""
-    buf = getattr(_scratch, "buf", None)
+    """A float32 buffer of at least ``numel`` elements, one per thread (and per inference mode), reused.
+
+    A tensor made under ``torch.inference_mode`` cannot be written outside it, so
+    each mode keeps its own buffer.
+    """
+    attr = "buf_inference" if torch.is_inference_mode_enabled() else "buf"
+    buf = getattr(_scratch, attr, None)
     if buf is None or buf.numel() < numel:
-        buf = _scratch.buf = torch.empty(max(numel, CHUNK_ELEMS), dtype=torch.float32)
+        buf = torch.empty(max(numel, CHUNK_ELEMS), dtype=torch.float32)
+        setattr(_scratch, attr, buf)
     return buf[:numel]
