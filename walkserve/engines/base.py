@@ -17,7 +17,7 @@ from walkserve.core.sampling import SamplingParams
 from walkserve.streaming.policy import Span
 
 
-@dataclass
+@dataclass(slots=True)
 class Firing:
     """One node instance to run. Filled by the worker; read-only for the engine.
 
@@ -50,7 +50,7 @@ class Firing:
         return self.path[-1] if self.path else 0
 
 
-@dataclass
+@dataclass(slots=True)
 class FiringResult:
     """The outcome of one firing: its outputs (tensors by name) or an error message for its request."""
 

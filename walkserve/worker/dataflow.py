@@ -189,7 +189,8 @@ class WalkState(StreamSide, LoopExits):
         """Fire ``node`` at its cursor, repeatedly, while it can."""
         while not self.failed and self._try_once(node):
             pass
-        self._check_done(node)
+        if self.cursor[node] is DONE:
+            self._check_done(node)
 
     def _try_once(self, node: str) -> bool:
         if node in self._stale:
@@ -199,8 +200,8 @@ class WalkState(StreamSide, LoopExits):
             path = self.cursor[node]
         if path is DONE:
             return False
-        speculative = self._permission(node, path)
-        if speculative is None or self._paused_producer(node, path):
+        speculative = self._permission(node, path) if self.idx.dynamic_levels[node] else False
+        if speculative is None or (self.paused and self._paused_producer(node, path)):
             return False
         gathered = self._gather(node, path)
         if gathered is None:

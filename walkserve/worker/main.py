@@ -54,6 +54,9 @@ def build_worker(spec: RunSpec, rank: int):
     placement = parse_placement(spec.placement, spec.placement_source)
     device = placement.ranks[rank].device
     torch.set_num_threads(_threads(spec, device))
+    # The compute thread re-takes the GIL between device calls; a short switch interval keeps the
+    # main thread's routing from holding it for the default 5 ms.
+    sys.setswitchinterval(0.0005)
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device if ":" in device else "cuda:0"))
     model = load_model(ModelRef(spec.model_family, spec.model_path, spec.model_options))

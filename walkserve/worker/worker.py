@@ -18,6 +18,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
+import torch
 import zmq
 
 from walkserve.core.sampling import SamplingParams
@@ -281,8 +282,6 @@ class Worker:
 
     # ---- values ------------------------------------------------------------------------------
     def _wire(self, value: Any, inline: bool = False) -> Any:
-        import torch
-
         if isinstance(value, torch.Tensor):
             return self.codec.pack(value, allow_shm=not inline)
         return value
