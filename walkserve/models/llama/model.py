@@ -35,6 +35,9 @@ def checkpoint_dir(ref: ModelRef, what: str) -> Path:
     return path
 
 
+PROGRESS_BAR_BYTES = 256 * 2**20
+
+
 def lm_component(
     path: Path,
     kv_options: Mapping[str, Any] | None = None,
@@ -45,11 +48,15 @@ def lm_component(
     ``vocab_ranges``: the only ids the model may ever sample (``CausalLM.restrict_vocab``).
     """
 
+    stored = tensor_bytes(path)
+
     def build(ctx: BuildContext) -> Any:
         # imports torch: only in the process that loads the weights
         from walkserve.models.llama.weights import load_causal_lm
 
-        model = load_causal_lm(path, device=ctx.device, dtype=ctx.dtype or None, progress=False)
+        # a progress bar (on the worker's stderr) where loading takes long enough to watch
+        progress = stored > PROGRESS_BAR_BYTES
+        model = load_causal_lm(path, device=ctx.device, dtype=ctx.dtype or None, progress=progress)
         if vocab_ranges is not None:
             model.restrict_vocab(vocab_ranges)
         return model
@@ -58,7 +65,7 @@ def lm_component(
         name="lm",
         engine="kv",
         build=build,
-        weight_bytes=tensor_bytes(path),  # as stored: the worker loads the checkpoint's dtype unless told
+        weight_bytes=stored,  # as stored: the worker loads the checkpoint's dtype unless told
         stateful=True,
         options={**DEFAULT_KV_OPTIONS, **dict(kv_options or {})},
     )
