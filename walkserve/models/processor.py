@@ -97,8 +97,43 @@ class TensorProcessor(Processor):
         inputs = payload.get("inputs")
         if not isinstance(inputs, dict) or not inputs:
             raise InvalidRequest("inputs must be a non-empty object", param="inputs")
+        converted = {}
         for name, value in inputs.items():
-            if not isinstance(value, (ArrayData, int, float, str, bool, list)):
+            if isinstance(value, list):
+                value = _list_to_array(value, f"inputs.{name}")
+            elif not isinstance(value, (ArrayData, int, float, str, bool)):
                 raise InvalidRequest(f"input {name!r} must be an array, a number, a string or a list", param=f"inputs.{name}")
+            converted[name] = value
         modalities = tuple(payload.get("modalities") or ("latent",))
-        return RequestSpec(dict(inputs), task=task, modalities=modalities, sampling=sampling, params=dict(params))
+        return RequestSpec(converted, task=task, modalities=modalities, sampling=sampling, params=dict(params))
+
+
+def _list_to_array(value: list, param: str):
+    """A (nested, rectangular) list of numbers -> ArrayData: int64 when every number is an int, else float32."""
+    from walkserve.core.array import ArrayData
+    from walkserve.core.errors import InvalidRequest
+
+    shape: list[int] = []
+    probe: Any = value
+    while isinstance(probe, list):
+        shape.append(len(probe))
+        probe = probe[0] if probe else None
+    flat: list = []
+
+    def walk(v: Any, depth: int) -> None:
+        if depth == len(shape):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise InvalidRequest("array inputs must hold numbers only", param=param)
+            flat.append(v)
+            return
+        if not isinstance(v, list) or len(v) != shape[depth]:
+            raise InvalidRequest("nested lists must be rectangular", param=param)
+        for item in v:
+            walk(item, depth + 1)
+
+    walk(value, 0)
+    dtype = "int64" if all(isinstance(x, int) for x in flat) else "float32"
+    if dtype == "int64" and any(not -(2**63) <= x < 2**63 for x in flat):
+        raise InvalidRequest("integers must fit in 64 bits", param=param)
+    array = ArrayData.from_list(flat, dtype)
+    return ArrayData(dtype, tuple(shape), array.data)

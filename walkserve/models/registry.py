@@ -17,7 +17,12 @@ def register(family: str, target: str) -> None:
     _FAMILIES[family] = target
 
 
+def _ensure_builtin() -> None:
+    import walkserve.models.builtin  # noqa: F401  (registers the shipped families on first use)
+
+
 def families() -> list[str]:
+    _ensure_builtin()
     return sorted(_FAMILIES)
 
 
@@ -28,6 +33,7 @@ def _resolve(target: str) -> Callable[[ModelRef], Model]:
 
 def load_model(ref: ModelRef) -> Model:
     """Build the model a ModelRef names. A ``module:factory`` family works without registration."""
+    _ensure_builtin()
     target = _FAMILIES.get(ref.family)
     if target is None and ":" in ref.family:
         target = ref.family
