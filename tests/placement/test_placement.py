@@ -89,3 +89,18 @@ def test_memory_check_names_the_rank_and_the_parts():
 def test_missing_file():
     with pytest.raises(PlacementError, match="cannot read placement file"):
         load_placement("/nonexistent/placement.yaml")
+
+
+def test_cpu_ranks_must_fit_in_the_hosts_ram():
+    from walkserve.placement.resolve import check_host_memory
+
+    p = parse_placement(
+        {"ranks": [{"id": 0, "device": "cpu"}, {"id": 1, "device": "cpu"}, {"id": 2, "device": "cpu", "memory": "1TiB"}],
+         "nodes": [{"nodes": ["lm"], "ranks": [0, 1, 2]}]},
+        "p.yaml",
+    )
+    demands = {0: [("weights of lm", 6 * 2**30)], 1: [("weights of lm", 6 * 2**30)], 2: [("weights of lm", 6 * 2**30)]}
+    check_host_memory(p, demands, available=16 * 2**30)  # ranks 0 and 1 share 16 GiB; rank 2 has its own budget
+    with pytest.raises(PlacementError, match=r"CPU ranks need 12.00 GiB of RAM .* 10.00 GiB available"):
+        check_host_memory(p, demands, available=10 * 2**30)
+    check_host_memory(p, demands, available=None)  # unknown: no check

@@ -47,3 +47,30 @@ def check_placement(
             if state_bytes.get(comp):
                 demands[rank].append((f"state of {comp}", state_bytes[comp]))
     placement.check_memory(demands)
+    check_host_memory(placement, demands, available_host_bytes())
+
+
+def available_host_bytes() -> int | None:
+    """MemAvailable of this host (Linux), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_host_memory(placement: Placement, demands: dict[int, list[tuple[str, int]]], available: int | None) -> None:
+    """CPU ranks on this host without a budget share its RAM: their weights and state must fit in it."""
+    if available is None:
+        return
+    local_cpu = [r for r, s in placement.ranks.items() if s.device == "cpu" and not s.remote and s.memory is None]
+    total = sum(b for r in local_cpu for _, b in demands.get(r, ()))
+    if total > available:
+        parts = ", ".join(f"rank {r}: {sum(b for _, b in demands.get(r, ())) / 2**30:.2f} GiB" for r in local_cpu)
+        raise PlacementError(
+            f"{placement.source}: the CPU ranks need {total / 2**30:.2f} GiB of RAM ({parts}) but this host has "
+            f"{available / 2**30:.2f} GiB available; free memory, use fewer replicas, or set a rank's memory budget"
+        )

@@ -36,6 +36,18 @@ def checkpoint_dir(ref: ModelRef, what: str) -> Path:
 
 
 PROGRESS_BAR_BYTES = 256 * 2**20
+CPU_KV_DEFAULT_BYTES = 256 * 2**20  # the KV engine's pool size on a CPU when none is given
+
+
+def kv_pool_bytes(path: Path, options: Mapping[str, Any]) -> int:
+    """The KV pool this component will allocate, for the placement's memory check (CPU default if unsized)."""
+    if options.get("kv_bytes"):
+        return int(options["kv_bytes"])
+    if options.get("num_blocks"):
+        c = LMConfig.from_file(path)
+        per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4  # K and V, at most 4 bytes
+        return int(options["num_blocks"]) * int(options.get("block_size", 16)) * per_token
+    return CPU_KV_DEFAULT_BYTES
 
 
 def lm_component(
@@ -66,6 +78,7 @@ def lm_component(
         engine="kv",
         build=build,
         weight_bytes=stored,  # as stored: the worker loads the checkpoint's dtype unless told
+        state_bytes=kv_pool_bytes(path, {**DEFAULT_KV_OPTIONS, **dict(kv_options or {})}),
         stateful=True,
         options={**DEFAULT_KV_OPTIONS, **dict(kv_options or {})},
     )
