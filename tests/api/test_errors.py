@@ -42,7 +42,8 @@ CASES = (
     + [("/v1/completions", COMPLETION, "logprobs", set()), ("/v1/completions", COMPLETION, "best_of", set())]
     + [("/v1/chat/completions", CHAT, f, ok) for f, ok in SAMPLING_VALID.items()]
     + [("/v1/chat/completions", CHAT, "max_completion_tokens", set()), ("/v1/chat/completions", CHAT, "top_logprobs", {"0"})]
-    + [("/v1/audio/speech", {"input": "hi"}, "speed", set()), ("/v1/audio/speech", {"input": "hi"}, "seed", {"0"})]
+    + [("/v1/audio/speech", {"input": "hi"}, "speed", set()), ("/v1/audio/speech", {"input": "hi"}, "seed", {"0"}),
+       ("/v1/audio/speech", {"input": "hi"}, "max_tokens", set())]
     + [("/v1/images/generations", {"prompt": "x", "size": "4x4"}, f, ok) for f, ok in (("n", set()), ("seed", {"0"}), ("steps", set()))]
 )
 

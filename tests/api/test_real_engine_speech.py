@@ -46,6 +46,8 @@ pytestmark = pytest.mark.slow
 MAX_TOKENS = 71
 SAMPLES = (MAX_TOKENS // 7) * 2048  # complete frames x samples per frame
 SEED = 11  # fixed, so the random LM's 71 tokens (and whether one is END_OF_SPEECH) never change
+LONG_TOKENS = 561  # the `max_tokens` of streams that must still be running while the test acts (80 frames)
+LONG_SAMPLES = (LONG_TOKENS // 7) * 2048
 MODEL = "orpheus-tiny-random"
 MP3_LEAD_IN = 1105  # LAME's encoder delay + the decoder's, in samples (no gapless header in a stream)
 
@@ -163,7 +165,7 @@ def _native_audio(url: str) -> np.ndarray:
 
 
 def test_streamed_audio_arrives_before_the_request_ends(served):
-    body = {"input": "Streaming now.", "voice": "tara", "response_format": "pcm", "seed": SEED}
+    body = {"input": "Streaming now.", "voice": "tara", "response_format": "pcm", "seed": SEED, "max_tokens": LONG_TOKENS}
     arrivals: list[tuple[float, int]] = []
     start = time.monotonic()
     with httpx.stream("POST", f"{served.url}/v1/audio/speech", json=body, timeout=120) as response:
@@ -171,9 +173,19 @@ def test_streamed_audio_arrives_before_the_request_ends(served):
         for chunk in response.iter_raw():
             arrivals.append((time.monotonic() - start, len(chunk)))
     total = sum(n for _, n in arrivals)
-    assert total == SAMPLES * 2
+    assert total == LONG_SAMPLES * 2
+    # 80 frames arrive as they are decoded: many reads, the first long before the last (not one burst at the end)
     first, last = arrivals[0][0], arrivals[-1][0]
-    assert arrivals[0][1] < total and last - first > 0.3, arrivals  # bytes kept coming after the first ones
+    assert len(arrivals) >= 10 and arrivals[0][1] < total / 4 and first < 0.5 * last, arrivals
+
+
+def test_speech_max_tokens_bounds_the_audio(served):
+    body = {"input": "Short.", "voice": "tara", "response_format": "pcm", "seed": SEED, "max_tokens": 14}
+    response = httpx.post(f"{served.url}/v1/audio/speech", json=body, timeout=120)
+    assert response.status_code == 200 and len(response.content) == 2 * 2048 * 2  # two frames of s16 samples
+    response = httpx.post(f"{served.url}/v1/audio/speech", json={**body, "max_tokens": 9000}, timeout=30)
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == "max_tokens" and "8192" in error["message"], error
 
 
 def test_speech_metrics_move(served, client):
@@ -191,7 +203,7 @@ def test_speech_metrics_move(served, client):
 
 
 def test_disconnect_mid_stream_frees_runtime_state(served):
-    body = {"input": "Leave early.", "voice": "tara", "response_format": "pcm"}
+    body = {"input": "Leave early.", "voice": "tara", "response_format": "pcm", "max_tokens": 2000}
     aborted = metric(metrics(served.url), "walkserve_engine_requests_total", outcome="aborted")
     with httpx.Client(timeout=60) as http, http.stream("POST", f"{served.url}/v1/audio/speech", json=body) as response:
         assert response.status_code == 200
@@ -223,7 +235,7 @@ def test_sigterm_drains_then_exits_without_leftovers(served):
     first = threading.Event()
 
     def consume() -> None:
-        body = {"input": "Finish me.", "voice": "tara", "response_format": "pcm"}
+        body = {"input": "Finish me.", "voice": "tara", "response_format": "pcm", "seed": SEED, "max_tokens": LONG_TOKENS}
         with httpx.stream("POST", f"{served.url}/v1/audio/speech", json=body, timeout=60) as response:
             for chunk in response.iter_raw():
                 received.append(len(chunk))
@@ -238,7 +250,7 @@ def test_sigterm_drains_then_exits_without_leftovers(served):
     refused = httpx.post(f"{served.url}/v1/audio/speech", json={"input": "late"}, timeout=5)
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
     reader.join(60)
-    assert sum(received) == SAMPLES * 2  # the in-flight request finished whole
+    assert sum(received) == LONG_SAMPLES * 2  # the in-flight request finished whole
     assert process.wait(60) == 0
     served.output.join()
     assert "stopped: requests drained, runtime shut down" in served.output.text()

@@ -45,11 +45,19 @@ async def plan_speech(state: AppState, body: SpeechRequest) -> SpeechPlan:
     if fmt is None:
         available = ", ".join(state.audio.names)
         raise bad_request(f"response_format {name!r} is not available here; available: {available}", "response_format", "unsupported_format")
-    sampling = build_sampling(state.card, {"seed": body.seed} if body.seed is not None else {})
+    overrides = {k: v for k, v in (("seed", body.seed), ("max_tokens", body.max_tokens)) if v is not None}
+    sampling = build_sampling(state.card, overrides)
     params = {"voice": voice, "speed": body.speed, **({"instructions": body.instructions} if body.instructions else {})}
     payload = {"input": body.input, "voice": voice, "speed": body.speed}
     spec = await state.build_request("speech", payload, sampling, params)
-    return SpeechPlan(spec, fmt, int(state.card.sample_rate or 24000), prompt_length(spec) or 0)
+    length = prompt_length(spec) or 0
+    if body.max_tokens is not None and length + body.max_tokens > state.card.max_context:
+        raise bad_request(
+            f"prompt ({length} tokens) + max_tokens ({body.max_tokens}) exceeds the model's context of {state.card.max_context} tokens",
+            "max_tokens",
+            "context_length_exceeded",
+        )
+    return SpeechPlan(spec, fmt, int(state.card.sample_rate or 24000), length)
 
 
 async def speech_samples(state: AppState, plan: SpeechPlan) -> AsyncIterator[np.ndarray]:

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from walkserve.api.schemas.common import ApiModel, Float, Seed, model_field
+from walkserve.api.schemas.common import ApiModel, Count, Float, Seed, model_field
 
 
 class SpeechRequest(ApiModel):
@@ -18,3 +18,6 @@ class SpeechRequest(ApiModel):
     speed: Annotated[Float, Field(ge=0.25, le=4.0)] = 1.0
     stream_format: Literal["audio", "sse"] = "audio"
     seed: Seed | None = None
+    max_tokens: Count | None = Field(
+        None, description="walkserve extension: the most model tokens to generate (bounds the audio's length; Orpheus makes 7 per 85 ms frame)."
+    )
