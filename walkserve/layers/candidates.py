@@ -79,6 +79,21 @@ def merged_ranges(ranges: Sequence[tuple[int, int]], vocab: int) -> Ranges:
     return tuple((lo, hi) for lo, hi in out)
 
 
+def intersect_ranges(a: Ranges, b: Ranges) -> Ranges:
+    """The ids in both of two merged range lists, as a merged range list."""
+    out: list[tuple[int, int]] = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if lo < hi:
+            out.append((lo, hi))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return tuple(out)
+
+
 class CandidateIds:
     """The ascending id tensor of each range layout, built once per layout and device (least recently used go)."""
 

@@ -125,3 +125,78 @@ def test_restricted_head_samples_what_the_full_head_samples(engine, lm_path, sam
 
     want = _generate(engine, "req-full", ranges, sampling, 12)
     assert _generate(restricted, "req-restricted", ranges, sampling, 12) == want
+
+
+def test_per_row_head_computes_each_rows_ranges_only(tmp_path):
+    model = load_causal_lm(write_tiny("llama", tmp_path, seed=6), progress=False)
+    hidden = torch.randn(4, model.config.hidden_size, generator=torch.Generator().manual_seed(2))
+    full = model.compute_logits(hidden)  # [4, V]
+    allowed = [[(5, 9), (100, 140)], None, [(100, 140), (5, 9)], [(300, 310), (305, 320)]]
+    part = model.compute_logits(hidden, allowed=allowed)
+    for row, ranges in enumerate(allowed):
+        keep = torch.zeros(full.shape[1], dtype=torch.bool)
+        for lo, hi in ranges or [(0, full.shape[1])]:
+            keep[lo:hi] = True
+        torch.testing.assert_close(part[row, keep], full[row, keep], rtol=0, atol=1e-5)
+        assert torch.isneginf(part[row, ~keep]).all(), row
+    model.restrict_vocab([(0, 8), (120, 400)])  # a row sees the ids of both its ranges and the model's
+    part = model.compute_logits(hidden, allowed=allowed)
+    assert torch.isfinite(part[0]).nonzero().flatten().tolist() == [5, 6, 7, *range(120, 140)]
+    assert torch.isfinite(part[1]).nonzero().flatten().tolist() == [*range(8), *range(120, 400)]
+    assert torch.isfinite(part[3]).nonzero().flatten().tolist() == list(range(300, 320))
+
+
+def test_intersect_ranges():
+    from walkserve.layers.candidates import intersect_ranges
+
+    assert intersect_ranges(((0, 10), (20, 30)), ((5, 25),)) == ((5, 10), (20, 25))
+    assert intersect_ranges(((0, 10),), ((10, 20),)) == ()
+    assert intersect_ranges(((0, 100),), ((1, 2), (3, 4), (99, 200))) == ((1, 2), (3, 4), (99, 100))
+
+
+class _FullHead(torch.nn.Module):
+    """The same LM whose compute_logits computes every id (the engine then masks before sampling)."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm, self.config = lm, lm.config
+
+    def forward(self, *args, **kwargs):
+        return self.lm(*args, **kwargs)
+
+    def compute_logits(self, hidden):
+        return self.lm.compute_logits(hidden)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=0.0, repetition_penalty=1.3),
+                                      SamplingParams(temperature=0.9, top_p=0.9, seed=5)])
+def test_per_row_head_draws_what_the_full_head_draws_in_a_mixed_batch(lm_path, sampling):
+    """Requests at different stream positions share a step: one matmul group per range layout, same draws."""
+
+    def ranges(n: int) -> list[tuple[int, int]]:
+        lo = 100 + (n % 3) * 100
+        return [(lo, lo + 100), (7, 8)]
+
+    def run(model) -> dict[str, list[int]]:
+        eng = KVCacheEngine("lm", model, "cpu", "float32", num_blocks=64)
+        out: dict[str, list[int]] = {f"r{i}": [] for i in range(3)}
+        for i, rid in enumerate(out):  # r1 starts one step after r0, r2 two: their positions differ
+            for _ in range(i):
+                for result in eng.step():
+                    got = int(result.outputs["token"][0])
+                    out[result.firing.request_id].append(got)
+                    eng.submit(_firing(result.firing.request_id, [got], ranges, sampling))
+            eng.submit(_firing(rid, [3, 14, 15, 92 + i], ranges, sampling))
+        while min(len(v) for v in out.values()) < 9:
+            for result in eng.step():
+                assert result.error is None, result.error
+                got = int(result.outputs["token"][0])
+                out[result.firing.request_id].append(got)
+                eng.submit(_firing(result.firing.request_id, [got], ranges, sampling))
+        return {rid: tokens[:9] for rid, tokens in out.items()}
+
+    model = load_causal_lm(lm_path, progress=False)
+    per_row = run(model)
+    assert per_row == run(_FullHead(model))
+    for tokens in per_row.values():
+        assert all(t == 7 or 100 + (n % 3) * 100 <= t < 200 + (n % 3) * 100 for n, t in enumerate(tokens)), tokens

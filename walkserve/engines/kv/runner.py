@@ -14,6 +14,7 @@ books the step afterwards. Outputs per completed firing (only those named in
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
 from typing import Any
 
@@ -41,6 +42,8 @@ class ModelRunner:
     ):
         self.model, self.pool, self.bm, self.backend, self.sampler = model, pool, block_manager, backend, sampler
         self.device = pool.device
+        # models whose compute_logits takes per-row allowed ranges compute only those (CausalLM does)
+        self._row_ranges = "allowed" in inspect.signature(model.compute_logits).parameters
 
     @torch.inference_mode()
     def execute(self, chunks: list[ScheduledChunk]) -> list[dict[str, Any] | None]:
@@ -102,17 +105,27 @@ class ModelRunner:
 
     def _logit_outputs(self, chunks: list[ScheduledChunk], names: list[set[str]], last: torch.Tensor, outs: list[dict]):
         """Fill logits and sampled outputs of chunks whose last hidden states are ``last`` [M, D]."""
-        logits = self.model.compute_logits(last).float()  # [M, V]
+        sample = [m for m, n in enumerate(names) if n & _NEED_SAMPLE]
+        rows = [_sample_row(chunks[m], names[m]) for m in sample]
+        logits = self._logits(last, names, sample, rows)  # [M, V]
         for m, out in enumerate(outs):
             if "logits" in names[m]:
                 out["logits"] = logits[m].clone()
-        sample = [m for m, n in enumerate(names) if n & _NEED_SAMPLE]
         if not sample:
             return
-        rows = [_sample_row(chunks[m], names[m]) for m in sample]
         drawn = _on_cpu(self.sampler(logits if len(sample) == len(names) else logits[sample], rows))
         for r, m in enumerate(sample):
             outs[m].update(_sampled(drawn, r, rows[r].params, names[m]))
+
+    def _logits(self, last: torch.Tensor, names: list[set[str]], sample: list[int], rows: list[SampleRow]) -> torch.Tensor:
+        """float32 [M, V]; a sampled row with allowed ranges (and no ``logits`` output) gets only those computed."""
+        allowed: list[list[tuple[int, int]] | None] = [None] * len(names)
+        for m, row in zip(sample, rows):
+            if row.allowed is not None and "logits" not in names[m]:
+                allowed[m] = row.allowed
+        if self._row_ranges and any(a is not None for a in allowed):
+            return self.model.compute_logits(last, allowed=allowed).float()
+        return self.model.compute_logits(last).float()
 
 
 def _sample_row(chunk: ScheduledChunk, names: set[str]) -> SampleRow:

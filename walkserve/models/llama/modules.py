@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from walkserve.layers.attention import AttentionContext
+from walkserve.layers.candidates import intersect_ranges, merged_ranges
 from walkserve.layers.cpu_linear import linear
 from walkserve.layers.linear import FusedLinear, Linear
 from walkserve.layers.mlp import SwiGLU
@@ -139,14 +140,39 @@ class CausalLM(nn.Module):
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds  # [T, D]
         return self.model(x, positions, attn)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits in float32: hidden [N, D] -> [N, V]."""
+    def compute_logits(
+        self, hidden: torch.Tensor, allowed: Sequence[Sequence[tuple[int, int]] | None] | None = None
+    ) -> torch.Tensor:
+        """Logits in float32: hidden [N, D] -> [N, V].
+
+        ``allowed[i]``, when given and not None, lists the only ids row ``i``
+        may be sampled from (``[lo, hi)`` ranges, constrained decoding): the
+        row's other logits are -inf and are not computed, so an Orpheus step
+        reads the 4,097 head rows of its stream position, not all of them.
+        Rows are grouped by their ranges, one matmul per group and range.
+        Ids outside ``restrict_vocab``'s ranges are -inf in every row.
+        """
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        if self.vocab_ranges is None:
-            return linear(hidden, weight).float()  # [N, V]
-        logits = torch.full((hidden.shape[0], weight.shape[0]), float("-inf"), device=hidden.device)  # [N, V]
-        for lo, hi in self.vocab_ranges:
-            logits[:, lo:hi] = linear(hidden, weight[lo:hi])  # [N, hi - lo]: contiguous rows, no copy
+        if allowed is None or all(a is None for a in allowed):
+            if self.vocab_ranges is None:
+                return linear(hidden, weight).float()  # [N, V]
+            allowed = [None] * hidden.shape[0]
+        vocab = weight.shape[0]
+        every = self.vocab_ranges or ((0, vocab),)
+        groups: dict[tuple[tuple[int, int], ...], list[int]] = {}
+        for i, row in enumerate(allowed):
+            ranges = every if row is None else intersect_ranges(merged_ranges(row, vocab), every)
+            groups.setdefault(ranges, []).append(i)
+        logits = torch.full((hidden.shape[0], vocab), float("-inf"), device=hidden.device)  # [N, V]
+        for ranges, rows in groups.items():
+            if len(rows) == hidden.shape[0]:
+                for lo, hi in ranges:
+                    logits[:, lo:hi] = linear(hidden, weight[lo:hi])  # [N, hi - lo]: contiguous rows, no copy
+                continue
+            index = torch.tensor(rows, device=hidden.device)  # [G]
+            part = hidden[index]  # [G, D]
+            for lo, hi in ranges:
+                logits[index, lo:hi] = linear(part, weight[lo:hi]).float()  # [G, hi - lo]
         return logits
 
     def checkpoint_ignored(self) -> tuple[str, ...]:
