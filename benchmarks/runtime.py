@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 from benchmarks.common import conditions, table
@@ -30,21 +31,28 @@ def _requests(batch: int, steps: int) -> list[RequestSpec]:
     return [RequestSpec({}, params={"steps": steps}) for _ in range(batch)]
 
 
-def null_overhead(batch: int, workers: int, steps: int, threads: int) -> float:
-    """Microseconds of wall time per loop step with B requests in lockstep."""
+def null_overhead(batch: int, workers: int, steps: int, threads: int, repeat: int = 3) -> list[float]:
+    """Microseconds of wall time per loop step with B requests in lockstep, one value per measured run.
+
+    A full-size run goes first, unmeasured: the first few hundred steps after start-up run
+    slower (freshly forked workers touching their pages, caches filling), which is not the
+    steady state this measures.
+    """
     assign = {"a": 0, "b": 0 if workers == 1 else 1}
     config = RuntimeConfig(max_running=max(256, batch), worker_threads=threads)
+    runs = []
     with Engine.start("fixture-bench-null", placement=_placement(workers, assign), config=config) as engine:
-        engine.run(_requests(batch, 10))  # warm up
-        t0 = time.perf_counter()
-        results = engine.run(_requests(batch, steps))
-        elapsed = time.perf_counter() - t0
-    assert all(len(r.events) == steps for r in results), "a request lost outputs"
-    return elapsed / steps * 1e6
+        engine.run(_requests(batch, steps))  # warm up
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            results = engine.run(_requests(batch, steps))
+            runs.append((time.perf_counter() - t0) / steps * 1e6)
+            assert all(len(r.events) == steps for r in results), "a request lost outputs"
+    return runs
 
 
-def compute_ratio(batch: int, steps: int, ms: float, threads: int) -> tuple[float, float, float]:
-    """(bare items/s, runtime items/s, ratio)."""
+def compute_ratio(batch: int, steps: int, ms: float, threads: int, repeat: int = 3) -> tuple[float, float, float]:
+    """(bare items/s, runtime items/s, ratio): medians of ``repeat`` alternating runs."""
     import torch
 
     from walkserve.engines.base import Firing
@@ -55,17 +63,20 @@ def compute_ratio(batch: int, steps: int, ms: float, threads: int) -> tuple[floa
     x = torch.ones(1, dtype=torch.int64)
     firings = [Firing(i, f"r{i}", "loop", "step", "step", "forward", (0,), {"x": x}, ("x",)) for i in range(batch)]
     comp.forward_batch(firings)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        comp.forward_batch(firings)
-    bare = batch * steps / (time.perf_counter() - t0)
     config = RuntimeConfig(max_running=max(256, batch), worker_threads=threads)
+    bare_runs, served_runs = [], []
     with Engine.start("fixture-bench-compute", placement=_placement(1, {"step": 0}), config=config, model_options={"ms": ms}) as engine:
-        engine.run(_requests(batch, 5))
-        t0 = time.perf_counter()
-        results = engine.run(_requests(batch, steps))
-        served = batch * steps / (time.perf_counter() - t0)
-    assert all(len(r.events) == steps for r in results), "a request lost outputs"
+        engine.run(_requests(batch, steps))  # warm up
+        for _ in range(repeat):  # alternate, so both see the same machine
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                comp.forward_batch(firings)
+            bare_runs.append(batch * steps / (time.perf_counter() - t0))
+            t0 = time.perf_counter()
+            results = engine.run(_requests(batch, steps))
+            served_runs.append(batch * steps / (time.perf_counter() - t0))
+            assert all(len(r.events) == steps for r in results), "a request lost outputs"
+    bare, served = statistics.median(bare_runs), statistics.median(served_runs)
     return bare, served, served / bare
 
 
@@ -80,13 +91,16 @@ def main(argv: list[str]) -> int:
     rows = []
     for workers in (1, 2):
         for b in batches:
-            us = null_overhead(b, workers, steps, args.threads)
-            rows.append((f"{workers}", b, us, us / b))
-    print(f"## Runtime overhead (Null engine)\n\nconditions: {conditions()}; {steps} loop steps; worker threads {args.threads}\n")
-    print(table(["workers", "batch", "µs per step", "µs per request-step"], rows))
+            runs = null_overhead(b, workers, steps, args.threads, repeat=1 if args.quick else 3)
+            mid = statistics.median(runs)
+            rows.append((f"{workers}", b, mid, min(runs), max(runs), mid / b))
+    runs_note = "one measured run" if args.quick else "median, min and max of 3 measured runs after a full-size warm-up run"
+    print(f"## Runtime overhead (Null engine)\n\nconditions: {conditions()}; {steps} loop steps; worker threads {args.threads}; {runs_note}\n")
+    print(table(["workers", "batch", "µs per step", "min", "max", "µs per request-step"], rows))
     c_steps = 20 if args.quick else 100
-    bare, served, ratio = compute_ratio(16, c_steps, 5.0, args.threads)
-    print(f"\n## Busy component (~5 ms per batch), batch 16, {c_steps} steps\n")
+    bare, served, ratio = compute_ratio(16, c_steps, 5.0, args.threads, repeat=1 if args.quick else 3)
+    busy_note = "one run each" if args.quick else "medians of 3 alternating runs each, after a warm-up run"
+    print(f"\n## Busy component (~5 ms per batch), batch 16, {c_steps} steps; {busy_note}\n")
     print(table(["bare loop items/s", "runtime items/s", "runtime / bare"], [(bare, served, ratio)]))
     print("\ntargets: overhead < 1000 µs per step at batch 64 on one worker; runtime / bare >= 0.9 at batch 16")
     return 0
