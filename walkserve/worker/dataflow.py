@@ -19,6 +19,12 @@ its bookkeeping tests in milliseconds.
     values[("input", name, ())]           a walk input
     cont[(scope, outer)] = k              iterations <= k of that loop instance are known to continue
     end[(scope, outer)] = n               that instance exposed exactly n iterations
+
+A value at its producer's own path is dropped after its last local read when
+the plan says how many reads it gets (``PlanIndex.once_readers``): a loop's
+per-iteration values do not pile up over a long walk. Walk inputs, exit values
+and values that consumers nested deeper read at every iteration stay until the
+walk ends.
 """
 
 from __future__ import annotations
@@ -78,6 +84,12 @@ class WalkState(StreamSide, LoopExits):
         self.speculate = speculate
         self.local = [n for n in plan.nodes if self.ranks.get(n) == rank]
         self.values: dict[tuple, Any] = {}
+        # local reads a per-iteration value still has coming (see _read); how many it starts with
+        self.reads_left: dict[tuple, int] = {}
+        self._awaiting: set[tuple] = set()  # keys holding a launched firing's future, not yet completed
+        self._local_reads = {
+            src: sum(1 for c in names if self.ranks.get(c) == rank) for src, names in self.idx.once_readers.items()
+        }
         self.cursor: dict[str, Path | None] = {n: (0,) * len(plan.chains[n]) for n in self.local}
         self.inflight: dict[str, int] = defaultdict(int)
         self.fired: dict[str, int] = defaultdict(int)
@@ -115,13 +127,15 @@ class WalkState(StreamSide, LoopExits):
         self._guard(self._try_all)
 
     def deliver(self, node: str, output: str, path: Path, value: Any) -> None:
-        self.values[(node, output, tuple(path))] = value
+        self._store((node, output, tuple(path)), value)
         self._guard(self._try_consumers, node)
 
     def launched(self, node: str, path: Path, futures: Mapping[str, Any]) -> None:
         """A local firing was handed to an engine: its outputs exist as futures for local consumers."""
         for out, fut in futures.items():
-            self.values.setdefault((node, out, path), fut)
+            key = (node, out, path)
+            if key not in self.values and self._store(key, fut):
+                self._awaiting.add(key)
         self._guard(self._try_consumers, node)
 
     def completed(self, node: str, path: Path, outputs: Mapping[str, Any]) -> None:
@@ -221,7 +235,7 @@ class WalkState(StreamSide, LoopExits):
 
     def _gather(self, node: str, path: Path) -> tuple[dict, dict] | None:
         inputs, spans = {}, {}
-        values = self.values
+        values, read = self.values, []
         for slot, recipe in self.idx.recipes[node]:
             if recipe[0] == STREAM:
                 source = recipe[1]
@@ -237,11 +251,45 @@ class WalkState(StreamSide, LoopExits):
                 inputs[slot] = self.concat(list(chunk.items), self.templates.get(key))
                 spans[slot] = chunk.span
                 continue
-            value = values.get(value_key(recipe, path), _MISSING)
+            key = value_key(recipe, path)
+            value = values.get(key, _MISSING)
             if value is _MISSING:
                 return None
             inputs[slot] = value
+            read.append(key)
+        if self.reads_left:
+            self._read(read)
         return inputs, spans
+
+    def _store(self, key: tuple, value: Any) -> bool:
+        """Keep a produced value for local consumers; False when none will ever read it here."""
+        node, out, path = key
+        reads = self._local_reads.get((node, out))
+        if reads is None or len(path) != len(self.plan.chains[node]):
+            self.values[key] = value  # read an unknown number of times: kept until the walk ends
+            return True
+        if reads == 0:
+            return False
+        if key not in self.reads_left:
+            self.reads_left[key] = reads
+        self.values[key] = value
+        return True
+
+    def _read(self, keys: list[tuple]) -> None:
+        """A firing took these values: drop each one whose last local read this was."""
+        left = self.reads_left
+        for key in keys:
+            n = left.get(key)
+            if n is None:
+                continue
+            if n > 1:
+                left[key] = n - 1
+                continue
+            del self.values[key]
+            if key in self._awaiting:
+                left[key] = 0  # its firing's completion is still to come: drop the value then too
+            else:
+                del left[key]
 
     def _permission(self, node: str, path: Path) -> bool | None:
         """None: must wait; else whether firing at ``path`` is speculative."""
@@ -389,7 +437,12 @@ class WalkState(StreamSide, LoopExits):
         self.inflight[node] -= 1
         idx = self.idx
         for out, value in outputs.items():
-            self.values[(node, out, path)] = value
+            key = (node, out, path)
+            self._awaiting.discard(key)
+            if self.reads_left.get(key) == 0:  # every local reader took the future already
+                del self.reads_left[key]
+            else:
+                self._store(key, value)
         if path and self._exposed(node, path) is False:
             self.wasted[(node, path[:-1])] += 1
         if idx.stream_slots[node]:

@@ -59,6 +59,9 @@ class PlanIndex:
     dynamic_levels: dict[str, list[tuple[int, str]]] = field(
         default_factory=dict
     )  # node -> [(depth, scope)]
+    # (node, output) -> the consumers that read each of its per-iteration values exactly once
+    # (one entry per reading slot); outputs some consumer reads at many paths are absent
+    once_readers: dict[tuple[str, str], list[str]] = field(default_factory=dict)
 
 
 INPUT_KEY, EDGE, CARRY, STREAM = 0, 1, 2, 3
@@ -138,5 +141,40 @@ def index_of(plan: WalkPlan) -> PlanIndex:
                 idx.held_routes.setdefault((src, out), []).append(r)
             if isinstance(r, ToStream):
                 idx.produces.setdefault(src, []).append(plan.streams[r.stream])
+    idx.once_readers = _once_readers(plan, idx)
     plan._dataflow_index = idx
     return idx
+
+
+def _once_readers(plan: WalkPlan, idx: PlanIndex) -> dict[tuple[str, str], list[str]]:
+    """Outputs whose values at the producer's own path each have a known number of reads.
+
+    A consumer reads such a value once when it sits in exactly the producer's
+    scopes (it fires once per path, at the producer's path) or reads it as a
+    loop carry from the same loop (at the next iteration). A consumer nested
+    deeper reads one value at every inner iteration, so that output is left
+    out: its values stay until the walk ends. Exit values (a loop's last or
+    accumulated output, keyed at an outer path) are not counted here.
+    """
+    readers: dict[tuple[str, str], list[str]] = {
+        (n, out): [] for n, node in plan.nodes.items() for out in node.outputs
+    }
+    many: set[tuple[str, str]] = set()
+
+    def visit(consumer: str, r: tuple) -> None:
+        if r[0] == EDGE:
+            src, depth = (r[1], r[2]), r[3]
+            if src in readers and depth == len(plan.chains[src[0]]):
+                exact = plan.chains[consumer] == plan.chains[src[0]]
+                (readers[src].append(consumer) if exact else many.add(src))
+        elif r[0] == CARRY:
+            d, src = r[1], (r[2], r[3])
+            if src in readers and len(plan.chains[src[0]]) == d + 1:
+                exact = len(plan.chains[consumer]) == d + 1
+                (readers[src].append(consumer) if exact else many.add(src))
+            visit(consumer, r[4])
+
+    for consumer, recipes in idx.recipes.items():
+        for _, r in recipes:
+            visit(consumer, r)
+    return {src: names for src, names in readers.items() if src not in many}
