@@ -87,6 +87,7 @@ class WalkState(StreamSide, LoopExits):
         # local reads a per-iteration value still has coming (see _read); how many it starts with
         self.reads_left: dict[tuple, int] = {}
         self._awaiting: set[tuple] = set()  # keys holding a launched firing's future, not yet completed
+        self._launched: set[tuple[str, Path]] = set()  # firings whose futures consumers saw, not yet completed
         self._local_reads = {
             src: sum(1 for c in names if self.ranks.get(c) == rank) for src, names in self.idx.once_readers.items()
         }
@@ -132,6 +133,7 @@ class WalkState(StreamSide, LoopExits):
 
     def launched(self, node: str, path: Path, futures: Mapping[str, Any]) -> None:
         """A local firing was handed to an engine: its outputs exist as futures for local consumers."""
+        self._launched.add((node, path))
         for out, fut in futures.items():
             key = (node, out, path)
             if key not in self.values and self._store(key, fut):
@@ -468,8 +470,15 @@ class WalkState(StreamSide, LoopExits):
             self._flush_held()
         if self.agg:
             self._flush_exits()
-        self._try(node)
-        self._try_consumers(node)
+        if (node, path) in self._launched:
+            # its consumers here saw its futures at launch and were tried then; a value
+            # replacing a future makes nothing new ready, but the node may now be done
+            self._launched.discard((node, path))
+            if self.cursor[node] is DONE:
+                self._try(node)
+        else:
+            self._try(node)
+            self._try_consumers(node)
 
     def _flush_held(self) -> None:
         keep = []
