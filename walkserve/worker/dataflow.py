@@ -45,6 +45,7 @@ from walkserve.streaming.buffer import EXHAUSTED, StreamBuffer, StreamOverflow
 from walkserve.worker.plan_index import STREAM, DataflowError, index_of, value_key
 from walkserve.worker.walk_exits import LoopExits
 from walkserve.worker.walk_streams import StreamSide
+from walkserve.worker.walk_values import ValueReads
 
 Path = tuple[int, ...]
 DONE = None
@@ -63,7 +64,7 @@ class Sink(Protocol):
     def report(self, kind: str, ws: WalkState, **fields: Any) -> None: ...
 
 
-class WalkState(StreamSide, LoopExits):
+class WalkState(StreamSide, LoopExits, ValueReads):
     """The dataflow of one (request, walk) on one rank."""
 
     def __init__(
@@ -84,13 +85,8 @@ class WalkState(StreamSide, LoopExits):
         self.speculate = speculate
         self.local = [n for n in plan.nodes if self.ranks.get(n) == rank]
         self.values: dict[tuple, Any] = {}
-        # local reads a per-iteration value still has coming (see _read); how many it starts with
-        self.reads_left: dict[tuple, int] = {}
-        self._awaiting: set[tuple] = set()  # keys holding a launched firing's future, not yet completed
+        self._init_reads()
         self._launched: set[tuple[str, Path]] = set()  # firings whose futures consumers saw, not yet completed
-        self._local_reads = {
-            src: sum(1 for c in names if self.ranks.get(c) == rank) for src, names in self.idx.once_readers.items()
-        }
         self.cursor: dict[str, Path | None] = {n: (0,) * len(plan.chains[n]) for n in self.local}
         self.inflight: dict[str, int] = defaultdict(int)
         self.fired: dict[str, int] = defaultdict(int)
@@ -263,36 +259,6 @@ class WalkState(StreamSide, LoopExits):
             self._read(read)
         return inputs, spans
 
-    def _store(self, key: tuple, value: Any) -> bool:
-        """Keep a produced value for local consumers; False when none will ever read it here."""
-        node, out, path = key
-        reads = self._local_reads.get((node, out))
-        if reads is None or len(path) != len(self.plan.chains[node]):
-            self.values[key] = value  # read an unknown number of times: kept until the walk ends
-            return True
-        if reads == 0:
-            return False
-        if key not in self.reads_left:
-            self.reads_left[key] = reads
-        self.values[key] = value
-        return True
-
-    def _read(self, keys: list[tuple]) -> None:
-        """A firing took these values: drop each one whose last local read this was."""
-        left = self.reads_left
-        for key in keys:
-            n = left.get(key)
-            if n is None:
-                continue
-            if n > 1:
-                left[key] = n - 1
-                continue
-            del self.values[key]
-            if key in self._awaiting:
-                left[key] = 0  # its firing's completion is still to come: drop the value then too
-            else:
-                del left[key]
-
     def _permission(self, node: str, path: Path) -> bool | None:
         """None: must wait; else whether firing at ``path`` is speculative."""
         speculative = False
@@ -439,12 +405,7 @@ class WalkState(StreamSide, LoopExits):
         self.inflight[node] -= 1
         idx = self.idx
         for out, value in outputs.items():
-            key = (node, out, path)
-            self._awaiting.discard(key)
-            if self.reads_left.get(key) == 0:  # every local reader took the future already
-                del self.reads_left[key]
-            else:
-                self._store(key, value)
+            self._completed_value((node, out, path), value)
         if path and self._exposed(node, path) is False:
             self.wasted[(node, path[:-1])] += 1
         if idx.stream_slots[node]:
