@@ -19,6 +19,7 @@ import httpx
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.polling import wait_for  # noqa: F401  (re-exported for the API tests)
 from walkserve.api import ServerConfig, build_app
 from walkserve.core.config import RuntimeConfig
 from walkserve.core.outputs import OutputEvent, RequestFinished
@@ -143,16 +144,6 @@ def metrics(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def metric(samples: dict, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-def wait_for(predicate, timeout: float, interval: float = 0.05):
-    """Poll ``predicate`` until it returns a truthy value or ``timeout`` passes; returns the last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval)
 
 
 def descendants(pid: int) -> set[int]:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import walkserve.models.builtin  # noqa: F401
+from tests.polling import wait_for as wait_until  # noqa: F401  (used by the runtime tests)
 from walkserve.core.config import RuntimeConfig
 from walkserve.entrypoint.sync import Engine
 from walkserve.models.base import ModelRef
@@ -54,10 +55,3 @@ def reference(family: str) -> ReferenceExecutor:
     return ReferenceExecutor.for_model(load_model(ModelRef(family)))
 
 
-def wait_until(predicate, timeout: float = 5.0, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval)
