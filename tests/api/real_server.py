@@ -19,7 +19,7 @@ import httpx
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.polling import wait_for  # noqa: F401  (re-exported for the API tests)
+from tests.polling import alive, wait_for  # noqa: F401  (re-exported for the API tests)
 from walkserve.api import ServerConfig, build_app
 from walkserve.core.config import RuntimeConfig
 from walkserve.core.outputs import OutputEvent, RequestFinished
@@ -165,17 +165,6 @@ def descendants(pid: int) -> set[int]:
                 out.add(child)
                 todo.append(child)
     return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def segments_of(pid: int) -> list[str]:

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from tests.polling import alive
 from tests.runtime.conftest import placement, start, wait_until
 from walkserve.core.finish import FinishReason
 from walkserve.testing.fixtures.requests import fixture_request
@@ -89,15 +90,6 @@ def test_killed_worker_fails_its_requests_fast_and_comes_back():
         engine.close(drain_s=0)
 
 
-def _alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie; it may vanish between any two reads."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
 def test_killing_the_parent_leaves_no_orphans(tmp_path):
     script = tmp_path / "serve.py"
     script.write_text(
@@ -122,8 +114,8 @@ def test_killing_the_parent_leaves_no_orphans(tmp_path):
         children = json.loads(line)
         conductor = [int(p) for p in subprocess.check_output(["pgrep", "-P", str(proc.pid)]).split()]
         every = children + conductor
-        assert all(_alive(p) for p in every)
+        assert all(alive(p) for p in every)
     finally:
         proc.kill()
         proc.wait()
-    assert wait_until(lambda: not any(_alive(p) for p in every), timeout=5), [p for p in every if _alive(p)]
+    assert wait_until(lambda: not any(alive(p) for p in every), timeout=5), [p for p in every if alive(p)]

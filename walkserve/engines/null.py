@@ -24,6 +24,7 @@ class NullEngine(Engine):
         self.queue: deque[Firing] = deque()
         self.steps = 0
         self._cache: dict[tuple[str, int], torch.Tensor] = {}
+        self._salts: dict[tuple[str, str], int] = {}  # (request, node) -> its value; dropped on release
 
     def submit(self, firing: Firing) -> None:
         self.queue.append(firing)
@@ -37,12 +38,19 @@ class NullEngine(Engine):
         return [FiringResult(f, outputs={o: self._value(f, o) for o in f.outputs}) for f in batch]
 
     def _value(self, f: Firing, output: str) -> torch.Tensor:
-        dtype, shape = self.outputs.get(output, (torch.int64, (1,)))
-        key = (output, zlib.crc32(f"{f.request_id}/{f.node}".encode()) % 97)
-        value = self._cache.get(key)
+        salt = self._salts.get((f.request_id, f.node))
+        if salt is None:
+            salt = self._salts[(f.request_id, f.node)] = zlib.crc32(f"{f.request_id}/{f.node}".encode()) % 97
+        value = self._cache.get((output, salt))
         if value is None:
-            value = self._cache[key] = torch.full(shape, key[1], dtype=dtype)
+            dtype, shape = self.outputs.get(output, (torch.int64, (1,)))
+            value = self._cache[(output, salt)] = torch.full(shape, salt, dtype=dtype)
         return value
 
     def release(self, request_id: str) -> None:
         self.queue = deque(f for f in self.queue if f.request_id != request_id)
+        for key in [k for k in self._salts if k[0] == request_id]:
+            del self._salts[key]
+
+    def state_count(self) -> int:
+        return len({rid for rid, _ in self._salts})

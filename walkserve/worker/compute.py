@@ -28,13 +28,20 @@ PENDING, READY, FAILED = 0, 1, 2
 
 
 class Future:
-    """An output of a firing that has not run yet. Written and read by the compute thread only."""
+    """An output of a firing that has not run yet. Written and read by the compute thread only.
 
-    __slots__ = ("state", "value")
+    ``waiters`` holds the handed-over firings that found this future pending;
+    they are looked at again once it resolves, not on every pass. A future of a
+    released request never resolves (its firing is dropped), so firings parked
+    on it go with it.
+    """
+
+    __slots__ = ("state", "value", "waiters")
 
     def __init__(self) -> None:
         self.state = PENDING
         self.value: Any = None
+        self.waiters: list | None = None
 
 
 class ComputeThread:
@@ -133,16 +140,21 @@ class ComputeThread:
                         log.exception("engine %s failed to release %s", engine.component, rid)
 
     def _submit_resolved(self) -> None:
-        still = []
-        for component, firing, futures in self._waiting:
-            state = READY
+        """Submit each waiting firing whose inputs are all resolved; park the others on a pending future."""
+        waiting, self._waiting = self._waiting, []
+        for item in waiting:
+            component, firing, futures = item
+            state, pending = READY, None
             for v in firing.inputs.values():
                 if isinstance(v, Future) and v.state != READY:
-                    state = FAILED if v.state == FAILED else min(state, PENDING)
-                    if state == FAILED:
+                    if v.state == FAILED:
+                        state = FAILED
                         break
+                    state, pending = PENDING, v
             if state == PENDING:
-                still.append((component, firing, futures))
+                if pending.waiters is None:
+                    pending.waiters = []
+                pending.waiters.append(item)
                 continue
             if state == FAILED:
                 self._publish(
@@ -155,7 +167,6 @@ class ComputeThread:
             }
             self._futures[firing.id] = (firing.request_id, futures)
             self.engines[component].submit(firing)
-        self._waiting = still
 
     def _pick(self) -> str | None:
         for i in range(len(self._order)):
@@ -189,6 +200,9 @@ class ComputeThread:
                 fut.value, fut.state = result.outputs[out], READY
             else:
                 fut.state = FAILED
+            if fut.waiters:  # parked firings: look at them again on the next pass
+                self._waiting.extend(fut.waiters)
+                fut.waiters = None
         self._results.append((name, result))
 
     def _signal(self) -> None:

@@ -42,7 +42,7 @@ from walkserve.graph.plan import (
 )
 from walkserve.graph.stop import resolve_count
 from walkserve.streaming.buffer import EXHAUSTED, StreamBuffer, StreamOverflow
-from walkserve.worker.plan_index import STREAM, DataflowError, index_of, value_key
+from walkserve.worker.plan_index import EDGE, STREAM, DataflowError, index_of, value_key
 from walkserve.worker.walk_exits import LoopExits
 from walkserve.worker.walk_streams import StreamSide
 from walkserve.worker.walk_values import ValueReads
@@ -249,7 +249,7 @@ class WalkState(StreamSide, LoopExits, ValueReads):
                 inputs[slot] = self.concat(list(chunk.items), self.templates.get(key))
                 spans[slot] = chunk.span
                 continue
-            key = value_key(recipe, path)
+            key = (recipe[1], recipe[2], path[: recipe[3]]) if recipe[0] == EDGE else value_key(recipe, path)
             value = values.get(key, _MISSING)
             if value is _MISSING:
                 return None
@@ -299,10 +299,12 @@ class WalkState(StreamSide, LoopExits, ValueReads):
     def _limit(self, scope: str, outer: Path) -> int | None:
         """How many iterations of this loop instance run, if known."""
         end = self.end.get((scope, outer))
-        if self.plan.scopes[scope].kind == "stream":
+        if self.idx.stream_scope[scope]:
             return end
-        bound = self._bound(scope)
-        return bound if end is None else min(end, bound)
+        bound = self.bounds.get(scope)
+        if bound is None:
+            bound = self._bound(scope)
+        return bound if end is None or end > bound else end
 
     def _normalize(self, node: str) -> Path | None:
         path = self.cursor[node]
@@ -361,17 +363,14 @@ class WalkState(StreamSide, LoopExits, ValueReads):
 
     def _exposed(self, node: str, path: Path) -> bool | None:
         """Whether the iteration ``path`` of ``node`` is real (True), dropped (False) or not known yet (None)."""
-        for d, sid in enumerate(self.plan.chains[node]):
-            kind = self.plan.scopes[sid].kind
-            if kind == "loop":
-                continue
+        for d, sid, stream in self.idx.exposure[node]:
             key, k = (sid, path[:d]), path[d]
             end = self.end.get(key)
             if end is not None:
                 if k >= end:
                     return False
                 continue
-            if kind == "stream" or self.cont.get(key, -1) >= k:
+            if stream or self.cont.get(key, -1) >= k:
                 continue
             return None
         return True

@@ -62,6 +62,10 @@ class PlanIndex:
     # (node, output) -> the consumers that read each of its per-iteration values exactly once
     # (one entry per reading slot); outputs some consumer reads at many paths are absent
     once_readers: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    chain_len: dict[str, int] = field(default_factory=dict)  # node -> number of enclosing scopes
+    # node -> [(depth, scope, is stream scope)] of the scopes that decide whether an iteration is real
+    exposure: dict[str, list[tuple[int, str, bool]]] = field(default_factory=dict)
+    stream_scope: dict[str, bool] = field(default_factory=dict)  # scope -> iterates over stream chunks
 
 
 INPUT_KEY, EDGE, CARRY, STREAM = 0, 1, 2, 3
@@ -114,7 +118,15 @@ def index_of(plan: WalkPlan) -> PlanIndex:
             if isinstance(loop, DynamicLoop) and not loop.speculate:
                 ok = False
         idx.speculate[name] = ok
+    for sid, scope in plan.scopes.items():
+        idx.stream_scope[sid] = scope.kind == "stream"
     for name, node in plan.nodes.items():
+        idx.chain_len[name] = len(plan.chains[name])
+        idx.exposure[name] = [
+            (d, sid, plan.scopes[sid].kind == "stream")
+            for d, sid in enumerate(plan.chains[name])
+            if plan.scopes[sid].kind != "loop"
+        ]
         idx.slots[name] = [(slot, plan.sources[(name, slot)]) for slot in node.inputs]
         idx.recipes[name] = [(slot, recipe(plan, idx, src)) for slot, src in idx.slots[name]]
         idx.dynamic_levels[name] = [

@@ -28,7 +28,7 @@ class ValueReads:
         """Keep a produced value for local consumers; False when none will ever read it here."""
         node, out, path = key
         reads = self._local_reads.get((node, out))
-        if reads is None or len(path) != len(self.plan.chains[node]):
+        if reads is None or len(path) != self.idx.chain_len[node]:
             self.values[key] = value  # read an unknown number of times: kept until the walk ends
             return True
         if reads == 0:
