@@ -33,7 +33,7 @@ def mean(values: Sequence[float]) -> float:
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     def fmt(x: object) -> str:
         if isinstance(x, float):
-            return f"{x:.3g}" if abs(x) < 1000 else f"{x:,.0f}"
+            return f"{x:.3g}" if abs(x) < 100 else f"{x:,.0f}"
         return str(x)
 
     out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]

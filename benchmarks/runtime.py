@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -31,24 +32,56 @@ def _requests(batch: int, steps: int) -> list[RequestSpec]:
     return [RequestSpec({}, params={"steps": steps}) for _ in range(batch)]
 
 
-def null_overhead(batch: int, workers: int, steps: int, threads: int, repeat: int = 3) -> list[float]:
-    """Microseconds of wall time per loop step with B requests in lockstep, one value per measured run.
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process, all its threads (Linux /proc); None elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def null_overhead(batch: int, workers: int, steps: int, threads: int, repeat: int = 3) -> tuple[list[float], dict[str, float]]:
+    """Wall µs per loop step with B requests in lockstep (one value per measured run), and CPU µs per step by process.
 
     A full-size run goes first, unmeasured: the first few hundred steps after start-up run
     slower (freshly forked workers touching their pages, caches filling), which is not the
-    steady state this measures.
+    steady state this measures. The CPU figures cover all measured runs: the worker
+    processes (summed), the conductor, and this process (the frontend: the in-process
+    API's event loop, which receives every output).
     """
     assign = {"a": 0, "b": 0 if workers == 1 else 1}
     config = RuntimeConfig(max_running=max(256, batch), worker_threads=threads)
     runs = []
     with Engine.start("fixture-bench-null", placement=_placement(workers, assign), config=config) as engine:
+        pids = {
+            "workers": [int(p) for p in engine.status.stats["pids"].values()],
+            "conductor": [engine.engine.process.pid],
+            "frontend": [os.getpid()],
+        }
+
+        def cpu() -> dict[str, float | None]:
+            out: dict[str, float | None] = {}
+            for role, ps in pids.items():
+                secs = [cpu_seconds(p) for p in ps]
+                out[role] = None if None in secs else sum(secs)
+            return out
+
         engine.run(_requests(batch, steps))  # warm up
+        before = cpu()
         for _ in range(repeat):
             t0 = time.perf_counter()
             results = engine.run(_requests(batch, steps))
             runs.append((time.perf_counter() - t0) / steps * 1e6)
             assert all(len(r.events) == steps for r in results), "a request lost outputs"
-    return runs
+        after = cpu()
+    per_step = {
+        role: (after[role] - before[role]) / (repeat * steps) * 1e6
+        for role in pids
+        if after[role] is not None and before[role] is not None
+    }
+    return runs, per_step
 
 
 def compute_ratio(batch: int, steps: int, ms: float, threads: int, repeat: int = 3) -> tuple[float, float, float]:
@@ -91,12 +124,18 @@ def main(argv: list[str]) -> int:
     rows = []
     for workers in (1, 2):
         for b in batches:
-            runs = null_overhead(b, workers, steps, args.threads, repeat=1 if args.quick else 3)
+            runs, cpu = null_overhead(b, workers, steps, args.threads, repeat=1 if args.quick else 3)
             mid = statistics.median(runs)
-            rows.append((f"{workers}", b, mid, min(runs), max(runs), mid / b))
+            shares = [cpu.get(role, float("nan")) for role in ("workers", "conductor", "frontend")]
+            rows.append((f"{workers}", b, mid, min(runs), max(runs), mid / b, *shares))
     runs_note = "one measured run" if args.quick else "median, min and max of 3 measured runs after a full-size warm-up run"
     print(f"## Runtime overhead (Null engine)\n\nconditions: {conditions()}; {steps} loop steps; worker threads {args.threads}; {runs_note}\n")
-    print(table(["workers", "batch", "µs per step", "min", "max", "µs per request-step"], rows))
+    print(table(["workers", "batch", "µs per step", "min", "max", "µs per request-step",
+                 "CPU µs/step: workers", "conductor", "frontend"], rows))
+    print("\nCPU columns: user + system time of each process over the measured runs, per loop step "
+          f"(all threads; the workers summed over ranks; frontend = this process, its event loop "
+          f"receives every output; clock-tick resolution). With {os.cpu_count()} cores the three "
+          f"together can use at most {os.cpu_count()}x the wall time.")
     c_steps = 20 if args.quick else 100
     bare, served, ratio = compute_ratio(16, c_steps, 5.0, args.threads, repeat=1 if args.quick else 3)
     busy_note = "one run each" if args.quick else "medians of 3 alternating runs each, after a warm-up run"
