@@ -41,7 +41,7 @@ CASES = (
     [("/v1/completions", COMPLETION, f, ok) for f, ok in SAMPLING_VALID.items()]
     + [("/v1/completions", COMPLETION, "logprobs", set()), ("/v1/completions", COMPLETION, "best_of", set())]
     + [("/v1/chat/completions", CHAT, f, ok) for f, ok in SAMPLING_VALID.items()]
-    + [("/v1/chat/completions", CHAT, "max_completion_tokens", set()), ("/v1/chat/completions", CHAT, "top_logprobs", {"0"})]
+    + [("/v1/chat/completions", CHAT, "max_completion_tokens", set()), ("/v1/chat/completions", CHAT, "top_logprobs", set())]
     + [("/v1/audio/speech", {"input": "hi"}, "speed", set()), ("/v1/audio/speech", {"input": "hi"}, "seed", {"0"}),
        ("/v1/audio/speech", {"input": "hi"}, "max_tokens", set())]
     + [("/v1/images/generations", {"prompt": "x", "size": "4x4"}, f, ok) for f, ok in (("n", set()), ("seed", {"0"}), ("steps", set()))]
@@ -211,6 +211,14 @@ async def test_capabilities_and_limits() -> None:
         assert_envelope(await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 64}), 400, param="max_tokens")
         assert_envelope(await client.post("/v1/completions", json={"prompt": "x" * 80}), 400, param="prompt")
         assert_envelope(await client.post("/v1/chat/completions", json={**CHAT, "tools": [{"type": "function"}]}), 400, param="tools")
+        # the fake model has no logprobs capability; top_logprobs alone is refused as OpenAI does
+        no_logprobs = await client.post("/v1/completions", json={"prompt": "x", "logprobs": 2})
+        assert_envelope(no_logprobs, 400, param="logprobs", code="unsupported_parameter")
+        assert "fake-tiny" in no_logprobs.json()["error"]["message"]
+        assert_envelope(await client.post("/v1/chat/completions", json={**CHAT, "logprobs": True}), 400, param="logprobs")
+        assert_envelope(await client.post("/v1/chat/completions", json={**CHAT, "top_logprobs": 2}), 400, param="top_logprobs")
+        echo = await client.post("/v1/completions", json={"prompt": "x", "logprobs": 1, "echo": True})
+        assert_envelope(echo, 400, param="echo", code="unsupported_parameter")
         assert_envelope(await client.post("/v1/chat/completions", json={**CHAT, "stop": ["x" * 300]}), 400, param="stop")
         result = (await client.post("/v1/chat/completions", json={"messages": CHAT["messages"]})).json()
         assert result["usage"]["prompt_tokens"] + result["usage"]["completion_tokens"] <= 64

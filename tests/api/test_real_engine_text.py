@@ -99,6 +99,61 @@ def test_chat_greedy_equals_engine(server, client):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
 
 
+def direct_logprobs(server, task: str, payload: dict, k: int, **sampling) -> list[tuple[int, float, list[int], list[float]]]:
+    """(token, logprob, top ids, top logprobs) per generated token, straight from the engine."""
+    spec = server.engine.processor.build_request(task, payload, SamplingParams(logprobs=k, **sampling), {})
+    events, _ = server.run_direct(spec)
+    by_iteration: dict = {}
+    for e in events:
+        by_iteration.setdefault(e.iteration, {})["text" if e.modality == "text" else e.output] = e.data.tolist()
+    return [(p["text"][0], p["logprob"][0], p["top_logprob_ids"], p["top_logprobs"])
+            for _, p in sorted(by_iteration.items())]
+
+
+def test_completion_logprobs_equal_the_engine_streamed_or_not(server, client):
+    want = direct_logprobs(server, "completion", {"prompt": PROMPT}, 3, max_tokens=8, temperature=0.0, ignore_eos=True)
+    assert len(want) == 8
+    decode = server.engine.processor.decode
+    extra = {"ignore_eos": True}
+    answer = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=8, temperature=0, logprobs=3,
+                                       extra_body=extra)
+    lp = answer.choices[0].logprobs
+    assert lp.tokens == [decode([t], skip_special_tokens=False) for t, _, _, _ in want]
+    assert lp.token_logprobs == pytest.approx([w[1] for w in want], abs=1e-6)
+    for top, (_, _, ids, values) in zip(lp.top_logprobs, want, strict=True):
+        assert top == pytest.approx({decode([i], skip_special_tokens=False): v for i, v in zip(ids, values, strict=True)},
+                                    abs=1e-6)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(8)]
+    assert "".join(lp.tokens) == answer.choices[0].text
+    stream = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=8, temperature=0, logprobs=3,
+                                       extra_body=extra, stream=True)
+    streamed = [c.choices[0].logprobs for c in stream if c.choices and c.choices[0].logprobs]
+    assert [t for part in streamed for t in part.tokens] == lp.tokens
+    assert [v for part in streamed for v in part.token_logprobs] == lp.token_logprobs
+    assert [o for part in streamed for o in part.text_offset] == lp.text_offset
+    plain = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=8, temperature=0, extra_body=extra)
+    assert plain.choices[0].logprobs is None and plain.choices[0].text == answer.choices[0].text
+
+
+def test_chat_logprobs_equal_the_engine(server, client):
+    want = direct_logprobs(server, "chat", {"messages": MESSAGES}, 2, max_tokens=6, temperature=0.0, ignore_eos=True)
+    decode = server.engine.processor.decode
+    answer = client.chat.completions.create(model="tiny-llama", messages=MESSAGES, max_tokens=6, temperature=0,
+                                            logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    content = answer.choices[0].logprobs.content
+    assert [c.token for c in content] == [decode([t], skip_special_tokens=False) for t, _, _, _ in want]
+    assert [c.logprob for c in content] == pytest.approx([w[1] for w in want], abs=1e-6)
+    assert all(c.bytes == list(c.token.encode()) for c in content)
+    for c, (_, _, ids, values) in zip(content, want, strict=True):
+        assert [t.token for t in c.top_logprobs] == [decode([i], skip_special_tokens=False) for i in ids]
+        assert [t.logprob for t in c.top_logprobs] == pytest.approx(values, abs=1e-6)
+    stream = client.chat.completions.create(model="tiny-llama", messages=MESSAGES, max_tokens=6, temperature=0,
+                                            logprobs=True, extra_body={"ignore_eos": True}, stream=True)
+    streamed = [t for c in stream if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [t.token for t in streamed] == [c.token for c in content]
+    assert all(t.top_logprobs == [] for t in streamed)  # top_logprobs not asked for: none
+
+
 def test_concurrent_greedy_requests_each_equal_the_engine(server):
     """Requests batched together in the runtime answer exactly as they do alone."""
     prompts = ["A cat", "The sea is", "Numbers: 1 2 3", "Why"]

@@ -102,3 +102,49 @@ def test_concurrent_joins_and_seeded_sampling(tiny_llama):
         assert alone == in_batch
         other_seed = tokens(engine.run([spec(prompts()[4], 10, temperature=0.9, seed=4321)])[0])
         assert other_seed != alone
+
+
+def hf_logprobs(path, ids: list[int], generated: list[int]) -> torch.Tensor:
+    """log_softmax of transformers' logits at each generated position: [len(generated), vocab]."""
+    from transformers import AutoModelForCausalLM
+
+    model = hf_greedy.cache.get(str(path))
+    if model is None:
+        model = hf_greedy.cache[str(path)] = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + generated])).logits[0, len(ids) - 1 : len(ids) + len(generated) - 1]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def test_logprobs_of_each_token_match_transformers(tiny_llama):
+    """A request asking for logprobs decodes through ``decode_logprobs``: each token's logprob and top-k."""
+    from walkserve.core.config import RuntimeConfig
+    from walkserve.entrypoint.sync import Engine
+
+    place = {"ranks": [{"id": 0, "device": "cpu"}], "nodes": [{"nodes": ["lm"], "ranks": [0]}]}
+    k = 4
+    with Engine.start("llama", placement=place, config=RuntimeConfig(), model_path=str(tiny_llama)) as engine:
+        asked = [spec(p, 6, logprobs=k) for p in prompts()[:3]] + [spec(prompts()[3], 5, logprobs=0)]
+        plain = spec(prompts()[4], 6)
+        results = engine.run([*asked, plain])
+    assert not results[-1].modality("logprobs") and {e.walk for e in results[-1].events} == {"decode"}
+    for req, res in zip(asked, results, strict=False):
+        assert {e.walk for e in res.events} == {"decode_logprobs"}
+        got = tokens(res)
+        parts = {}
+        for e in res.modality("logprobs"):
+            parts.setdefault(e.output, []).append(e)
+        assert sorted(parts) == ["logprob", "top_logprob_ids", "top_logprobs"]
+        assert [e.iteration for e in parts["logprob"]] == [e.iteration for e in res.modality("text")]
+        want = hf_logprobs(tiny_llama, req.inputs["prompt_token_ids"].tolist(), got)
+        for i, tok in enumerate(got):
+            assert abs(float(parts["logprob"][i].data.tolist()[0]) - float(want[i, tok])) < 1e-4
+            n = req.sampling.logprobs
+            top_ids = parts["top_logprob_ids"][i].data.tolist()
+            top_lps = parts["top_logprobs"][i].data.tolist()
+            assert len(top_ids) == len(top_lps) == n
+            if n:
+                values, ids = want[i].topk(n)
+                assert top_ids == ids.tolist()
+                assert max(abs(a - b) for a, b in zip(top_lps, values.tolist(), strict=True)) < 1e-4
+                assert top_ids[0] == tok  # greedy: the drawn token is the most likely one

@@ -175,8 +175,8 @@ class Conductor:
         run = self.runs.get(msg.request_id)
         if run is None:
             return
-        index = run.next_index(msg.modality)
-        self.outbox.put(FRONTEND, m.Event(msg.request_id, msg.modality, msg.walk, msg.node, msg.path, msg.value, index))
+        index = run.next_index((msg.modality, msg.output))
+        self.outbox.put(FRONTEND, m.Event(msg.request_id, msg.modality, msg.walk, msg.node, msg.path, msg.value, index, msg.output))
 
     def on_walk_out(self, msg: m.WalkOut) -> None:
         run = self.runs.get(msg.request_id)

@@ -41,7 +41,7 @@ class RequestRun:
     outputs: dict[str, Any] = field(default_factory=dict)
     hit_bound: bool = False
     ranks: dict[str, dict[str, int]] = field(default_factory=dict)  # walk -> node -> rank
-    seq: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    seq: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     firings: int = 0
     admitted_at: float = field(default_factory=time.monotonic)
     queue_s: float = 0.0
@@ -110,11 +110,12 @@ class RequestRun:
             return []
         return self._start(start)
 
-    def next_index(self, modality: str) -> int:
+    def next_index(self, key: tuple[str, str]) -> int:
+        """The next sequence number of one (modality, output) of this request."""
         if self.first_output_at is None:
             self.first_output_at = time.monotonic()
-        i = self.seq[modality]
-        self.seq[modality] += 1
+        i = self.seq[key]
+        self.seq[key] += 1
         return i
 
 

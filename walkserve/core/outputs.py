@@ -14,7 +14,7 @@ class OutputEvent:
     """One piece of output for the client.
 
     ``modality`` is the client edge's modality (text, audio, image, video,
-    action, latent). ``iteration`` is the iteration path of the producing node
+    action, latent, logprobs). ``iteration`` is the iteration path of the producing node
     (loop indices, outermost first; the chunk index for a stream consumer), so
     outputs of one modality can be put in order. ``data`` is the tensor as an
     ArrayData (token ids for text, float PCM for audio, uint8 HWC for images).
@@ -26,7 +26,8 @@ class OutputEvent:
     node: str
     iteration: tuple[int, ...]
     data: Value
-    index: int = 0  # per-request, per-modality sequence number, from 0
+    index: int = 0  # per-request sequence number of this (modality, output), from 0
+    output: str = ""  # the producing node's output name (``logprobs`` events carry three)
 
 
 @dataclass(frozen=True)

@@ -236,7 +236,7 @@ class AsyncEngine(EngineClient):
                         raise InvalidRequest(msg.message)
                     raise AdmissionRejected(msg.message, msg.retry_after_s)
                 if isinstance(msg, m.Event):
-                    yield OutputEvent(rid, msg.modality, msg.walk, msg.node, tuple(msg.iteration), plain_value(msg.data), msg.index)
+                    yield OutputEvent(rid, msg.modality, msg.walk, msg.node, tuple(msg.iteration), plain_value(msg.data), msg.index, msg.output)
                     continue
                 finished = True
                 yield RequestFinished(rid, FinishReason(msg.reason), msg.error, dict(msg.usage), dict(msg.timings))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from walkserve.core.errors import GraphError
 from walkserve.streaming.policy import ChunkPolicy
 
-MODALITIES = ("text", "audio", "image", "video", "action", "latent")
+MODALITIES = ("text", "audio", "image", "video", "action", "latent", "logprobs")
 
 
 @dataclass(frozen=True)

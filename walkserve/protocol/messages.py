@@ -64,6 +64,7 @@ class Event(msgspec.Struct, tag=True, array_like=True):
     iteration: Path
     data: Wire
     index: int
+    output: str = ""  # the node's output name (one modality may carry several, e.g. logprobs)
 
 
 class Finished(msgspec.Struct, tag=True, array_like=True):
@@ -182,6 +183,7 @@ class ClientOut(msgspec.Struct, tag=True, array_like=True):
     modality: str
     path: Path
     value: Wire
+    output: str = ""
 
 
 class WalkOut(msgspec.Struct, tag=True, array_like=True):

@@ -457,7 +457,13 @@ class WalkState(StreamSide, LoopExits, ValueReads):
     def _emit(self, route: Any, node: str, out: str, path: Path, value: Any) -> None:
         if isinstance(route, ToClient):
             self.sink.report(
-                "client", self, node=node, modality=route.modality, path=path, value=value
+                "client",
+                self,
+                node=node,
+                modality=route.modality,
+                path=path,
+                value=value,
+                output=out,
             )
         elif isinstance(route, ToOutput):
             self.sink.report("output", self, name=route.name, value=value)

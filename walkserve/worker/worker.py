@@ -250,7 +250,13 @@ class Worker:
         rid, walk = ws.request_id, ws.walk
         if kind == "client":
             msg = m.ClientOut(
-                rid, walk, f["node"], f["modality"], f["path"], self._wire(f["value"], inline=True)
+                rid,
+                walk,
+                f["node"],
+                f["modality"],
+                f["path"],
+                self._wire(f["value"], inline=True),
+                f.get("output", ""),
             )
         elif kind == "output":
             msg = m.WalkOut(rid, walk, f["name"], self._wire(f["value"], inline=True))

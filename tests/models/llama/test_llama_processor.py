@@ -29,7 +29,7 @@ def qwen(tiny_dirs):
 def test_card(llama, qwen, tiny_dirs):
     card = llama.card()
     assert card.id == "tiny-llama" and card.family == "llama" and card.random_weights
-    assert card.capabilities == frozenset({"completions", "chat", "generate"})
+    assert card.capabilities == frozenset({"completions", "chat", "generate", "logprobs"})
     assert card.max_context == 1024 == llama.config.max_position_embeddings
     assert qwen.card().id == "qwen3" and qwen.card().random_weights  # from the tiny writer's config marker
     config = json.loads((tiny_dirs["qwen3"] / "config.json").read_text())

@@ -115,7 +115,7 @@ def test_component_spec(tiny_dirs):
     engine = build_engine(spec, CPU, {"num_blocks": 8})
     assert isinstance(engine, KVCacheEngine) and engine.block_manager.block_size == 8
     card = model.processor().card()
-    assert card.random_weights and card.family == "qwen2" and card.capabilities == {"completions", "chat", "generate"}
+    assert card.random_weights and card.family == "qwen2" and card.capabilities == {"completions", "chat", "generate", "logprobs"}
 
 
 def _header_bytes(path) -> int:
@@ -126,7 +126,7 @@ def _header_bytes(path) -> int:
 def test_graph_builds_without_a_checkpoint_and_renders():
     model = load_model(ModelRef("llama"))
     graph = model.graph()
-    assert list(graph.walks) == ["prefill", "decode"]
+    assert list(graph.walks) == ["prefill", "decode", "decode_logprobs"]
     assert graph.node_names() == ["lm"]
     assert "client: text" in to_mermaid(graph)
     assert model.default_placement()["nodes"] == [{"nodes": ["lm"], "ranks": [0]}]

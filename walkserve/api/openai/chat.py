@@ -15,13 +15,20 @@ import numpy as np
 from walkserve.api.audio.pcm import pcm16
 from walkserve.api.errors import bad_request
 from walkserve.api.openai.chat_input import convert_messages
-from walkserve.api.openai.choices import ChoiceTracker, ChoiceUpdate, drive_choices, usage
+from walkserve.api.openai.choices import (
+    ChoiceTracker,
+    ChoiceUpdate,
+    TokenLogprob,
+    drive_choices,
+    usage,
+)
 from walkserve.api.openai.plan import (
     build_sampling,
     check_n,
     check_stops,
     default_max_tokens,
     fit_context,
+    logprob_joiner,
     prompt_length,
     unsupported,
     with_seed_offset,
@@ -36,8 +43,8 @@ ROUTE = "/v1/chat/completions"
 
 
 def _reject_unsupported(body: ChatCompletionRequest) -> None:
-    if body.logprobs:
-        raise unsupported("logprobs", "logprobs")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
     if body.tools:
         raise unsupported("tools", "tool calling")
     if body.response_format and body.response_format.get("type") not in (None, "text"):
@@ -69,6 +76,9 @@ async def plan_chat(state: AppState, body: ChatCompletionRequest) -> TextPlan:
     payload["modalities"] = ["text", "audio"] if audio else ["text"]
     explicit = body.max_completion_tokens or body.max_tokens
     overrides = body.sampling_overrides() | {"max_tokens": explicit or default_max_tokens(state.card)}
+    if body.logprobs:
+        logprob_joiner(state, "logprobs")  # refuse early when the model cannot give them
+        overrides["logprobs"] = body.top_logprobs or 0
     sampling = build_sampling(state.card, overrides, stops)
     params = {"voice": audio.voice} if audio and audio.voice else {}
     specs, trackers = [], []
@@ -77,7 +87,8 @@ async def plan_chat(state: AppState, body: ChatCompletionRequest) -> TextPlan:
         fit_context(spec, state.card, explicit is not None, "messages")
         text = TextStream(state.processor.detokenizer(body.skip_special_tokens), stops)
         specs.append(spec)
-        trackers.append(ChoiceTracker(i, text, prompt_length(spec)))
+        joiner = logprob_joiner(state, "logprobs") if body.logprobs else None
+        trackers.append(ChoiceTracker(i, text, prompt_length(spec), logprobs=joiner))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return TextPlan(body.model or state.card.id, specs, trackers, include_usage, audio)
 
@@ -102,8 +113,9 @@ class ChatChunks:
         return out
 
     @staticmethod
-    def choice(index: int, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    def choice(index: int, delta: dict[str, Any], finish_reason: str | None = None,
+               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def role(self, index: int) -> dict[str, Any]:
         return self.chunk([self.choice(index, {"role": "assistant", "content": "" if not self.plan.audio else None})])
@@ -111,15 +123,27 @@ class ChatChunks:
     def deltas(self, update: ChoiceUpdate) -> list[dict[str, Any]]:
         audio = self.plan.audio
         out = []
-        if update.text:
+        if update.text or update.logprobs:
             delta = {"audio": {"id": audio.ids[update.index], "transcript": update.text}} if audio else {"content": update.text}
-            out.append(self.chunk([self.choice(update.index, delta)]))
+            logprobs = chat_logprobs(update.logprobs) if update.logprobs else None
+            out.append(self.chunk([self.choice(update.index, delta, logprobs=logprobs)]))
         if update.audio is not None and audio is not None and len(update.audio):
             data = base64.b64encode(pcm16(update.audio)).decode()
             out.append(self.chunk([self.choice(update.index, {"audio": {"id": audio.ids[update.index], "data": data}})]))
         if update.finish_reason:
             out.append(self.chunk([self.choice(update.index, {}, update.finish_reason)]))
         return out
+
+
+def _token(text: str, logprob: float) -> dict[str, Any]:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
+    """The chat ``logprobs`` object: per token its text, logprob, UTF-8 bytes and top alternatives."""
+    content = [{**_token(e.token, e.logprob), "top_logprobs": [_token(text, lp) for _, text, lp in e.top]}
+               for e in entries]
+    return {"content": content, "refusal": None}
 
 
 async def chat_stream(state: AppState, plan: TextPlan) -> AsyncIterator[bytes]:
@@ -163,16 +187,19 @@ async def _encode_audio(state: AppState, plan: TextPlan, parts: list[np.ndarray]
 async def chat_collect(state: AppState, plan: TextPlan) -> dict[str, Any]:
     texts: list[list[str]] = [[] for _ in plan.trackers]
     audio: list[list[np.ndarray]] = [[] for _ in plan.trackers]
+    entries: list[list[TokenLogprob]] = [[] for _ in plan.trackers]
     async with contextlib.aclosing(drive_choices(state.runner, plan.specs, plan.trackers, ROUTE)) as updates:
         async for update in updates:
             texts[update.index].append(update.text)
+            entries[update.index] += update.logprobs or []
             if update.audio is not None:
                 audio[update.index].append(update.audio)
     choices = []
     for tracker in plan.trackers:
         encoded = await _encode_audio(state, plan, audio[tracker.index])
         message = _message(plan, tracker, "".join(texts[tracker.index]), encoded)
-        choices.append({"index": tracker.index, "message": message, "logprobs": None, "finish_reason": tracker.finish_reason})
+        logprobs = chat_logprobs(entries[tracker.index]) if tracker.joiner is not None else None
+        choices.append({"index": tracker.index, "message": message, "logprobs": logprobs, "finish_reason": tracker.finish_reason})
     return {
         "id": f"chatcmpl-{plan.id}",
         "object": "chat.completion",

@@ -45,38 +45,111 @@ def failure(finished: RequestFinished) -> ApiError:
 
 
 @dataclass
+class TokenLogprob:
+    """One generated token with its log-probability and the ``k`` most likely tokens at its position."""
+
+    token_id: int
+    token: str
+    logprob: float
+    top: list[tuple[int, str, float]]  # (id, text, logprob), most likely first
+
+
+@dataclass
 class ChoiceUpdate:
     index: int
     text: str = ""
     audio: np.ndarray | None = None
     finish_reason: str | None = None
+    logprobs: list[TokenLogprob] | None = None  # the tokens behind ``text``, when the call asked for them
+
+
+class LogprobJoiner:
+    """Pairs each text token with its ``logprobs`` events (same iteration) before the tracker sees it.
+
+    The decode walk sends a token and its three logprob outputs in one pass, so
+    all four parts of iteration k arrive before any part of k + 1; a token is
+    released once its parts are all here.
+    """
+
+    PARTS = ("text", "logprob", "top_logprobs", "top_logprob_ids")
+
+    def __init__(self, token_text):
+        self.token_text = token_text  # id -> str
+        self.pending: dict[tuple[int, ...], dict[str, object]] = {}
+
+    def push(self, event) -> list[tuple[list[int], list[TokenLogprob]]]:
+        part = "text" if event.modality == "text" else event.output
+        self.pending.setdefault(event.iteration, {})[part] = event.data
+        ready = []
+        for it in sorted(self.pending):
+            parts = self.pending[it]
+            if len(parts) < len(self.PARTS):
+                break
+            ready.append(self._join(self.pending.pop(it)))
+        return ready
+
+    def drain(self) -> list[tuple[list[int], list[TokenLogprob]]]:
+        """Whatever is left at the end, in order (parts that never came count as missing)."""
+        out = [self._join(self.pending.pop(it)) for it in sorted(self.pending) if "text" in self.pending[it]]
+        self.pending.clear()
+        return out
+
+    def _join(self, parts: dict) -> tuple[list[int], list[TokenLogprob]]:
+        ids = token_ids(parts["text"])
+        if "logprob" not in parts:
+            return ids, []
+        lps = _floats(parts["logprob"])
+        top_ids = token_ids(parts["top_logprob_ids"]) if "top_logprob_ids" in parts else []
+        top_lps = _floats(parts["top_logprobs"]) if "top_logprobs" in parts else []
+        top = [(t, self.token_text(t), lp) for t, lp in zip(top_ids, top_lps, strict=False)]
+        return ids, [TokenLogprob(t, self.token_text(t), lp, top) for t, lp in zip(ids, lps, strict=False)]
+
+
+def _floats(value) -> list[float]:
+    return [float(x) for x in (value.tolist() if isinstance(value, ArrayData) else value)]
 
 
 class ChoiceTracker:
     """Also counts the tokens the client received; ``group`` marks choices that share a prompt."""
 
-    def __init__(self, index: int, text: TextStream, prompt_tokens: int | None, group: int = 0):
+    def __init__(self, index: int, text: TextStream, prompt_tokens: int | None, group: int = 0,
+                 logprobs: LogprobJoiner | None = None):
         self.index = index
         self.text = text
         self.prompt_tokens = prompt_tokens or 0
         self.group = group
         self.completion_tokens = 0
         self.finish_reason: str | None = None
+        self.joiner = logprobs  # set when the call asked for logprobs
 
     def on_event(self, event: Event) -> ChoiceUpdate | None:
         if isinstance(event, RequestFinished):
             return self._finish(event)
+        if self.joiner is not None and event.modality in ("text", "logprobs"):
+            return self._tokens(self.joiner.push(event))
         if event.modality == "text":
-            ids = token_ids(event.data)
-            self.completion_tokens += len(ids)
-            delta = self.text.push(ids)
-            if self.text.stopped:
-                self.finish_reason = "stop"
-                return ChoiceUpdate(self.index, delta, finish_reason="stop")
-            return ChoiceUpdate(self.index, delta) if delta else None
+            return self._tokens([(token_ids(event.data), None)])
         if event.modality == "audio" and isinstance(event.data, ArrayData):
             return ChoiceUpdate(self.index, audio=audio_samples(event.data))
         return None
+
+    def _tokens(self, tokens: list[tuple[list[int], list[TokenLogprob] | None]]) -> ChoiceUpdate | None:
+        """Text (and logprobs) for tokens that arrived, up to a stop string."""
+        if self.text.stopped:
+            return None  # already finished at a stop string
+        delta, logprobs = [], []
+        for ids, lps in tokens:
+            if self.text.stopped:
+                break
+            self.completion_tokens += len(ids)
+            delta.append(self.text.push(ids))
+            logprobs += lps or []
+        lps_out = logprobs if self.joiner is not None else None
+        if self.text.stopped:
+            self.finish_reason = "stop"
+            return ChoiceUpdate(self.index, "".join(delta), finish_reason="stop", logprobs=lps_out)
+        text = "".join(delta)
+        return ChoiceUpdate(self.index, text, logprobs=lps_out) if text or logprobs else None
 
     def _finish(self, finished: RequestFinished) -> ChoiceUpdate:
         reported = (finished.usage or {}).get("prompt_tokens")
@@ -84,10 +157,16 @@ class ChoiceTracker:
             self.prompt_tokens = reported
         if finished.reason in (FinishReason.ERROR, FinishReason.ABORT):
             raise failure(finished)
+        last = self._tokens(self.joiner.drain()) if self.joiner is not None else None
+        text = last.text if last else ""
+        lps = last.logprobs if last else ([] if self.joiner is not None else None)
+        if self.text.stopped:
+            self.finish_reason = "stop"
+            return ChoiceUpdate(self.index, text, finish_reason="stop", logprobs=lps)
         tail = self.text.flush()
         stopped = finished.reason == FinishReason.STOP or self.text.stopped
         self.finish_reason = "stop" if stopped else "length"
-        return ChoiceUpdate(self.index, tail, finish_reason=self.finish_reason)
+        return ChoiceUpdate(self.index, text + tail, finish_reason=self.finish_reason, logprobs=lps)
 
 
 def usage(trackers: list[ChoiceTracker]) -> dict[str, int]:

@@ -6,12 +6,13 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from walkserve.api.openai.choices import ChoiceTracker, drive_choices, usage
+from walkserve.api.openai.choices import ChoiceTracker, TokenLogprob, drive_choices, usage
 from walkserve.api.openai.plan import (
     build_sampling,
     check_n,
     check_stops,
     fit_context,
+    logprob_joiner,
     prompt_length,
     unsupported,
     with_seed_offset,
@@ -35,8 +36,8 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
 
 
 def _reject_unsupported(body: CompletionRequest) -> None:
-    if body.logprobs is not None:
-        raise unsupported("logprobs", "logprobs")
+    if body.logprobs is not None and body.echo:
+        raise unsupported("echo", "echo with logprobs (logprobs of the prompt)")
     if body.suffix:
         raise unsupported("suffix", "suffix")
     if body.best_of is not None and body.best_of != body.n:
@@ -51,7 +52,11 @@ async def plan_completion(state: AppState, body: CompletionRequest) -> TextPlan:
     check_n(len(prompts) * body.n, state.config, "n")
     stops = body.stop_strings()
     check_stops(stops, state.config)
-    sampling = build_sampling(state.card, body.sampling_overrides(), stops)
+    overrides = body.sampling_overrides()
+    if body.logprobs is not None:
+        logprob_joiner(state, "logprobs")  # refuse early when the model cannot give them
+        overrides["logprobs"] = body.logprobs
+    sampling = build_sampling(state.card, overrides, stops)
     specs, trackers, prefixes = [], [], []
     for p, prompt in enumerate(prompts):
         payload = {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
@@ -61,7 +66,8 @@ async def plan_completion(state: AppState, body: CompletionRequest) -> TextPlan:
             fit_context(spec, state.card, body.max_tokens is not None, "prompt")
             text = TextStream(state.processor.detokenizer(body.skip_special_tokens), stops)
             specs.append(spec)
-            trackers.append(ChoiceTracker(len(trackers), text, prompt_length(spec), group=p))
+            joiner = logprob_joiner(state, "logprobs") if body.logprobs is not None else None
+            trackers.append(ChoiceTracker(len(trackers), text, prompt_length(spec), group=p, logprobs=joiner))
             prefixes.append(echo)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return TextPlan(body.model or state.card.id, specs, trackers, include_usage, prefixes=prefixes)
@@ -81,12 +87,25 @@ def _chunk(plan: TextPlan, choices: list[dict[str, Any]], usage_value: Any = Non
     return out
 
 
-def _choice(index: int, text: str, finish_reason: str | None = None) -> dict[str, Any]:
-    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+def _choice(index: int, text: str, finish_reason: str | None = None, logprobs: dict | None = None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def _logprobs(entries: list[TokenLogprob], offset: int) -> dict[str, Any]:
+    """The legacy completions ``logprobs`` object; ``offset`` is where the first token's text starts."""
+    out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for e in entries:
+        out["tokens"].append(e.token)
+        out["token_logprobs"].append(e.logprob)
+        out["top_logprobs"].append({text: lp for _, text, lp in e.top})
+        out["text_offset"].append(offset)
+        offset += len(e.token)
+    return out
 
 
 async def completion_stream(state: AppState, plan: TextPlan) -> AsyncIterator[bytes]:
     echoed: set[int] = set()
+    offsets = [len(prefix) for prefix in plan.prefixes]  # where each choice's next token starts
     updates = drive_choices(state.runner, plan.specs, plan.trackers, ROUTE)
     async with contextlib.aclosing(updates):
         async for update in updates:
@@ -94,8 +113,12 @@ async def completion_stream(state: AppState, plan: TextPlan) -> AsyncIterator[by
             if update.index not in echoed:
                 echoed.add(update.index)
                 text = plan.prefixes[update.index] + text
-            if text:
-                yield sse(_chunk(plan, [_choice(update.index, text)]))
+            logprobs = None
+            if update.logprobs:
+                logprobs = _logprobs(update.logprobs, offsets[update.index])
+                offsets[update.index] += sum(len(e.token) for e in update.logprobs)
+            if text or logprobs:
+                yield sse(_chunk(plan, [_choice(update.index, text, logprobs=logprobs)]))
             if update.finish_reason:
                 yield sse(_chunk(plan, [_choice(update.index, "", update.finish_reason)]))
     if plan.include_usage:
@@ -105,8 +128,13 @@ async def completion_stream(state: AppState, plan: TextPlan) -> AsyncIterator[by
 
 async def completion_collect(state: AppState, plan: TextPlan) -> dict[str, Any]:
     texts: list[list[str]] = [[prefix] for prefix in plan.prefixes]
+    entries: list[list[TokenLogprob]] = [[] for _ in plan.prefixes]
     async with contextlib.aclosing(drive_choices(state.runner, plan.specs, plan.trackers, ROUTE)) as updates:
         async for update in updates:
             texts[update.index].append(update.text)
-    choices = [_choice(t.index, "".join(texts[t.index]), t.finish_reason) for t in plan.trackers]
+            entries[update.index] += update.logprobs or []
+    choices = []
+    for t in plan.trackers:
+        logprobs = _logprobs(entries[t.index], len(plan.prefixes[t.index])) if t.joiner is not None else None
+        choices.append(_choice(t.index, "".join(texts[t.index]), t.finish_reason, logprobs))
     return {**_chunk(plan, choices), "usage": usage(plan.trackers)}

@@ -7,6 +7,7 @@ from typing import Any
 
 from walkserve.api.config import ServerConfig
 from walkserve.api.errors import ApiError, bad_request
+from walkserve.api.openai.choices import LogprobJoiner
 from walkserve.core.array import ArrayData
 from walkserve.core.errors import InvalidRequest
 from walkserve.core.request import RequestSpec
@@ -85,6 +86,21 @@ def default_max_tokens(card: ModelCard) -> int:
     """Chat's default when the client sets none: the model's default, else the whole context (shrunk by fit_context)."""
     value = card.default_sampling.get("max_tokens")
     return int(value) if isinstance(value, int) and value > 0 else card.max_context
+
+
+def logprob_joiner(state, param: str) -> LogprobJoiner:
+    """A joiner for a call that asked for logprobs; 400 when the served model cannot give them."""
+    if "logprobs" not in state.card.capabilities:
+        raise unsupported(param, f"logprobs for model {state.card.id!r}")
+    names: dict[int, str] = {}
+
+    def token_text(token_id: int) -> str:
+        text = names.get(token_id)
+        if text is None:
+            text = names[token_id] = state.processor.decode([token_id], skip_special_tokens=False)
+        return text
+
+    return LogprobJoiner(token_text)
 
 
 def unsupported(param: str, what: str) -> ApiError:

@@ -4,6 +4,9 @@
     decode:   input.last ─> DynamicLoop[ lm(tokens) -> token ]  carry lm.token -> lm.tokens
                                stop: token in stop_token_ids (not before min_tokens), at most max_tokens
               lm.token -> client:text
+    decode_logprobs: the same loop, and each token's log-probabilities to the client
+              lm.logprob, lm.top_logprobs, lm.top_logprob_ids -> client:logprobs
+              (chosen instead of ``decode`` when the request's sampling asks for logprobs)
 
 The KV engine appends each firing's ``tokens`` to the request's context, so
 prefill (prompt minus its last token) and decode (the last prompt token, then
@@ -23,9 +26,9 @@ from walkserve.core.request import RequestSpec, Value
 from walkserve.graph import (
     Client,
     DynamicLoop,
-    FunctionStateMachine,
     GraphEdge,
     GraphNode,
+    StateMachine,
     StopWhen,
     Walk,
     WalkGraph,
@@ -33,9 +36,11 @@ from walkserve.graph import (
 )
 from walkserve.graph.stop import scalar
 
+LOGPROB_OUTPUTS = ("logprob", "top_logprobs", "top_logprob_ids")
 PROMPT_INPUT = "prompt_token_ids"  # RequestSpec.inputs key: int64 [N] (the key the API reads prompt lengths from)
 LM = "lm"
 LOOP = "decode_loop"
+LOGPROBS_WALK = "decode_logprobs"
 
 
 @dataclass(frozen=True)
@@ -70,9 +75,10 @@ def prefill_walk() -> Walk:
                 inputs=["prompt"])
 
 
-def decode_loop(node_params: Mapping[str, Any] | None = None, always_stop: tuple[int, ...] = ()) -> DynamicLoop:
+def decode_loop(node_params: Mapping[str, Any] | None = None, always_stop: tuple[int, ...] = (),
+                extra_outputs: tuple[str, ...] = ()) -> DynamicLoop:
     """The sampling loop: one token per iteration, fed back as the next iteration's input."""
-    node = GraphNode(LM, inputs=["tokens"], outputs=["token"], params=dict(node_params or {}))
+    node = GraphNode(LM, inputs=["tokens"], outputs=["token", *extra_outputs], params=dict(node_params or {}))
     return DynamicLoop(node, stop=stop_rule(always_stop), max_iterations="max_tokens",
                        carry={f"{LM}.token": f"{LM}.tokens"}, name=LOOP)
 
@@ -80,6 +86,13 @@ def decode_loop(node_params: Mapping[str, Any] | None = None, always_stop: tuple
 def text_decode_walk() -> Walk:
     return Walk("decode", decode_loop(), edges=[GraphEdge("input.last", f"{LM}.tokens"),
                                                  GraphEdge(f"{LM}.token", Client("text"))], inputs=["last"])
+
+
+def logprobs_decode_walk() -> Walk:
+    """``decode`` that also sends each token's logprob and its top-k (``sampling.logprobs``) to the client."""
+    edges = [GraphEdge("input.last", f"{LM}.tokens"), GraphEdge(f"{LM}.token", Client("text"))]
+    edges += [GraphEdge(f"{LM}.{out}", Client("logprobs")) for out in LOGPROB_OUTPUTS]
+    return Walk(LOGPROBS_WALK, decode_loop(extra_outputs=LOGPROB_OUTPUTS), edges=edges, inputs=["last"])
 
 
 def prompt_ids(request: RequestSpec) -> list[int]:
@@ -91,24 +104,36 @@ def prompt_ids(request: RequestSpec) -> list[int]:
     return [int(t) for t in ids]
 
 
-def _first(request: RequestSpec) -> WalkStart:
-    ids = prompt_ids(request)
-    if len(ids) == 1:
-        return WalkStart("decode", {"last": ArrayData.from_list(ids, "int64")})
-    return WalkStart("prefill", {"prompt": ArrayData.from_list(ids[:-1], "int64")})
+class PromptThenDecode(StateMachine):
+    """prefill (when the prompt has more than one token), then decode, then done.
+
+    With ``logprobs`` set, a request whose sampling asks for logprobs decodes
+    through the ``decode_logprobs`` walk instead.
+    """
+
+    def __init__(self, logprobs: bool = False):
+        self.logprobs = logprobs
+
+    def _decode(self, request: RequestSpec) -> str:
+        return LOGPROBS_WALK if self.logprobs and request.sampling.logprobs is not None else "decode"
+
+    def first(self, request: RequestSpec) -> WalkStart:
+        ids = prompt_ids(request)
+        if len(ids) == 1:
+            return WalkStart(self._decode(request), {"last": ArrayData.from_list(ids, "int64")})
+        return WalkStart("prefill", {"prompt": ArrayData.from_list(ids[:-1], "int64")})
+
+    def next(self, request: RequestSpec, finished: str, outputs: Mapping[str, Value]) -> WalkStart | None:
+        if finished == "prefill":
+            return WalkStart(self._decode(request), {"last": ArrayData.from_list(prompt_ids(request)[-1:], "int64")})
+        return None
 
 
-def _next(request: RequestSpec, finished: str, outputs: Mapping[str, Value]) -> WalkStart | None:
-    if finished == "prefill":
-        return WalkStart("decode", {"last": ArrayData.from_list(prompt_ids(request)[-1:], "int64")})
-    return None
-
-
-def prompt_state_machine() -> FunctionStateMachine:
-    """prefill (when the prompt has more than one token), then decode, then done."""
-    return FunctionStateMachine(_first, _next)
+def prompt_state_machine(logprobs: bool = False) -> PromptThenDecode:
+    """prefill, then decode (``decode_logprobs`` for requests asking for logprobs, when ``logprobs``)."""
+    return PromptThenDecode(logprobs)
 
 
 def build_graph(name: str = "llama") -> WalkGraph:
-    """The text LM's walk graph (prefill + decode, text to the client)."""
-    return WalkGraph(name, [prefill_walk(), text_decode_walk()], prompt_state_machine())
+    """The text LM's walk graph (prefill + decode, text and, when asked for, logprobs to the client)."""
+    return WalkGraph(name, [prefill_walk(), text_decode_walk(), logprobs_decode_walk()], prompt_state_machine(True))

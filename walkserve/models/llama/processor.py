@@ -45,7 +45,7 @@ class TextLMProcessor(Processor):
         self._card = ModelCard(
             id=model_id or path.name,
             family=family or self.config.family,
-            capabilities=frozenset({"completions", "chat", "generate"}),
+            capabilities=frozenset({"completions", "chat", "generate", "logprobs"}),
             max_context=self.config.max_position_embeddings,
             random_weights=random_weights or self.config.random_weights,
             description=f"{self.config.architecture} ({self.config.num_hidden_layers} layers)",
