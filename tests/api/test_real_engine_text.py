@@ -183,6 +183,21 @@ def test_native_generate_task_equals_engine(server):
     assert lines[-1]["type"] == "finished" and lines[-1]["finish_reason"] == "length"
 
 
+def test_native_generate_streams_logprob_events(server):
+    want = direct_logprobs(server, "completion", {"prompt": PROMPT}, 2, max_tokens=4, temperature=0.0, ignore_eos=True)
+    body = {"task": "generate", "inputs": {"prompt": PROMPT},
+            "sampling": {"max_tokens": 4, "temperature": 0, "ignore_eos": True, "logprobs": 2}}
+    with httpx.stream("POST", f"{server.url}/v1/generate", json=body, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        lines = [json.loads(line) for line in response.iter_lines() if line]
+    got: dict = {}
+    for line in lines:
+        if line["type"] == "output" and line["modality"] == "logprobs":
+            got.setdefault(line["output"], []).append(line["data"]["values"])
+    assert [v[0] for v in got["logprob"]] == pytest.approx([w[1] for w in want], abs=1e-6)
+    assert got["top_logprob_ids"] == [w[2] for w in want]
+
+
 def test_metrics_move(server, client):
     before = metrics(server.url)
     client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=5, temperature=0)

@@ -42,6 +42,9 @@ async def plan_generate(state: AppState, body: GenerateRequest) -> NativePlan:
     stops = sampling_fields.stop_strings() if sampling_fields else ()
     check_stops(stops, state.config)
     overrides = sampling_fields.sampling_overrides() if sampling_fields else {}
+    if sampling_fields and sampling_fields.logprobs is not None:
+        state.require("logprobs", "sampling.logprobs", "sampling.logprobs")
+        overrides["logprobs"] = sampling_fields.logprobs
     sampling = build_sampling(state.card, overrides, stops)
     inputs = await convert_inputs(state, body.inputs)
     modalities = body.modalities or ["text"]
@@ -73,6 +76,8 @@ async def _render(state: AppState, plan: NativePlan, event: OutputEvent) -> dict
         data = render_audio(value, plan.body.audio_encoding, state.card.sample_rate)
     elif event.modality == "image":
         data = await render_image(value, plan.body.image_format)
+    elif event.modality == "logprobs":
+        data = {"values": plain(value.tolist())}
     else:
         data = raw_array(value)
     return {**event_head(event), "data": data}

@@ -45,6 +45,7 @@ def event_head(event: OutputEvent) -> dict[str, Any]:
         "iteration": list(event.iteration),
         "walk": event.walk,
         "node": event.node,
+        "output": event.output,
     }
 
 

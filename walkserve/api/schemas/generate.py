@@ -37,6 +37,7 @@ InputValue = TypedInput | Scalar | Annotated[list[JsonInt | Float], Field(max_le
 
 class SamplingBody(SamplingFields):
     n: Annotated[int, Field(strict=True, ge=1, le=1)] = 1
+    logprobs: Annotated[int, Field(strict=True, ge=0, le=20)] | None = None  # top-k per token; models with `logprobs`
 
 
 class GenerateRequest(ApiModel):
