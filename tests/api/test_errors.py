@@ -217,6 +217,10 @@ async def test_capabilities_and_limits() -> None:
         assert "fake-tiny" in no_logprobs.json()["error"]["message"]
         assert_envelope(await client.post("/v1/chat/completions", json={**CHAT, "logprobs": True}), 400, param="logprobs")
         assert_envelope(await client.post("/v1/chat/completions", json={**CHAT, "top_logprobs": 2}), 400, param="top_logprobs")
+        bad_key = await client.post("/v1/completions", json={"prompt": "x", "logit_bias": {"abc": 1}})
+        assert_envelope(bad_key, 400, param="logit_bias.abc")
+        too_big = await client.post("/v1/chat/completions", json={**CHAT, "logit_bias": {"5": 101}})
+        assert_envelope(too_big, 400, param="logit_bias")
         echo = await client.post("/v1/completions", json={"prompt": "x", "logprobs": 1, "echo": True})
         assert_envelope(echo, 400, param="echo", code="unsupported_parameter")
         assert_envelope(await client.post("/v1/chat/completions", json={**CHAT, "stop": ["x" * 300]}), 400, param="stop")

@@ -183,6 +183,26 @@ def test_native_generate_task_equals_engine(server):
     assert lines[-1]["type"] == "finished" and lines[-1]["finish_reason"] == "length"
 
 
+def test_logit_bias_forces_and_bans_tokens(server, client):
+    ids, _, _, _ = direct(server, "completion", {"prompt": PROMPT}, max_tokens=6, temperature=0.0, ignore_eos=True)
+    forced = direct(server, "completion", {"prompt": PROMPT}, max_tokens=6, temperature=0.0, ignore_eos=True,
+                    logit_bias=((ids[1], 100.0),))[0]
+    assert forced == [ids[1]] * 6
+    extra = {"ignore_eos": True}
+    answer = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=6, temperature=0,
+                                       logit_bias={str(ids[1]): 100}, extra_body=extra, logprobs=0)
+    assert answer.choices[0].logprobs.tokens == [server.engine.processor.decode([ids[1]], skip_special_tokens=False)] * 6
+    banned = client.chat.completions.create(model="tiny-llama", messages=MESSAGES, max_tokens=6, temperature=0,
+                                            logit_bias={str(ids[0]): -100}, logprobs=True, extra_body=extra)
+    chat_ids, _, _, _ = direct(server, "chat", {"messages": MESSAGES}, max_tokens=6, temperature=0.0, ignore_eos=True,
+                               logit_bias=((ids[0], -100.0),))
+    assert ids[0] not in chat_ids
+    assert [c.token for c in banned.choices[0].logprobs.content] == [
+        server.engine.processor.decode([t], skip_special_tokens=False) for t in chat_ids]
+    with pytest.raises(openai.BadRequestError, match="vocabulary"):
+        client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=2, logit_bias={"99999999": 5})
+
+
 def test_native_generate_streams_logprob_events(server):
     want = direct_logprobs(server, "completion", {"prompt": PROMPT}, 2, max_tokens=4, temperature=0.0, ignore_eos=True)
     body = {"task": "generate", "inputs": {"prompt": PROMPT},

@@ -181,3 +181,38 @@ def test_apply_penalties_leaves_ids_outside_the_history_alone():
     row = SampleRow(SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5), [0, 1, 1, 9], [1, 1])
     penalise(group, [row])
     assert group.x.tolist() == [[1.0, -5.0, 3.0, 0.0]]
+
+
+def test_logit_bias_over_the_vocabulary_and_over_candidates():
+    """Greedy choice and logprobs are those of logits + bias (masked to the allowed ids for constrained rows)."""
+    logits = _logits(4, seed=5)
+    allowed = LAYOUTS[2]
+    inside, outside = allowed[0][0] + 3, 7  # an allowed id, and one the constrained row can never pick
+    rows = [
+        SampleRow(SamplingParams(temperature=0.0, logprobs=3, logit_bias=((11, 100.0),)), [], []),
+        SampleRow(SamplingParams(temperature=0.0, logprobs=3, logit_bias=((int(logits[1].argmax()), -100.0),)), [], []),
+        SampleRow(SamplingParams(temperature=0.0, logprobs=3, logit_bias=((inside, 25.0), (outside, 100.0))), [], [],
+                  allowed=allowed),
+        SampleRow(SamplingParams(temperature=0.0, logprobs=3), [], []),  # no bias: untouched by its neighbours'
+    ]
+    out = Sampler(seed=0)(logits, rows)
+    for i, row in enumerate(rows):
+        ref = logits[i].clone()
+        for token, bias in row.params.logit_bias:
+            ref[token] += bias
+        if row.allowed is not None:
+            ref = _masked(ref, row.allowed)
+        ref = torch.log_softmax(ref, -1)
+        assert out.token_ids[i].item() == ref.argmax().item()
+        torch.testing.assert_close(out.logprobs[i], ref[out.token_ids[i]])
+        torch.testing.assert_close(out.top_logprobs[i], ref.topk(3).values)
+    assert out.token_ids[0].item() == 11 and out.token_ids[2].item() == inside
+    assert out.token_ids[1].item() != logits[1].argmax().item()
+
+
+def test_logit_bias_is_checked_and_travels():
+    params = SamplingParams(logit_bias=((5, -1.5), (9, 100.0)))
+    assert SamplingParams.from_dict(params.to_dict()) == params
+    for bad in (((5, 101.0),), ((-1, 1.0),), ((5, float("nan")),), ((5, 1.0), (5, 2.0)), tuple((i, 1.0) for i in range(301))):
+        with pytest.raises(Exception, match="logit_bias"):
+            SamplingParams(logit_bias=bad)

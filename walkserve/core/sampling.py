@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from walkserve.core.errors import InvalidRequest
 
 MAX_SEED = 2**63 - 1
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI allows
 
 
 def _finite(name: str, value: float, lo: float | None = None, hi: float | None = None) -> None:
@@ -43,6 +44,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), OpenAI's -100..100
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -70,6 +72,14 @@ class SamplingParams:
             raise InvalidRequest("logprobs must be in [0, 20]", param="logprobs")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise InvalidRequest("stop_token_ids must be non-negative integers", param="stop_token_ids")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise InvalidRequest(f"logit_bias has {len(self.logit_bias)} entries; at most {MAX_LOGIT_BIAS}", param="logit_bias")
+        for token, bias in self.logit_bias:
+            if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+                raise InvalidRequest("logit_bias keys must be non-negative token ids", param="logit_bias")
+            _finite("logit_bias", bias, -100.0, 100.0)
+        if len({t for t, _ in self.logit_bias}) != len(self.logit_bias):
+            raise InvalidRequest("logit_bias names a token twice", param="logit_bias")
 
     @property
     def greedy(self) -> bool:
@@ -91,6 +101,7 @@ class SamplingParams:
             "stop": list(self.stop),
             "ignore_eos": self.ignore_eos,
             "logprobs": self.logprobs,
+            "logit_bias": [[t, b] for t, b in self.logit_bias],
         }
 
     @classmethod
@@ -98,4 +109,5 @@ class SamplingParams:
         d = dict(d)
         d["stop_token_ids"] = tuple(d.get("stop_token_ids") or ())
         d["stop"] = tuple(d.get("stop") or ())
+        d["logit_bias"] = tuple((int(t), float(b)) for t, b in d.get("logit_bias") or ())
         return cls(**d)

@@ -9,6 +9,7 @@ the whole vocabulary (K = V). Order of operations (vectorised over a group's row
       -> candidates           (gather the allowed ids of constrained rows: x [G, K] float32)
       -> repetition penalty   (HF: divide positive / multiply negative logits of tokens in prompt+output)
       -> presence, frequency  (OpenAI: minus presence * [count > 0] + frequency * count over output tokens)
+      -> logit_bias           (OpenAI: the request's bias added to the logits of its listed ids)
       -> min_tokens           (stop ids masked to -inf while fewer than min_tokens were generated)
       => logprobs are taken here (log_softmax of the penalised logits, before temperature)
       -> greedy rows: argmax  (candidate ids ascend, so ties go to the lowest id, as over the vocabulary)
@@ -91,6 +92,7 @@ class Sampler:
         self, group: CandidateGroup, rows: list[SampleRow], out: SamplerOutput, want: int | None
     ) -> None:
         penalise(group, rows)
+        add_logit_bias(group, rows)
         mask_min_tokens(group, rows)
         x = group.x  # [G, K]
         logprobs = torch.log_softmax(x, dim=-1) if want is not None else None  # [G, K]
@@ -155,6 +157,7 @@ def _plain_greedy(row: SampleRow) -> bool:
         and p.repetition_penalty == 1.0
         and not p.presence_penalty
         and not p.frequency_penalty
+        and not p.logit_bias
         and (not p.stop_token_ids or len(row.output) >= p.min_tokens)
     )
 
@@ -189,6 +192,22 @@ def penalise(group: CandidateGroup, rows: list[SampleRow]) -> None:
         presence = _per_row(rows, "presence_penalty", x.device)[g]
         frequency = _per_row(rows, "frequency_penalty", x.device)[g]
         x[g, c] -= presence + frequency * count
+
+
+def add_logit_bias(group: CandidateGroup, rows: list[SampleRow]) -> None:
+    """Each row's ``logit_bias`` added to the logits of its ids that are candidates (others stay excluded)."""
+    biased = [g for g, r in enumerate(rows) if r.params.logit_bias]
+    if not biased:
+        return
+    x = group.x
+    for g in biased:  # a few hundred entries at most per row
+        ids = [t for t, _ in rows[g].params.logit_bias]
+        _, c = group.columns([g], [ids])  # candidate columns, in the order of ``ids`` (others dropped)
+        if not len(c):
+            continue
+        kept = group.vocab_ids(torch.full_like(c, g), c).tolist()
+        bias = dict(rows[g].params.logit_bias)
+        x[g, c] += torch.tensor([bias[t] for t in kept], dtype=x.dtype, device=x.device)
 
 
 def mask_min_tokens(group: CandidateGroup, rows: list[SampleRow]) -> None:

@@ -42,8 +42,6 @@ def _reject_unsupported(body: CompletionRequest) -> None:
         raise unsupported("suffix", "suffix")
     if body.best_of is not None and body.best_of != body.n:
         raise unsupported("best_of", "best_of other than n")
-    if body.logit_bias:
-        raise unsupported("logit_bias", "logit_bias")
 
 
 async def plan_completion(state: AppState, body: CompletionRequest) -> TextPlan:

@@ -60,6 +60,8 @@ class SamplingFields(ApiModel):
     stop_token_ids: Annotated[list[TokenId], Field(max_length=64)] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    # {token id as a decimal string: bias in [-100, 100]}, as OpenAI sends it
+    logit_bias: Annotated[dict[Annotated[str, Field(pattern=r"^[0-9]{1,10}$")], Float], Field(max_length=300)] | None = None
 
     def sampling_overrides(self) -> dict[str, Any]:
         """The SamplingParams fields the client set (None means: the model's default)."""
@@ -72,6 +74,8 @@ class SamplingFields(ApiModel):
             out["stop_token_ids"] = tuple(self.stop_token_ids)
         if self.ignore_eos:
             out["ignore_eos"] = True
+        if self.logit_bias:
+            out["logit_bias"] = tuple((int(key), value) for key, value in self.logit_bias.items())
         return out
 
     def stop_strings(self) -> tuple[str, ...]:

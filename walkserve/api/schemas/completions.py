@@ -21,5 +21,4 @@ class CompletionRequest(SamplingFields):
     logprobs: Annotated[int, Field(strict=True, ge=0, le=5)] | None = None
     best_of: Annotated[int, Field(strict=True, ge=1, le=128)] | None = None
     suffix: str | None = None
-    logit_bias: dict[str, float] | None = None
     user: str | None = None

@@ -72,6 +72,7 @@ class TextLMProcessor(Processor):
         else:
             raise InvalidRequest(f"{self._card.id} does not serve task {task!r}", param="task")
         self._check_length(ids, field, sampling)
+        self._check_token_ids(sampling)
         return RequestSpec(
             inputs={PROMPT_INPUT: ArrayData.from_list(ids, "int64")},
             task=task,
@@ -146,6 +147,12 @@ class TextLMProcessor(Processor):
                 f"prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) exceeds the context of {limit}",
                 param="max_tokens",
             )
+
+    def _check_token_ids(self, sampling: SamplingParams) -> None:
+        vocab = self.config.vocab_size
+        unknown = [t for t, _ in sampling.logit_bias if t >= vocab]
+        if unknown:
+            raise InvalidRequest(f"logit_bias names token id {unknown[0]}; the vocabulary has {vocab} ids", param="logit_bias")
 
     def _with_stop_ids(self, sampling: SamplingParams) -> SamplingParams:
         if sampling.ignore_eos:
