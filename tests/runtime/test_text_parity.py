@@ -136,6 +136,8 @@ def test_logprobs_of_each_token_match_transformers(tiny_llama):
             parts.setdefault(e.output, []).append(e)
         assert sorted(parts) == ["logprob", "top_logprob_ids", "top_logprobs"]
         assert [e.iteration for e in parts["logprob"]] == [e.iteration for e in res.modality("text")]
+        usage = res.finished.usage  # counted per modality, over the outputs that carry it
+        assert (usage["text_outputs"], usage["logprobs_outputs"]) == (len(got), 3 * len(got))
         want = hf_logprobs(tiny_llama, req.inputs["prompt_token_ids"].tolist(), got)
         for i, tok in enumerate(got):
             assert abs(float(parts["logprob"][i].data.tolist()[0]) - float(want[i, tok])) < 1e-4

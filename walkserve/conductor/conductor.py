@@ -213,7 +213,9 @@ class Conductor:
         timings = {"queue_s": getattr(run, "queue_s", 0.0), "total_s": now - run.admitted_at}
         if run.first_output_at is not None:
             timings["first_output_s"] = run.first_output_at - run.admitted_at
-        usage = {"firings": run.firings, **{f"{k}_outputs": v for k, v in run.seq.items()}}
+        usage = {"firings": run.firings}
+        for (modality, _), n in run.seq.items():  # outputs per modality, whichever node output carried them
+            usage[f"{modality}_outputs"] = usage.get(f"{modality}_outputs", 0) + n
         key = {FinishReason.ERROR: "failed", FinishReason.ABORT: "aborted"}.get(reason, "finished")
         self.counters[key] += 1
         self.outbox.put(FRONTEND, m.Finished(run.id, reason.value, error, usage, timings))
