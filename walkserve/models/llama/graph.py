@@ -83,16 +83,12 @@ def decode_loop(node_params: Mapping[str, Any] | None = None, always_stop: tuple
                        carry={f"{LM}.token": f"{LM}.tokens"}, name=LOOP)
 
 
-def text_decode_walk() -> Walk:
-    return Walk("decode", decode_loop(), edges=[GraphEdge("input.last", f"{LM}.tokens"),
-                                                 GraphEdge(f"{LM}.token", Client("text"))], inputs=["last"])
-
-
-def logprobs_decode_walk() -> Walk:
-    """``decode`` that also sends each token's logprob and its top-k (``sampling.logprobs``) to the client."""
+def text_decode_walk(logprobs: bool = False) -> Walk:
+    """``decode``; with ``logprobs``, ``decode_logprobs``, which also sends each token's logprob and top-k."""
+    extra = LOGPROB_OUTPUTS if logprobs else ()
     edges = [GraphEdge("input.last", f"{LM}.tokens"), GraphEdge(f"{LM}.token", Client("text"))]
-    edges += [GraphEdge(f"{LM}.{out}", Client("logprobs")) for out in LOGPROB_OUTPUTS]
-    return Walk(LOGPROBS_WALK, decode_loop(extra_outputs=LOGPROB_OUTPUTS), edges=edges, inputs=["last"])
+    edges += [GraphEdge(f"{LM}.{out}", Client("logprobs")) for out in extra]
+    return Walk(LOGPROBS_WALK if logprobs else "decode", decode_loop(extra_outputs=extra), edges=edges, inputs=["last"])
 
 
 def prompt_ids(request: RequestSpec) -> list[int]:
@@ -136,4 +132,4 @@ def prompt_state_machine(logprobs: bool = False) -> PromptThenDecode:
 
 def build_graph(name: str = "llama") -> WalkGraph:
     """The text LM's walk graph (prefill + decode, text and, when asked for, logprobs to the client)."""
-    return WalkGraph(name, [prefill_walk(), text_decode_walk(), logprobs_decode_walk()], prompt_state_machine(True))
+    return WalkGraph(name, [prefill_walk(), text_decode_walk(), text_decode_walk(logprobs=True)], prompt_state_machine(True))
