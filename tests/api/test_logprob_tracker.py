@@ -39,7 +39,7 @@ def parts(k: int, token: int, logprob: float, top: list[tuple[int, float]]) -> d
 
 
 def tracker(stops: tuple[str, ...] = ()) -> ChoiceTracker:
-    return ChoiceTracker(0, TextStream(Letters(), stops), 3, logprobs=LogprobJoiner(lambda t: LETTERS[t]))
+    return ChoiceTracker(0, TextStream(Letters(), stops), 3, logprobs=LogprobJoiner(lambda t: LETTERS[t].encode()))
 
 
 def feed(t: ChoiceTracker, events: list[OutputEvent], finish: FinishReason = FinishReason.LENGTH):
@@ -60,7 +60,8 @@ def test_a_token_waits_for_its_logprobs_whatever_the_order_of_its_parts():
     assert "".join(u.text for u in updates) == "bd"
     entries = [e for u in updates for e in (u.logprobs or [])]
     assert [(e.token, e.logprob) for e in entries] == [("b", -0.5), ("d", -0.25)]
-    assert [e.top for e in entries] == [[(1, "b", -0.5), (2, "c", pytest.approx(-1.5))], [(3, "d", -0.25), (0, "a", -2.0)]]
+    assert [e.top for e in entries] == [[(1, "b", b"b", -0.5), (2, "c", b"c", pytest.approx(-1.5))],
+                                        [(3, "d", b"d", -0.25), (0, "a", b"a", -2.0)]]
     assert updates[-1].finish_reason == "length" and t.completion_tokens == 2
 
 
@@ -72,3 +73,15 @@ def test_logprobs_stop_with_the_text_at_a_stop_string():
     assert [e.token for u in updates for e in (u.logprobs or [])] == ["a", "b", "c"]  # up to the token that completed "bc"
     assert t.finish_reason == "stop" and t.completion_tokens == 3
     assert [u.finish_reason for u in updates] == [None, None, "stop"]  # one finish, nothing after it
+
+
+def test_a_token_that_is_part_of_a_character_is_named_by_its_bytes():
+    pieces = {0: "\u4f60".encode()[:2], 1: "\u4f60".encode()[2:], 2: b"ok"}
+    joiner = LogprobJoiner(pieces.__getitem__)
+    for k, tok in enumerate([0, 1, 2]):
+        for event in parts(k, tok, -1.0, [(tok, -1.0)]).values():
+            ready = joiner.push(event)
+        [(_, [entry])] = ready
+        assert entry.bytes == pieces[tok] and entry.top[0][2] == pieces[tok]
+        want = {0: "bytes:\\xe4\\xbd", 1: "bytes:\\xa0", 2: "ok"}[tok]
+        assert entry.token == want

@@ -99,6 +99,25 @@ def test_chat_greedy_equals_engine(server, client):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
 
 
+def token_name(server, token_id: int) -> tuple[str, list[int]]:
+    """(text, bytes) a logprobs entry names a token by: its vocabulary bytes, from transformers' tokenizer."""
+    from transformers import AutoTokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    ref = token_name.cache.get(server.url)
+    if ref is None:
+        ref = token_name.cache[server.url] = AutoTokenizer.from_pretrained(server.engine.spec.model_path)
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    raw = bytes(byte_of[c] for c in ref.convert_ids_to_tokens(token_id))
+    try:
+        return raw.decode(), list(raw)
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw), list(raw)
+
+
+token_name.cache = {}
+
+
 def direct_logprobs(server, task: str, payload: dict, k: int, **sampling) -> list[tuple[int, float, list[int], list[float]]]:
     """(token, logprob, top ids, top logprobs) per generated token, straight from the engine."""
     spec = server.engine.processor.build_request(task, payload, SamplingParams(logprobs=k, **sampling), {})
@@ -113,18 +132,17 @@ def direct_logprobs(server, task: str, payload: dict, k: int, **sampling) -> lis
 def test_completion_logprobs_equal_the_engine_streamed_or_not(server, client):
     want = direct_logprobs(server, "completion", {"prompt": PROMPT}, 3, max_tokens=8, temperature=0.0, ignore_eos=True)
     assert len(want) == 8
-    decode = server.engine.processor.decode
     extra = {"ignore_eos": True}
     answer = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=8, temperature=0, logprobs=3,
                                        extra_body=extra)
     lp = answer.choices[0].logprobs
-    assert lp.tokens == [decode([t], skip_special_tokens=False) for t, _, _, _ in want]
+    assert lp.tokens == [token_name(server, t)[0] for t, _, _, _ in want]
     assert lp.token_logprobs == pytest.approx([w[1] for w in want], abs=1e-6)
     for top, (_, _, ids, values) in zip(lp.top_logprobs, want, strict=True):
-        assert top == pytest.approx({decode([i], skip_special_tokens=False): v for i, v in zip(ids, values, strict=True)},
-                                    abs=1e-6)
-    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(8)]
-    assert "".join(lp.tokens) == answer.choices[0].text
+        assert top == pytest.approx({token_name(server, i)[0]: v for i, v in zip(ids, values, strict=True)}, abs=1e-6)
+    raw = [bytes(token_name(server, t)[1]) for t, _, _, _ in want]
+    assert b"".join(raw).decode("utf-8", errors="replace") == answer.choices[0].text
+    assert lp.text_offset == [len(b"".join(raw[:i]).decode("utf-8", errors="ignore")) for i in range(8)]
     stream = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=8, temperature=0, logprobs=3,
                                        extra_body=extra, stream=True)
     streamed = [c.choices[0].logprobs for c in stream if c.choices and c.choices[0].logprobs]
@@ -137,15 +155,13 @@ def test_completion_logprobs_equal_the_engine_streamed_or_not(server, client):
 
 def test_chat_logprobs_equal_the_engine(server, client):
     want = direct_logprobs(server, "chat", {"messages": MESSAGES}, 2, max_tokens=6, temperature=0.0, ignore_eos=True)
-    decode = server.engine.processor.decode
     answer = client.chat.completions.create(model="tiny-llama", messages=MESSAGES, max_tokens=6, temperature=0,
                                             logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
     content = answer.choices[0].logprobs.content
-    assert [c.token for c in content] == [decode([t], skip_special_tokens=False) for t, _, _, _ in want]
+    assert [(c.token, c.bytes) for c in content] == [token_name(server, t) for t, _, _, _ in want]
     assert [c.logprob for c in content] == pytest.approx([w[1] for w in want], abs=1e-6)
-    assert all(c.bytes == list(c.token.encode()) for c in content)
     for c, (_, _, ids, values) in zip(content, want, strict=True):
-        assert [t.token for t in c.top_logprobs] == [decode([i], skip_special_tokens=False) for i in ids]
+        assert [(t.token, t.bytes) for t in c.top_logprobs] == [token_name(server, i) for i in ids]
         assert [t.logprob for t in c.top_logprobs] == pytest.approx(values, abs=1e-6)
     stream = client.chat.completions.create(model="tiny-llama", messages=MESSAGES, max_tokens=6, temperature=0,
                                             logprobs=True, extra_body={"ignore_eos": True}, stream=True)
@@ -191,14 +207,13 @@ def test_logit_bias_forces_and_bans_tokens(server, client):
     extra = {"ignore_eos": True}
     answer = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=6, temperature=0,
                                        logit_bias={str(ids[1]): 100}, extra_body=extra, logprobs=0)
-    assert answer.choices[0].logprobs.tokens == [server.engine.processor.decode([ids[1]], skip_special_tokens=False)] * 6
+    assert answer.choices[0].logprobs.tokens == [token_name(server, ids[1])[0]] * 6
     banned = client.chat.completions.create(model="tiny-llama", messages=MESSAGES, max_tokens=6, temperature=0,
                                             logit_bias={str(ids[0]): -100}, logprobs=True, extra_body=extra)
     chat_ids, _, _, _ = direct(server, "chat", {"messages": MESSAGES}, max_tokens=6, temperature=0.0, ignore_eos=True,
                                logit_bias=((ids[0], -100.0),))
     assert ids[0] not in chat_ids
-    assert [c.token for c in banned.choices[0].logprobs.content] == [
-        server.engine.processor.decode([t], skip_special_tokens=False) for t in chat_ids]
+    assert [c.token for c in banned.choices[0].logprobs.content] == [token_name(server, t)[0] for t in chat_ids]
     with pytest.raises(openai.BadRequestError, match="vocabulary"):
         client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=2, logit_bias={"99999999": 5})
 

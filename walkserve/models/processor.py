@@ -70,6 +70,10 @@ class Processor(ABC):
         d = self.detokenizer(skip_special_tokens)
         return d.push(token_ids) + d.flush()
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (for logprobs); a processor with a vocabulary knows them exactly."""
+        return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
 
 class TensorProcessor(Processor):
     """The processor of a model without one of its own: ``/v1/generate`` with raw inputs.

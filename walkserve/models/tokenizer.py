@@ -22,6 +22,8 @@ class Tokenizer:
 
     def __init__(self, backend: Any, config: dict[str, Any] | None = None, chat_template: str | None = None):
         self.backend = backend  # tokenizers.Tokenizer
+        self._pieces = _piece_bytes(json.loads(backend.to_str()))  # vocabulary piece -> the bytes it stands for
+        self._added = set(backend.get_added_tokens_decoder())  # ids of added (special) tokens
         self.config = dict(config or {})
         self.chat_template = ChatTemplate(chat_template) if chat_template else None
         self.bos_token = _token_text(self.config.get("bos_token"))
@@ -69,6 +71,20 @@ class Tokenizer:
     def detokenizer(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(lambda ids: self.decode(ids, skip_special_tokens))
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for: a piece of a multi-byte character is its raw bytes.
+
+        Byte-level BPE vocabularies (GPT-2, Llama 3, Qwen) spell bytes as
+        printable characters; SentencePiece ones spell a space as U+2581 and
+        unknown bytes as ``<0xAB>`` pieces. Added (special) tokens are their text.
+        """
+        piece = self.backend.id_to_token(int(token_id))
+        if piece is None:
+            return b""
+        if token_id in self._added:
+            return piece.encode("utf-8")
+        return self._pieces(piece)
+
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **variables: Any
     ) -> str:
@@ -78,6 +94,45 @@ class Tokenizer:
         variables.setdefault("bos_token", self.bos_token or "")
         variables.setdefault("eos_token", self.eos_token or "")
         return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **variables)
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte -> printable character table, inverted: printable bytes stand for themselves, the rest
+    for the characters from U+0100 on, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[chr(b)] = b
+        else:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
+
+
+def _piece_bytes(spec: dict[str, Any]) -> Any:
+    """How to turn a vocabulary piece of this tokenizer.json into bytes (a function piece -> bytes)."""
+    decoder = spec.get("decoder") or {}
+    kinds = {d.get("type") for d in decoder.get("decoders", [])} | {decoder.get("type")}
+    if "ByteLevel" in kinds:
+        alphabet = _byte_level_alphabet()
+
+        def byte_level(piece: str) -> bytes:
+            if all(c in alphabet for c in piece):
+                return bytes(alphabet[c] for c in piece)
+            return piece.encode("utf-8")
+
+        return byte_level
+
+    def sentencepiece(piece: str) -> bytes:
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            try:
+                return bytes([int(piece[3:5], 16)])
+            except ValueError:
+                pass
+        return piece.replace("\u2581", " ").encode("utf-8")
+
+    return sentencepiece
 
 
 def _token_text(value: Any) -> str | None:

@@ -128,3 +128,34 @@ def test_detokenizer_on_arbitrary_unicode(tiny_dirs, text, cuts):
     ids = tok.encode(text, add_special_tokens=False)
     deltas = _stream(tok, ids, cuts)
     assert "".join(deltas) == tok.decode(ids) == text
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_token_bytes_match_transformers_pieces_and_rebuild_the_text(arch, tiny_dirs):
+    """Each token's bytes (what logprobs report), pieces of split characters included."""
+    from transformers import AutoTokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    ours, ref = Tokenizer.from_dir(tiny_dirs[arch]), AutoTokenizer.from_pretrained(tiny_dirs[arch])
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    split = 0
+    for text in TEXTS:
+        ids = ours.encode(text, add_special_tokens=False)
+        pieces = [ours.token_bytes(i) for i in ids]
+        assert pieces == [bytes(byte_of[c] for c in ref.convert_ids_to_tokens(i)) for i in ids]
+        assert b"".join(pieces) == text.encode("utf-8")
+        split += sum(1 for p in pieces if "\ufffd" in p.decode("utf-8", errors="replace"))
+    assert split > 0, "the texts were meant to split some characters across tokens"
+    special = ours.eos_token_id
+    assert ours.token_bytes(special) == ours.eos_token.encode()
+
+
+def test_sentencepiece_pieces_to_bytes():
+    """Llama-2-style vocabularies: U+2581 is a space, ``<0xAB>`` pieces are single bytes."""
+    from walkserve.models.tokenizer import _piece_bytes
+
+    spec = {"decoder": {"type": "Sequence", "decoders": [{"type": "Replace"}, {"type": "ByteFallback"},
+                                                          {"type": "Fuse"}, {"type": "Strip"}]}}
+    piece = _piece_bytes(spec)
+    assert piece("\u2581Hello") == b" Hello" and piece("<0xE4>") == b"\xe4" and piece("<0xZZ>") == b"<0xZZ>"
+    assert b"".join(piece(p) for p in ["\u2581", "<0xE4>", "<0xBD>", "<0xA0>", "ok"]) == " 你ok".encode()

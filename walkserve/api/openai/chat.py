@@ -135,13 +135,13 @@ class ChatChunks:
         return out
 
 
-def _token(text: str, logprob: float) -> dict[str, Any]:
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+def _token(text: str, raw: bytes, logprob: float) -> dict[str, Any]:
+    return {"token": text, "logprob": logprob, "bytes": list(raw)}
 
 
 def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
-    """The chat ``logprobs`` object: per token its text, logprob, UTF-8 bytes and top alternatives."""
-    content = [{**_token(e.token, e.logprob), "top_logprobs": [_token(text, lp) for _, text, lp in e.top]}
+    """The chat ``logprobs`` object: per token its text, logprob, bytes and top alternatives."""
+    content = [{**_token(e.token, e.bytes, e.logprob), "top_logprobs": [_token(*t[1:]) for t in e.top]}
                for e in entries]
     return {"content": content, "refusal": None}
 

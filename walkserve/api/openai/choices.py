@@ -49,9 +49,10 @@ class TokenLogprob:
     """One generated token with its log-probability and the ``k`` most likely tokens at its position."""
 
     token_id: int
-    token: str
+    token: str  # its text; ``bytes:\\xNN...`` when its bytes are not whole UTF-8 characters (as OpenAI writes it)
+    bytes: bytes
     logprob: float
-    top: list[tuple[int, str, float]]  # (id, text, logprob), most likely first
+    top: list[tuple[int, str, bytes, float]]  # (id, text, bytes, logprob), most likely first
 
 
 @dataclass
@@ -73,8 +74,9 @@ class LogprobJoiner:
 
     PARTS = ("text", "logprob", "top_logprobs", "top_logprob_ids")
 
-    def __init__(self, token_text):
-        self.token_text = token_text  # id -> str
+    def __init__(self, token_bytes):
+        self.token_bytes = token_bytes  # id -> bytes
+        self._names: dict[int, tuple[str, bytes]] = {}
         self.pending: dict[tuple[int, ...], dict[str, object]] = {}
 
     def push(self, event) -> list[tuple[list[int], list[TokenLogprob]]]:
@@ -101,8 +103,20 @@ class LogprobJoiner:
         lps = _floats(parts["logprob"])
         top_ids = token_ids(parts["top_logprob_ids"]) if "top_logprob_ids" in parts else []
         top_lps = _floats(parts["top_logprobs"]) if "top_logprobs" in parts else []
-        top = [(t, self.token_text(t), lp) for t, lp in zip(top_ids, top_lps, strict=False)]
-        return ids, [TokenLogprob(t, self.token_text(t), lp, top) for t, lp in zip(ids, lps, strict=False)]
+        top = [(t, *self._name(t), lp) for t, lp in zip(top_ids, top_lps, strict=False)]
+        return ids, [TokenLogprob(t, *self._name(t), lp, top) for t, lp in zip(ids, lps, strict=False)]
+
+    def _name(self, token_id: int) -> tuple[str, bytes]:
+        """(text, bytes) of a token, cached per call."""
+        name = self._names.get(token_id)
+        if name is None:
+            raw = self.token_bytes(token_id)
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+            name = self._names[token_id] = (text, raw)
+        return name
 
 
 def _floats(value) -> list[float]:

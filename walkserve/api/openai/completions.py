@@ -89,21 +89,27 @@ def _choice(index: int, text: str, finish_reason: str | None = None, logprobs: d
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def _logprobs(entries: list[TokenLogprob], offset: int) -> dict[str, Any]:
-    """The legacy completions ``logprobs`` object; ``offset`` is where the first token's text starts."""
+def _logprobs(entries: list[TokenLogprob], start: int, seen: bytearray) -> dict[str, Any]:
+    """The legacy completions ``logprobs`` object.
+
+    ``text_offset`` is where each token's text starts in the choice's text:
+    ``start`` (the echoed prompt) plus the characters completed by the tokens
+    before it (``seen``, their bytes so far, which this extends); a token that
+    continues a split character starts where that character does.
+    """
     out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for e in entries:
         out["tokens"].append(e.token)
         out["token_logprobs"].append(e.logprob)
-        out["top_logprobs"].append({text: lp for _, text, lp in e.top})
-        out["text_offset"].append(offset)
-        offset += len(e.token)
+        out["top_logprobs"].append({text: lp for _, text, _, lp in e.top})
+        out["text_offset"].append(start + len(seen.decode("utf-8", errors="ignore")))
+        seen += e.bytes
     return out
 
 
 async def completion_stream(state: AppState, plan: TextPlan) -> AsyncIterator[bytes]:
     echoed: set[int] = set()
-    offsets = [len(prefix) for prefix in plan.prefixes]  # where each choice's next token starts
+    seen = [bytearray() for _ in plan.prefixes]  # each choice's token bytes so far (for text_offset)
     updates = drive_choices(state.runner, plan.specs, plan.trackers, ROUTE)
     async with contextlib.aclosing(updates):
         async for update in updates:
@@ -113,8 +119,7 @@ async def completion_stream(state: AppState, plan: TextPlan) -> AsyncIterator[by
                 text = plan.prefixes[update.index] + text
             logprobs = None
             if update.logprobs:
-                logprobs = _logprobs(update.logprobs, offsets[update.index])
-                offsets[update.index] += sum(len(e.token) for e in update.logprobs)
+                logprobs = _logprobs(update.logprobs, len(plan.prefixes[update.index]), seen[update.index])
             if text or logprobs:
                 yield sse(_chunk(plan, [_choice(update.index, text, logprobs=logprobs)]))
             if update.finish_reason:
@@ -133,6 +138,6 @@ async def completion_collect(state: AppState, plan: TextPlan) -> dict[str, Any]:
             entries[update.index] += update.logprobs or []
     choices = []
     for t in plan.trackers:
-        logprobs = _logprobs(entries[t.index], len(plan.prefixes[t.index])) if t.joiner is not None else None
+        logprobs = _logprobs(entries[t.index], len(plan.prefixes[t.index]), bytearray()) if t.joiner is not None else None
         choices.append(_choice(t.index, "".join(texts[t.index]), t.finish_reason, logprobs))
     return {**_chunk(plan, choices), "usage": usage(plan.trackers)}

@@ -92,15 +92,7 @@ def logprob_joiner(state, param: str) -> LogprobJoiner:
     """A joiner for a call that asked for logprobs; 400 when the served model cannot give them."""
     if "logprobs" not in state.card.capabilities:
         raise unsupported(param, f"logprobs for model {state.card.id!r}")
-    names: dict[int, str] = {}
-
-    def token_text(token_id: int) -> str:
-        text = names.get(token_id)
-        if text is None:
-            text = names[token_id] = state.processor.decode([token_id], skip_special_tokens=False)
-        return text
-
-    return LogprobJoiner(token_text)
+    return LogprobJoiner(state.processor.token_bytes)
 
 
 def unsupported(param: str, what: str) -> ApiError:

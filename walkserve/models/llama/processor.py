@@ -60,6 +60,9 @@ class TextLMProcessor(Processor):
     def detokenizer(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
         return self.tokenizer.detokenizer(skip_special_tokens)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.tokenizer.token_bytes(token_id)
+
     def build_request(
         self, task: str, payload: dict[str, Any], sampling: SamplingParams, params: dict[str, Any]
     ) -> RequestSpec:
