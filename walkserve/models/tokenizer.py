@@ -22,7 +22,8 @@ class Tokenizer:
 
     def __init__(self, backend: Any, config: dict[str, Any] | None = None, chat_template: str | None = None):
         self.backend = backend  # tokenizers.Tokenizer
-        self._pieces = _piece_bytes(json.loads(backend.to_str()))  # vocabulary piece -> the bytes it stands for
+        decoder = json.loads(backend.decoder.__getstate__()) if backend.decoder is not None else {}
+        self._pieces = _piece_bytes(decoder)  # vocabulary piece -> the bytes it stands for
         self._added = set(backend.get_added_tokens_decoder())  # ids of added (special) tokens
         self.config = dict(config or {})
         self.chat_template = ChatTemplate(chat_template) if chat_template else None
@@ -110,9 +111,8 @@ def _byte_level_alphabet() -> dict[str, int]:
     return table
 
 
-def _piece_bytes(spec: dict[str, Any]) -> Any:
-    """How to turn a vocabulary piece of this tokenizer.json into bytes (a function piece -> bytes)."""
-    decoder = spec.get("decoder") or {}
+def _piece_bytes(decoder: dict[str, Any]) -> Any:
+    """How to turn a vocabulary piece into bytes (a function piece -> bytes), from the tokenizer's decoder spec."""
     kinds = {d.get("type") for d in decoder.get("decoders", [])} | {decoder.get("type")}
     if "ByteLevel" in kinds:
         alphabet = _byte_level_alphabet()

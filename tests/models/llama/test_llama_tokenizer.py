@@ -154,8 +154,8 @@ def test_sentencepiece_pieces_to_bytes():
     """Llama-2-style vocabularies: U+2581 is a space, ``<0xAB>`` pieces are single bytes."""
     from walkserve.models.tokenizer import _piece_bytes
 
-    spec = {"decoder": {"type": "Sequence", "decoders": [{"type": "Replace"}, {"type": "ByteFallback"},
-                                                          {"type": "Fuse"}, {"type": "Strip"}]}}
+    spec = {"type": "Sequence", "decoders": [{"type": "Replace"}, {"type": "ByteFallback"}, {"type": "Fuse"},
+                                             {"type": "Strip"}]}
     piece = _piece_bytes(spec)
     assert piece("\u2581Hello") == b" Hello" and piece("<0xE4>") == b"\xe4" and piece("<0xZZ>") == b"<0xZZ>"
     assert b"".join(piece(p) for p in ["\u2581", "<0xE4>", "<0xBD>", "<0xA0>", "ok"]) == " 你ok".encode()
