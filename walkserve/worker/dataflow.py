@@ -456,15 +456,8 @@ class WalkState(StreamSide, LoopExits, ValueReads):
 
     def _emit(self, route: Any, node: str, out: str, path: Path, value: Any) -> None:
         if isinstance(route, ToClient):
-            self.sink.report(
-                "client",
-                self,
-                node=node,
-                modality=route.modality,
-                path=path,
-                value=value,
-                output=out,
-            )
+            fields = {"node": node, "modality": route.modality, "path": path, "output": out}
+            self.sink.report("client", self, value=value, **fields)
         elif isinstance(route, ToOutput):
             self.sink.report("output", self, name=route.name, value=value)
         elif isinstance(route, ToStream):

@@ -77,7 +77,6 @@ async def plan_chat(state: AppState, body: ChatCompletionRequest) -> TextPlan:
     explicit = body.max_completion_tokens or body.max_tokens
     overrides = body.sampling_overrides() | {"max_tokens": explicit or default_max_tokens(state.card)}
     if body.logprobs:
-        logprob_joiner(state, "logprobs")  # refuse early when the model cannot give them
         overrides["logprobs"] = body.top_logprobs or 0
     sampling = build_sampling(state.card, overrides, stops)
     params = {"voice": audio.voice} if audio and audio.voice else {}

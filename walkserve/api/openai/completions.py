@@ -52,7 +52,6 @@ async def plan_completion(state: AppState, body: CompletionRequest) -> TextPlan:
     check_stops(stops, state.config)
     overrides = body.sampling_overrides()
     if body.logprobs is not None:
-        logprob_joiner(state, "logprobs")  # refuse early when the model cannot give them
         overrides["logprobs"] = body.logprobs
     sampling = build_sampling(state.card, overrides, stops)
     specs, trackers, prefixes = [], [], []
