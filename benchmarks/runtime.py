@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import time
@@ -42,8 +43,23 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def null_overhead(batch: int, workers: int, steps: int, threads: int, repeat: int = 3) -> tuple[list[float], dict[str, float]]:
+async def _streamed(engine, requests: list[RequestSpec]) -> list[int]:
+    """Consume every request through its own ``generate`` stream (as the HTTP server does); events per request."""
+    from walkserve.core.outputs import OutputEvent
+
+    async def one(request: RequestSpec) -> int:
+        return sum([isinstance(out, OutputEvent) async for out in engine.generate(request)])
+
+    return list(await asyncio.gather(*(one(r) for r in requests)))
+
+
+def null_overhead(
+    batch: int, workers: int, steps: int, threads: int, repeat: int = 3, streams: bool = False
+) -> tuple[list[float], dict[str, float]]:
     """Wall µs per loop step with B requests in lockstep (one value per measured run), and CPU µs per step by process.
+
+    The outputs are gathered by ``Engine.run`` (one submission, events collected into lists),
+    or with ``streams`` through one ``generate`` stream per request, as the HTTP server reads them.
 
     A full-size run goes first, unmeasured: the first few hundred steps after start-up run
     slower (freshly forked workers touching their pages, caches filling), which is not the
@@ -68,13 +84,19 @@ def null_overhead(batch: int, workers: int, steps: int, threads: int, repeat: in
                 out[role] = None if None in secs else sum(secs)
             return out
 
-        engine.run(_requests(batch, steps))  # warm up
+        def run_once() -> list[int]:
+            requests = _requests(batch, steps)
+            if streams:
+                return asyncio.run_coroutine_threadsafe(_streamed(engine.engine, requests), engine.loop).result()
+            return [len(r.events) for r in engine.run(requests)]
+
+        run_once()  # warm up
         before = cpu()
         for _ in range(repeat):
             t0 = time.perf_counter()
-            results = engine.run(_requests(batch, steps))
+            counts = run_once()
             runs.append((time.perf_counter() - t0) / steps * 1e6)
-            assert all(len(r.events) == steps for r in results), "a request lost outputs"
+            assert counts == [steps] * batch, "a request lost outputs"
         after = cpu()
     per_step = {
         role: (after[role] - before[role]) / (repeat * steps) * 1e6
@@ -122,20 +144,23 @@ def main(argv: list[str]) -> int:
     steps = 30 if args.quick else args.steps
     batches = (1, 16) if args.quick else (1, 16, 64)
     rows = []
-    for workers in (1, 2):
-        for b in batches:
-            runs, cpu = null_overhead(b, workers, steps, args.threads, repeat=1 if args.quick else 3)
-            mid = statistics.median(runs)
-            shares = [cpu.get(role, float("nan")) for role in ("workers", "conductor", "frontend")]
-            rows.append((f"{workers}", b, mid, min(runs), max(runs), mid / b, *shares))
+    configs = [(w, b, False) for w in (1, 2) for b in batches] + [(1, batches[-1], True)]
+    for workers, b, streams in configs:
+        runs, cpu = null_overhead(b, workers, steps, args.threads, repeat=1 if args.quick else 3, streams=streams)
+        mid = statistics.median(runs)
+        shares = [cpu.get(role, float("nan")) for role in ("workers", "conductor", "frontend")]
+        client = "streams" if streams else "run"
+        rows.append((f"{workers}", b, client, mid, min(runs), max(runs), mid / b, *shares))
     runs_note = "one measured run" if args.quick else "median, min and max of 3 measured runs after a full-size warm-up run"
     print(f"## Runtime overhead (Null engine)\n\nconditions: {conditions()}; {steps} loop steps; worker threads {args.threads}; {runs_note}\n")
-    print(table(["workers", "batch", "µs per step", "min", "max", "µs per request-step",
+    print(table(["workers", "batch", "client", "µs per step", "min", "max", "µs per request-step",
                  "CPU µs/step: workers", "conductor", "frontend"], rows))
     print("\nCPU columns: user + system time of each process over the measured runs, per loop step "
           f"(all threads; the workers summed over ranks; frontend = this process, its event loop "
           f"receives every output; clock-tick resolution). With {os.cpu_count()} cores the three "
-          f"together can use at most {os.cpu_count()}x the wall time.")
+          f"together can use at most {os.cpu_count()}x the wall time. Client: run = Engine.run (one "
+          f"submission, events gathered into lists); streams = one generate() stream per request, "
+          f"as the HTTP server reads them.")
     c_steps = 20 if args.quick else 100
     bare, served, ratio = compute_ratio(16, c_steps, 5.0, args.threads, repeat=1 if args.quick else 3)
     busy_note = "one run each" if args.quick else "medians of 3 alternating runs each, after a warm-up run"

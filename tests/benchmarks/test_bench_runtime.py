@@ -19,5 +19,10 @@ def test_null_overhead_measures_wall_and_cpu_per_process():
     assert cpu["workers"] > 0 and all(v >= 0 for v in cpu.values())
 
 
+def test_null_overhead_through_per_request_streams_counts_every_output():
+    runs, _ = null_overhead(batch=3, workers=1, steps=40, threads=1, repeat=1, streams=True)
+    assert len(runs) == 1 and runs[0] > 0  # null_overhead asserts every request got all 40 outputs
+
+
 def test_cpu_seconds_of_a_process_that_is_gone_is_none():
     assert cpu_seconds(2**22 + 12345) is None

@@ -142,7 +142,7 @@ def test_flags_map_onto_the_configs(monkeypatch):
     args = build_parser().parse_args([
         "serve", "--port", "9000", "--max-n", "3", "--drain-timeout", "5", "--default-max-tokens", "70",
         "--media-allowlist", "https://example.com/", "--model-alias", "a", "--max-running", "4",
-        "--max-waiting", "0", "--dtype", "bfloat16", "--kv-blocks", "64", "--no-speculation", "--start-timeout", "9",
+        "--max-waiting", "0", "--dtype", "bfloat16", "--kv-blocks", "64", "--no-speculation", "--start-timeout", "9", "--no-cohorts",
     ])
     config = server_config(args)
     assert (config.port, config.max_n, config.drain_timeout_s, config.default_max_tokens) == (9000, 3, 5.0, 70)
@@ -150,6 +150,7 @@ def test_flags_map_onto_the_configs(monkeypatch):
     assert config.media_allowlist == ("https://example.com/",) and config.host == "127.0.0.1"
     runtime = runtime_config(args)
     assert (runtime.max_running, runtime.max_waiting, runtime.dtype, runtime.speculation) == (4, 0, "bfloat16", False)
+    assert runtime.cohorts is False and runtime_config(build_parser().parse_args(["serve"])).cohorts is True
     assert runtime.engine_options == {"kv": {"num_blocks": 64}} and runtime.start_timeout_s == 9
     assert server_config(build_parser().parse_args(["serve", "--api-key", "k"])).api_key == "k"
 

@@ -1,7 +1,8 @@
 """Every fixture model, served by real worker processes, gives the reference executor's outputs.
 
 Placements: one worker; two and four workers with nodes split and co-located;
-per-walk placements (prefill on one rank, decode on another).
+per-walk placements (prefill on one rank, decode on another). On one worker
+both loop paths run: loop cohorts (the default) and one firing per iteration.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def _fill(place: dict, family: str) -> dict:
 
 CASES = (
     [(f, "one worker", p) for f, p in ONE.items()]
+    + [(f, "one worker, no cohorts", p) for f, p in ONE.items()]
     + [(f, "two workers", p) for f, p in SPLIT.items()]
     + [(f, "four workers", p) for f, p in FOUR.items()]
     + [(f, "per-walk", p) for f, p in PER_WALK.items()]
@@ -68,7 +70,7 @@ CASES = (
 def test_runtime_matches_reference(family, kind, place):
     ref = reference(family)
     requests = [fixture_request(family, 100 + i) for i in range(N_REQUESTS)]
-    with start(family, _fill(place, family)) as engine:
+    with start(family, _fill(place, family), cohorts="no cohorts" not in kind) as engine:
         results = engine.run(requests)
         for req, res in zip(requests, results, strict=True):
             want = ref.run(req)

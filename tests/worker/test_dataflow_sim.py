@@ -12,6 +12,7 @@ from walkserve.models.registry import load_model
 from walkserve.testing.fixtures.requests import fixture_request
 from walkserve.testing.reference import ReferenceExecutor
 from walkserve.testing.simulator import Simulator
+from walkserve.worker.plan_index import index_of
 
 
 def setup(family):
@@ -26,9 +27,10 @@ def normalized(result):
     return outs, result.finish, result.walks, result.error is None, result.walk_outputs
 
 
+@pytest.mark.parametrize("cohorts", [False, True], ids=["firings", "cohorts"])
 @pytest.mark.parametrize("family", sorted(fixtures.FIXTURES))
 @pytest.mark.parametrize("seed", range(6))
-def test_virtual_cluster_matches_reference(family, seed):
+def test_virtual_cluster_matches_reference(family, seed, cohorts):
     graph, comps, ref = setup(family)
     rng = random.Random(seed)
     n_ranks = 1 + seed % 4
@@ -39,7 +41,7 @@ def test_virtual_cluster_matches_reference(family, seed):
     def ranks_of(walk, node):
         return (placement[node] + (walk_salt[walk] if per_walk else 0)) % n_ranks
 
-    sim = Simulator(graph, comps, ranks_of, seed=seed, futures=seed % 2 == 0)
+    sim = Simulator(graph, comps, ranks_of, seed=seed, futures=seed % 2 == 0, cohorts=cohorts)
     requests = [fixture_request(family, seed * 10 + i) for i in range(8)]
     for r in requests:
         sim.submit(r)
@@ -47,6 +49,8 @@ def test_virtual_cluster_matches_reference(family, seed):
     for r in requests:
         assert normalized(results[r.id]) == normalized(ref.run(r)), r.id
     assert sim.stats.max_wasted_per_node <= 1
+    if cohorts and n_ranks == 1 and any(index_of(p).cohorts for p in graph.plans.values()):
+        assert sim.cohort_of, "a loop that qualifies ran without a cohort"
 
 
 @pytest.mark.parametrize("family", ["fixture-lm", "fixture-omni", "fixture-tts", "fixture-rollout"])
@@ -73,13 +77,15 @@ def test_loop_that_stops_at_k_yields_exactly_k_outputs():
     from walkserve.testing.fixtures.requests import prompt
 
     for k in range(0, 9):
-        for speculate in (True, False):
-            sim = Simulator(graph, comps, lambda w, n: 0, seed=k, speculate=speculate)
+        for speculate, cohorts in ((True, False), (False, False), (True, True)):
+            sim = Simulator(graph, comps, lambda w, n: 0, seed=k, speculate=speculate, cohorts=cohorts)
             spec = RequestSpec({"prompt_ids": prompt(k, 3)}, sampling=SamplingParams(max_tokens=20), params={"eos_at": k})
             sim.submit(spec)
             res = sim.run()[spec.id]
             assert len(res.stream("text")) == k  # the EOS iteration itself is not exposed
-            assert sim.stats.max_wasted_per_node <= (1 if speculate else 0)
+            assert sim.stats.max_wasted_per_node <= (1 if speculate and not cohorts else 0)
+            if cohorts:
+                assert sim.stats.speculative == 0 and sim.stats.firings >= k + 1
 
 
 def test_component_failure_fails_only_that_request():
@@ -95,7 +101,6 @@ def test_component_failure_fails_only_that_request():
 
 
 def test_read_counts_follow_the_scopes():
-    from walkserve.worker.plan_index import index_of
 
     lm = load_model(ModelRef("fixture-lm")).graph()
     assert index_of(lm.plans["decode"]).once_readers == {("lm", "token"): ["lm"]}  # the carry, once per step

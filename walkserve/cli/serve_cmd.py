@@ -99,6 +99,8 @@ def _runtime_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--kv-blocks", type=int, metavar="N",
                    help="KV-cache blocks per LM (default: half the free GPU memory, or a fixed CPU budget)")
     g.add_argument("--no-speculation", action="store_true", help="never run a loop iteration ahead of its stop rule")
+    g.add_argument("--no-cohorts", action="store_true", help="run each loop iteration as its own firing, not "
+                   "in a loop cohort (see docs/runtime.md)")
     g.add_argument("--start-timeout", type=float, default=None, metavar="SECONDS", help="seconds the workers may take to load "
                    "(default: $WALKSERVE_START_TIMEOUT_S)")
 
@@ -118,7 +120,7 @@ def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
     if args.start_timeout is not None:  # else RuntimeConfig reads $WALKSERVE_START_TIMEOUT_S
         options["start_timeout_s"] = args.start_timeout
     return RuntimeConfig(max_running=args.max_running, max_waiting=args.max_waiting, dtype=args.dtype,
-                         speculation=not args.no_speculation, **options)
+                         speculation=not args.no_speculation, cohorts=not args.no_cohorts, **options)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -178,6 +178,14 @@ class Conductor:
         index = run.next_index((msg.modality, msg.output))
         self.outbox.put(FRONTEND, m.Event(msg.request_id, msg.modality, msg.walk, msg.node, msg.path, msg.value, index, msg.output))
 
+    def on_client_outs(self, msg: m.ClientOuts) -> None:
+        """A cohort step's outputs: numbered per request, passed on as one message (-1: request gone)."""
+        key, runs, indices = (msg.modality, msg.output), self.runs, []
+        for rid in msg.request_ids:
+            run = runs.get(rid)
+            indices.append(-1 if run is None else run.next_index(key))
+        self.outbox.put(FRONTEND, m.Events(msg.walk, msg.node, msg.modality, msg.output, msg.request_ids, msg.paths, indices, msg.stacked, msg.values))
+
     def on_walk_out(self, msg: m.WalkOut) -> None:
         run = self.runs.get(msg.request_id)
         if run is not None and run.walk_output(msg.walk, msg.name, msg.value):
@@ -319,6 +327,7 @@ class Conductor:
         m.Shutdown: on_shutdown,
         m.StatusQuery: on_status_query,
         m.ClientOut: on_client_out,
+        m.ClientOuts: on_client_outs,
         m.WalkOut: on_walk_out,
         m.NodeDone: on_node_done,
         m.Failed: on_failed,

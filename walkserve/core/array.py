@@ -56,6 +56,22 @@ class ArrayData:
         return len(self.data)
 
     @classmethod
+    def rows(cls, dtype: str, shape: tuple[int, ...], data: bytes) -> list[ArrayData]:
+        """The rows (dim 0) of an array given as its bytes, each an ArrayData; checked once for all."""
+        whole = cls(dtype, shape, data)
+        n, row_shape = shape[0], tuple(shape[1:])
+        step = len(whole.data) // n if n else 0
+        new, put = object.__new__, object.__setattr__
+        out = []
+        for i in range(n):
+            row = new(cls)  # each row is valid because the whole was: skip the per-row check
+            put(row, "dtype", dtype)
+            put(row, "shape", row_shape)
+            put(row, "data", data[i * step : (i + 1) * step])
+            out.append(row)
+        return out
+
+    @classmethod
     def from_list(cls, values: list[int] | list[float], dtype: str = "int64") -> ArrayData:
         code = _DTYPES[dtype][0]
         if code is None:

@@ -15,7 +15,10 @@ class RuntimeConfig:
 
     ``max_running`` requests run at once; ``max_waiting`` more wait in a
     queue; past that, submissions are rejected (HTTP 429). ``speculation``
-    lets a DynamicLoop run one iteration ahead of its stop rule.
+    lets a DynamicLoop run one iteration ahead of its stop rule. ``cohorts``
+    steps every request's instance of a qualifying loop together in the
+    worker's compute thread (one engine call per node per step; see
+    docs/engines.md); off, each iteration is its own firing.
     ``engine_options`` override per-engine-kind options, e.g.
     ``{"kv": {"num_blocks": 64}, "stateless": {"max_batch": 16}}``.
     """
@@ -23,6 +26,7 @@ class RuntimeConfig:
     max_running: int = 256
     max_waiting: int = 1024
     speculation: bool = True
+    cohorts: bool = True
     start_timeout_s: float = field(default_factory=env.WALKSERVE_START_TIMEOUT_S.get)
     worker_threads: int = field(default_factory=env.WALKSERVE_WORKER_THREADS.get)  # 0 = cores / workers
     status_interval_s: float = 0.25

@@ -51,6 +51,27 @@ class Firing:
 
 
 @dataclass(slots=True)
+class Group:
+    """One node's firings for several requests, run as one call (a loop cohort's step; see ``Engine.run_group``).
+
+    Member ``i`` is request ``request_ids[i]`` at ``paths[i]`` with ``inputs[i]``;
+    the other fields are those of a Firing, shared by every member.
+    """
+
+    walk: str
+    node: str
+    component: str
+    op: str
+    outputs: tuple[str, ...]
+    node_params: Mapping[str, Any]
+    request_ids: list[str]
+    paths: list[tuple[int, ...]]
+    inputs: list[dict[str, Any]]
+    params: list[Mapping[str, Any]]
+    sampling: list[SamplingParams | None]
+
+
+@dataclass(slots=True)
 class FiringResult:
     """The outcome of one firing: its outputs (tensors by name) or an error message for its request."""
 
@@ -88,6 +109,17 @@ class Engine(ABC):
 
     @abstractmethod
     def release(self, request_id: str) -> None: ...
+
+    def run_group(self, group: Group) -> list[dict[str, Any] | str]:
+        """Run every member of ``group`` now: per member, its outputs or an error message.
+
+        Optional. An engine that overrides it (``runs_groups = True``) saves the
+        per-firing bookkeeping of a loop cohort's steps; the worker submits the
+        members of other engines as ordinary firings and steps them as usual.
+        """
+        raise NotImplementedError
+
+    runs_groups = False
 
     def stats(self) -> dict[str, float]:
         """Gauges and counters for /metrics (e.g. kv_blocks_used, kv_blocks_total, preemptions)."""

@@ -12,7 +12,7 @@ from collections import deque
 
 import torch
 
-from walkserve.engines.base import Engine, Firing, FiringResult
+from walkserve.engines.base import Engine, Firing, FiringResult, Group
 from walkserve.engines.values import _NAME_TO_TORCH
 
 
@@ -25,6 +25,7 @@ class NullEngine(Engine):
         self.steps = 0
         self._cache: dict[tuple[str, int], torch.Tensor] = {}
         self._salts: dict[tuple[str, str], int] = {}  # (request, node) -> its value; dropped on release
+        self._groups: dict[tuple, dict] = {}  # (request, node, outputs) -> a group member's outputs
 
     def submit(self, firing: Firing) -> None:
         self.queue.append(firing)
@@ -37,10 +38,27 @@ class NullEngine(Engine):
         batch = [self.queue.popleft() for _ in range(min(self.max_batch, len(self.queue)))]
         return [FiringResult(f, outputs={o: self._value(f, o) for o in f.outputs}) for f in batch]
 
+    runs_groups = True
+
+    def run_group(self, group: Group) -> list[dict | str]:
+        """One dict per member, cached per (request, node, outputs): the same every iteration."""
+        self.steps += 1
+        node, outputs, cache = group.node, group.outputs, self._groups
+        out = []
+        for rid in group.request_ids:
+            values = cache.get((rid, node, outputs))
+            if values is None:
+                values = cache[(rid, node, outputs)] = {o: self._salted(rid, node, o) for o in outputs}
+            out.append(values)
+        return out
+
     def _value(self, f: Firing, output: str) -> torch.Tensor:
-        salt = self._salts.get((f.request_id, f.node))
+        return self._salted(f.request_id, f.node, output)
+
+    def _salted(self, request_id: str, node: str, output: str) -> torch.Tensor:
+        salt = self._salts.get((request_id, node))
         if salt is None:
-            salt = self._salts[(f.request_id, f.node)] = zlib.crc32(f"{f.request_id}/{f.node}".encode()) % 97
+            salt = self._salts[(request_id, node)] = zlib.crc32(f"{request_id}/{node}".encode()) % 97
         value = self._cache.get((output, salt))
         if value is None:
             dtype, shape = self.outputs.get(output, (torch.int64, (1,)))
@@ -51,6 +69,8 @@ class NullEngine(Engine):
         self.queue = deque(f for f in self.queue if f.request_id != request_id)
         for key in [k for k in self._salts if k[0] == request_id]:
             del self._salts[key]
+        for key in [k for k in self._groups if k[0] == request_id]:
+            del self._groups[key]
 
     def state_count(self) -> int:
         return len({rid for rid, _ in self._salts})

@@ -19,6 +19,7 @@ import os
 import secrets
 import sys
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from walkserve.models.processor import Processor
 from walkserve.placement.plan import Placement, load_placement, parse_placement
 from walkserve.placement.resolve import check_placement
 from walkserve.protocol import messages as m
-from walkserve.protocol.arrays import plain_value
+from walkserve.protocol.arrays import event_values, plain_value
 from walkserve.protocol.codec import BadMessage, decode, encode
 from walkserve.protocol.run import RunSpec, save_run_spec
 from walkserve.transport import rundir, shm
@@ -79,6 +80,46 @@ def resolve_placement(model: Model, placement: Any) -> tuple[dict, str]:
     return dict(placement), "<placement>"
 
 
+class _Channel:
+    """One request's messages, in order: a deque and at most one waiting reader (lighter than asyncio.Queue)."""
+
+    __slots__ = ("items", "waiter")
+
+    def __init__(self) -> None:
+        self.items: deque = deque()
+        self.waiter: asyncio.Future | None = None
+
+    def put(self, item: Any) -> None:
+        self.items.append(item)
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def get(self) -> Any:
+        while not self.items:
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+        return self.items.popleft()
+
+
+class _Gather:
+    """One request of ``run_batch``: its events in a list, and a future that resolves when it ends."""
+
+    __slots__ = ("done", "events")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.events: list[OutputEvent] = []
+        self.done: asyncio.Future = loop.create_future()
+
+    def put(self, item: Any) -> None:
+        if isinstance(item, OutputEvent):
+            self.events.append(item)
+        elif not self.done.done():
+            self.done.set_result(item)  # Finished or Rejected
+
+
 class AsyncEngine(EngineClient):
     def __init__(self, model: Model, spec: RunSpec):
         self.model = model
@@ -92,7 +133,7 @@ class AsyncEngine(EngineClient):
         self.outbox = self.ctx.socket(zmq.PUSH)
         self.outbox.setsockopt(zmq.LINGER, 1000)
         self.outbox.connect(spec.conductor_address)
-        self.streams: dict[str, asyncio.Queue] = {}
+        self.streams: dict[str, _Channel] = {}
         self.status = m.Status("starting", "starting the conductor", {}, {})
         self.status_changed = asyncio.Event()
         self.closed = False
@@ -194,9 +235,25 @@ class AsyncEngine(EngineClient):
                     self.status = msg
                     self.status_changed.set()
                     continue
-                queue = self.streams.get(msg.request_id)
-                if queue is not None:
-                    queue.put_nowait(msg)
+                if isinstance(msg, m.Events):
+                    self._events(msg)
+                    continue
+                channel = self.streams.get(msg.request_id)
+                if channel is None:
+                    continue
+                if isinstance(msg, m.Event):
+                    rid = msg.request_id
+                    msg = OutputEvent(rid, msg.modality, msg.walk, msg.node, tuple(msg.iteration), plain_value(msg.data), msg.index, msg.output)
+                channel.put(msg)
+
+    def _events(self, msg: m.Events) -> None:
+        """A cohort step's outputs of one node output: one OutputEvent per request still listening."""
+        streams, walk, node, modality, output = self.streams, msg.walk, msg.node, msg.modality, msg.output
+        values = event_values(msg.stacked, msg.values)
+        for rid, path, index, value in zip(msg.request_ids, msg.paths, msg.indices, values, strict=True):
+            channel = streams.get(rid)
+            if channel is not None and index >= 0:
+                channel.put(OutputEvent(rid, modality, walk, node, tuple(path), value, index, output))
 
     async def _watch(self) -> None:
         while self.process.exitcode is None:
@@ -207,8 +264,8 @@ class AsyncEngine(EngineClient):
         self._fail_all("the runtime stopped")
 
     def _fail_all(self, error: str) -> None:
-        for rid, queue in self.streams.items():
-            queue.put_nowait(m.Finished(rid, FinishReason.ERROR.value, error))
+        for rid, channel in self.streams.items():
+            channel.put(m.Finished(rid, FinishReason.ERROR.value, error))
 
     # ---- EngineClient ------------------------------------------------------------------------
     @property
@@ -223,21 +280,21 @@ class AsyncEngine(EngineClient):
         rid = request.id
         if rid in self.streams:
             raise InvalidRequest(f"request id {rid!r} is already running", param="request_id")
-        queue: asyncio.Queue = asyncio.Queue()
-        self.streams[rid] = queue
+        channel = _Channel()
+        self.streams[rid] = channel
         finished = False
         try:
             await self.outbox.send(encode(self.spec.token, [m.Submit(request)]))
             while True:
-                msg = await queue.get()
+                msg = await channel.get()
+                if isinstance(msg, OutputEvent):
+                    yield msg
+                    continue
                 if isinstance(msg, m.Rejected):
                     finished = True
                     if msg.invalid:
                         raise InvalidRequest(msg.message)
                     raise AdmissionRejected(msg.message, msg.retry_after_s)
-                if isinstance(msg, m.Event):
-                    yield OutputEvent(rid, msg.modality, msg.walk, msg.node, tuple(msg.iteration), plain_value(msg.data), msg.index, msg.output)
-                    continue
                 finished = True
                 yield RequestFinished(rid, FinishReason(msg.reason), msg.error, dict(msg.usage), dict(msg.timings))
                 return
@@ -246,6 +303,46 @@ class AsyncEngine(EngineClient):
             if not finished and not self.closed:
                 with contextlib.suppress(zmq.ZMQError):
                     await self.outbox.send(encode(self.spec.token, [m.Abort(rid)]))
+
+    async def run_batch(self, requests: list[RequestSpec]) -> list[tuple[list[OutputEvent], RequestFinished | WalkserveError]]:
+        """Run requests together; per request, its events and how it ended (RequestFinished, or the rejection).
+
+        The batch form of ``generate`` for offline work: the requests go to the
+        conductor in one message and their events are gathered into lists as they
+        arrive, with no task woken per event. Raises InvalidRequest (nothing
+        submitted) when an id repeats or is already running; cancelling aborts
+        the requests still running.
+        """
+        if self.closed or self.status.state in ("stopped", "failed"):
+            raise EngineDead(f"the runtime is {self.status.state}: {self.status.detail}")
+        ids = [r.id for r in requests]
+        taken = [rid for rid in ids if rid in self.streams] or [rid for i, rid in enumerate(ids) if rid in ids[:i]]
+        if taken:
+            raise InvalidRequest(f"request id {taken[0]!r} is already running", param="request_id")
+        loop = asyncio.get_running_loop()
+        gathers = [_Gather(loop) for _ in requests]
+        self.streams.update(zip(ids, gathers, strict=True))
+        try:
+            await self.outbox.send(encode(self.spec.token, [m.Submit(r) for r in requests]))
+            await asyncio.gather(*(g.done for g in gathers))
+        finally:
+            for rid in ids:
+                self.streams.pop(rid, None)
+            running = [m.Abort(rid) for rid, g in zip(ids, gathers, strict=True) if not g.done.done()]
+            if running and not self.closed:
+                with contextlib.suppress(zmq.ZMQError):
+                    await self.outbox.send(encode(self.spec.token, running))
+        results = []
+        for g in gathers:
+            msg = g.done.result()
+            if isinstance(msg, m.Rejected):
+                outcome: RequestFinished | WalkserveError = (
+                    InvalidRequest(msg.message) if msg.invalid else AdmissionRejected(msg.message, msg.retry_after_s)
+                )
+            else:
+                outcome = RequestFinished(msg.request_id, FinishReason(msg.reason), msg.error, dict(msg.usage), dict(msg.timings))
+            results.append((g.events, outcome))
+        return results
 
     async def abort(self, request_id: str) -> None:
         await self.outbox.send(encode(self.spec.token, [m.Abort(request_id)]))

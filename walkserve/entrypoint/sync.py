@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from walkserve.core.errors import AdmissionRejected
 from walkserve.core.outputs import OutputEvent, RequestFinished
 from walkserve.core.request import RequestSpec
 from walkserve.entrypoint.engine import AsyncEngine
@@ -59,21 +60,17 @@ class Engine:
         return self._call(self._run_all(list(requests)), timeout)
 
     async def _run_all(self, requests: list[RequestSpec]) -> list[RequestResult]:
-        return list(await asyncio.gather(*(self._one(r) for r in requests)))
-
-    async def _one(self, request: RequestSpec) -> RequestResult:
-        from walkserve.core.errors import AdmissionRejected
-
-        result = RequestResult(request)
-        try:
-            async for out in self.engine.generate(request):
-                if isinstance(out, RequestFinished):
-                    result.finished = out
-                else:
-                    result.events.append(out)
-        except AdmissionRejected as e:
-            result.rejected = str(e)
-        return result
+        results = []
+        for request, (events, outcome) in zip(requests, await self.engine.run_batch(requests), strict=True):
+            result = RequestResult(request, events)
+            if isinstance(outcome, AdmissionRejected):
+                result.rejected = str(outcome)
+            elif isinstance(outcome, Exception):
+                raise outcome
+            else:
+                result.finished = outcome
+            results.append(result)
+        return results
 
     def stream(self, request: RequestSpec, timeout: float = 600) -> Iterator[OutputEvent | RequestFinished]:
         """Yield one request's outputs as they come; leaving the loop early aborts the request."""

@@ -24,3 +24,15 @@ def wire_value(v):
 def plain_value(v):
     """A travelled value for the state machine / client: TensorMsg becomes ArrayData."""
     return msg_to_array(v) if isinstance(v, TensorMsg) else v
+
+
+def array_rows(m: TensorMsg) -> list[ArrayData]:
+    """The rows of an inline TensorMsg (dim 0), each as an ArrayData."""
+    if m.shm is not None:
+        raise ValueError("a shared-memory tensor reached a torch-free process; send it inline")
+    return ArrayData.rows(m.dtype, tuple(m.shape), m.data or b"")
+
+
+def event_values(stacked: TensorMsg | None, values: list) -> list:
+    """The per-request values of a ClientOuts/Events message."""
+    return array_rows(stacked) if stacked is not None else [plain_value(v) for v in values]

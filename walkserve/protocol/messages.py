@@ -4,7 +4,9 @@ Who fills what: the frontend (F) sends Submit/Abort/Shutdown to the
 conductor (C); C sends StartWalk/Release/Stop to workers (W); workers send
 each other Deliver/StreamItem/StreamEnd/LoopEvent/Flow; workers report
 ClientOut/WalkOut/NodeDone/Failed/Ready/WorkerStats to C; C reports
-Event/Finished/Rejected/Status to F. Tensors travel as TensorMsg: inline
+Event/Finished/Rejected/Status to F. A loop cohort's step reports its
+outputs of one node output as one ClientOuts (C passes them on as one
+Events): row i of the stacked tensor belongs to the i-th request. Tensors travel as TensorMsg: inline
 bytes for small ones, a shared-memory segment name for large ones on one
 host. Messages to one destination are sent together in a Batch.
 """
@@ -65,6 +67,20 @@ class Event(msgspec.Struct, tag=True, array_like=True):
     data: Wire
     index: int
     output: str = ""  # the node's output name (one modality may carry several, e.g. logprobs)
+
+
+class Events(msgspec.Struct, tag=True, array_like=True):
+    """One node output's events for several requests (a cohort step); see ClientOuts for ``stacked``/``values``."""
+
+    walk: str
+    node: str
+    modality: str
+    output: str
+    request_ids: list[str]
+    paths: list[Path]
+    indices: list[int]
+    stacked: TensorMsg | None = None
+    values: list[Wire] = []
 
 
 class Finished(msgspec.Struct, tag=True, array_like=True):
@@ -186,6 +202,23 @@ class ClientOut(msgspec.Struct, tag=True, array_like=True):
     output: str = ""
 
 
+class ClientOuts(msgspec.Struct, tag=True, array_like=True):
+    """One node output's client values for several requests at once (a cohort step).
+
+    Either ``stacked`` holds them as rows of one tensor (row i is request i's
+    value; same dtype and shape for all), or ``values`` lists them one by one.
+    """
+
+    walk: str
+    node: str
+    modality: str
+    output: str
+    request_ids: list[str]
+    paths: list[Path]
+    stacked: TensorMsg | None = None
+    values: list[Wire] = []
+
+
 class WalkOut(msgspec.Struct, tag=True, array_like=True):
     request_id: str
     walk: str
@@ -230,6 +263,7 @@ Message = (
     | Shutdown
     | StatusQuery
     | Event
+    | Events
     | Finished
     | Rejected
     | Status
@@ -243,6 +277,7 @@ Message = (
     | LoopEvent
     | Flow
     | ClientOut
+    | ClientOuts
     | WalkOut
     | NodeDone
     | Failed

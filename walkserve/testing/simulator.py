@@ -6,7 +6,9 @@ Messages between a pair of endpoints stay in order (as ZeroMQ keeps them);
 everything else (which channel moves next, when a firing completes, whether a
 launched firing exposes futures first) is drawn from a seeded RNG. Running
 many requests this way against the reference executor checks the dataflow
-semantics under interleavings that real processes rarely produce.
+semantics under interleavings that real processes rarely produce. With
+``cohorts``, qualifying loops run in per-rank loop cohorts as in the worker:
+joins, cohort steps and their reports are channel messages like the others.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from typing import Any
 
 from walkserve.conductor.request_run import RequestRun, safe_advance
 from walkserve.core.request import RequestSpec
-from walkserve.engines.base import Firing
+from walkserve.engines.base import Engine, Firing, FiringResult, Group
 from walkserve.engines.values import concat, to_array, to_tensor
 from walkserve.graph.walk import WalkGraph
 from walkserve.testing.reference import ClientOutput, ReferenceResult
+from walkserve.worker.cohort import Cohort, CohortReport, Member
 from walkserve.worker.dataflow import WalkState
 
 
@@ -39,6 +42,37 @@ class SimStats:
     wasted: int = 0
     messages: int = 0
     max_wasted_per_node: int = 0  # over every (request, walk, node, loop instance)
+
+
+class _GroupEngine(Engine):
+    """A cohort's engine in the simulator: each member through the component's ``forward_batch`` alone."""
+
+    runs_groups = True
+
+    def __init__(self, component: str, module: Any):
+        self.component, self.module = component, module
+
+    def run_group(self, group: Group) -> list:
+        out = []
+        for rid, path, inputs, params in zip(group.request_ids, group.paths, group.inputs, group.params, strict=True):
+            firing = Firing(0, rid, group.walk, group.node, group.component, group.op, path, inputs, group.outputs, params, None, group.node_params)
+            try:
+                out.append(self.module.forward_batch([firing])[0])
+            except Exception as e:
+                out.append(f"node {group.node!r} failed: {type(e).__name__}: {e}")
+        return out
+
+    def submit(self, firing: Firing) -> None:
+        raise AssertionError("the simulator's cohorts run groups")
+
+    def step(self) -> list[FiringResult]:
+        return []
+
+    def has_work(self) -> bool:
+        return False
+
+    def release(self, request_id: str) -> None:
+        pass
 
 
 @dataclass
@@ -58,8 +92,11 @@ class Simulator:
         seed: int = 0,
         futures: bool = True,
         speculate: bool = True,
+        cohorts: bool = False,
     ):
-        self.speculate = speculate
+        self.speculate, self.cohorts = speculate, cohorts
+        self.group_engines = {name: _GroupEngine(name, module) for name, module in components.items()}
+        self.cohort_of: dict[tuple, Cohort] = {}  # (rank, walk, scope) -> that rank's cohort
         self.graph = graph
         self.components = components
         self.ranks_of = ranks_of
@@ -87,6 +124,54 @@ class Simulator:
 
     def report(self, kind, ws, **fields):
         self.channels[(("rank", ws.rank), "conductor")].append((kind, ws.request_id, ws.walk, fields))
+
+    def join(self, ws, plan, outer, bound, entry):
+        member = Member(ws.request_id, outer, bound, ws.params, None, entry)
+        self.channels[(("main", ws.rank), ("compute", ws.rank))].append(("join", (ws.rank, plan.walk, plan.scope), plan, member))
+
+    # ---- loop cohorts (the compute thread's side, then the main thread's) ----------------------
+    def _cohort_message(self, key, msg) -> None:
+        kind, ckey = msg[0], msg[1]
+        if kind == "join":
+            plan, member = msg[2], msg[3]
+            if any(isinstance(v, _Future) and not v.ready for v in member.entry.values()):
+                self.channels[key].append(msg)  # a launched firing it reads has not run yet: later
+                return
+            member.entry = {k: (v.value if isinstance(v, _Future) else v) for k, v in member.entry.items()}
+            cohort = self.cohort_of.get(ckey)
+            if cohort is None:
+                cohort = self.cohort_of[ckey] = Cohort(plan, self.group_engines, lambda: 0)
+            cohort.join(member)
+            self.channels[(("compute", ckey[0]), ("compute", ckey[0]))].append(("step", ckey))
+            return
+        cohort = self.cohort_of[ckey]
+        for m in cohort.members + cohort.joining:
+            run = self.runs[m.request_id]
+            if run.finished is not None or run.error is not None:
+                cohort.release(m.request_id)
+        report = cohort.advance()
+        if report is not None:
+            self.stats.firings += report.firings
+            self.channels[(("compute", ckey[0]), ("rank", ckey[0]))].append(("report", ckey, report))
+        if cohort.has_work():
+            self.channels[key].append(("step", ckey))
+
+    def _cohort_report(self, rank: int, report: CohortReport) -> None:
+        states = self.ranks[rank].states
+        for (node, out, modality), (rids, paths, values) in report.client.items():
+            for rid, path, value in zip(rids, paths, values, strict=True):
+                ws = states.get((rid, report.walk))
+                if ws is not None and not ws.failed:
+                    self.report("client", ws, node=node, modality=modality, path=path, value=value, output=out)
+        for rid, error in report.failed:
+            ws = states.get((rid, report.walk))
+            if ws is not None and not ws.failed:
+                ws.failed = True
+                self.report("failed", ws, error=error)
+        for rid, outer, n, fired, hit_bound, exits in report.ended:
+            ws = states.get((rid, report.walk))
+            if ws is not None:
+                ws.cohort_ended(report.scope, outer, n, fired, hit_bound, exits)
 
     # ---- driving ---------------------------------------------------------------------------
     def submit(self, spec: RequestSpec) -> None:
@@ -117,6 +202,10 @@ class Simulator:
         kind = msg[0]
         if kind == "fire":
             self._complete(*msg[1:])
+        elif kind in ("join", "step"):
+            self._cohort_message(key, msg)
+        elif kind == "report":
+            self._cohort_report(key[1][1], msg[2])
         elif key[1] == "conductor":
             self._conductor(msg)
         else:
@@ -196,7 +285,8 @@ class Simulator:
             result.finish = run.finished
             return
         for rank, start in messages:
-            ws = WalkState(self.graph.plans[start.walk], run.id, rank, start.ranks, start.params, self, concat, self.speculate)
+            plan = self.graph.plans[start.walk]
+            ws = WalkState(plan, run.id, rank, start.ranks, start.params, self, concat, self.speculate, self.cohorts)
             self.ranks[rank].states[(run.id, start.walk)] = ws
             inputs = {k: to_tensor(_plain(v)) for k, v in start.inputs.items()}
             ws.start(inputs)

@@ -13,35 +13,23 @@ touches an engine, so engines need no locks.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
 import time
 from collections import defaultdict, deque
-from typing import Any
 
 from walkserve.engines.base import Engine, Firing, FiringResult
+from walkserve.worker.cohort import Cohort, Member
+from walkserve.worker.cohort_plan import CohortPlan
+from walkserve.worker.future import FAILED, PENDING, READY, Future
 
 log = logging.getLogger(__name__)
 
-PENDING, READY, FAILED = 0, 1, 2
+LOOKAHEAD = 4  # cohort steps that may run before the main thread has read their reports
 
-
-class Future:
-    """An output of a firing that has not run yet. Written and read by the compute thread only.
-
-    ``waiters`` holds the handed-over firings that found this future pending;
-    they are looked at again once it resolves, not on every pass. A future of a
-    released request never resolves (its firing is dropped), so firings parked
-    on it go with it.
-    """
-
-    __slots__ = ("state", "value", "waiters")
-
-    def __init__(self) -> None:
-        self.state = PENDING
-        self.value: Any = None
-        self.waiters: list | None = None
+__all__ = ["FAILED", "PENDING", "READY", "ComputeThread", "Future"]
 
 
 class ComputeThread:
@@ -55,6 +43,10 @@ class ComputeThread:
         os.set_blocking(self._notify_w, False)
         self._waiting: list[tuple[str, Firing, dict[str, Future]]] = []
         self._futures: dict[int, tuple[str, dict[str, Future]]] = {}
+        self._cohorts: dict[tuple[str, str], Cohort] = {}
+        self._cohort_firings: dict[int, Cohort] = {}  # firings a cohort gave an engine without run_group
+        self._cohort_ids = itertools.count(-1, -1)
+        self._unread = 0  # cohort reports the main thread has not collected yet
         self._order = list(engines)
         self._next = 0
         self._stop = False
@@ -89,6 +81,12 @@ class ComputeThread:
         if self._idle:
             self._wake.set()
 
+    def join(self, plan: CohortPlan, member: Member) -> None:
+        """A request's loop instance joins the cohort of that loop (see ``worker.cohort``)."""
+        self._commands.append(("join", plan, member))
+        if self._idle:
+            self._wake.set()
+
     def release(self, request_id: str) -> None:
         self._commands.append(("release", request_id))
         if self._idle:
@@ -104,6 +102,9 @@ class ComputeThread:
         out = []
         while self._results:
             out.append(self._results.popleft())
+        unread, self._unread = self._unread, 0
+        if unread or self._idle:
+            self._wake.set()  # a cohort may be waiting (or about to wait) for its last report to be read
         return out
 
     # ---- compute thread side -----------------------------------------------------------------
@@ -111,7 +112,10 @@ class ComputeThread:
         while not self._stop:
             self._drain_commands()
             self._submit_resolved()
+            moved = self._advance_cohorts()
             name = self._pick()
+            if name is None and moved:
+                continue
             if name is None:
                 self._idle = True
                 if not self._commands and not self._stop:
@@ -129,8 +133,18 @@ class ComputeThread:
             elif cmd[0] == "fire":
                 _, component, firing, futures = cmd
                 self._waiting.append((component, firing, futures))
+            elif cmd[0] == "join":
+                _, plan, member = cmd
+                cohort = self._cohorts.get((plan.walk, plan.scope))
+                if cohort is None:
+                    cohort = self._cohorts[(plan.walk, plan.scope)] = Cohort(plan, self.engines, None)
+                    cohort.firing_id = lambda c=cohort: self._cohort_firing(c)
+                cohort.join(member)
             else:
                 rid = cmd[1]
+                for cohort in self._cohorts.values():
+                    cohort.release(rid)
+                self._cohort_firings = {f: c for f, c in self._cohort_firings.items() if f in c.pending}
                 self._waiting = [w for w in self._waiting if w[1].request_id != rid]
                 self._futures = {k: v for k, v in self._futures.items() if v[0] != rid}
                 for engine in self.engines.values():
@@ -168,6 +182,35 @@ class ComputeThread:
             self._futures[firing.id] = (firing.request_id, futures)
             self.engines[component].submit(firing)
 
+    def _cohort_firing(self, cohort: Cohort) -> int:
+        fid = next(self._cohort_ids)
+        self._cohort_firings[fid] = cohort
+        return fid
+
+    def _advance_cohorts(self) -> bool:
+        """One step (or as far as engine results allow) of every cohort; True if a step finished.
+
+        Cohorts run at most LOOKAHEAD steps ahead of the main thread: with that
+        many reports unread they wait, so the main thread gets the interpreter to
+        route outputs and start new members (which then join a step or two later
+        instead of trickling in one by one behind a cohort that races ahead), and
+        the main thread sends a few steps' outputs as one message when it is behind.
+        """
+        if self._unread >= LOOKAHEAD:
+            return False
+        moved = False
+        for cohort in self._cohorts.values():
+            if not cohort.has_work() and not cohort.report.failed:
+                continue
+            report = cohort.advance()
+            if report is not None:
+                self._results.append(("cohort", report))
+                self._unread += 1
+                moved = True
+        if moved:
+            self._signal()
+        return moved
+
     def _pick(self) -> str | None:
         for i in range(len(self._order)):
             name = self._order[(self._next + i) % len(self._order)]
@@ -183,15 +226,24 @@ class ComputeThread:
             results = engine.step()
         except Exception as e:
             log.exception("engine %s failed a step", name)
-            self._results.append((name, f"engine {name!r} failed: {type(e).__name__}: {e}"))
+            error = f"engine {name!r} failed: {type(e).__name__}: {e}"
+            for cohort in self._cohorts.values():
+                cohort.engine_failed(name, error)
+            self._results.append((name, error))
             self._signal()
             return
         self.busy_s[name] += time.perf_counter() - t0
         self.steps[name] += 1
         self.items[name] += len(results)
+        published = False
         for r in results:
+            cohort = self._cohort_firings.pop(r.firing.id, None)
+            if cohort is not None:
+                cohort.on_result(r)
+                continue
             self._publish(name, r, self._futures.pop(r.firing.id, ("", {}))[1])
-        if results:
+            published = True
+        if published:
             self._signal()
 
     def _publish(self, name: str, result: FiringResult, futures: dict[str, Future]) -> None:

@@ -43,6 +43,7 @@ from walkserve.graph.plan import (
 from walkserve.graph.stop import resolve_count
 from walkserve.streaming.buffer import EXHAUSTED, StreamBuffer, StreamOverflow
 from walkserve.worker.plan_index import EDGE, STREAM, DataflowError, index_of, value_key
+from walkserve.worker.walk_cohort import CohortSide
 from walkserve.worker.walk_exits import LoopExits
 from walkserve.worker.walk_streams import StreamSide
 from walkserve.worker.walk_values import ValueReads
@@ -64,7 +65,7 @@ class Sink(Protocol):
     def report(self, kind: str, ws: WalkState, **fields: Any) -> None: ...
 
 
-class WalkState(StreamSide, LoopExits, ValueReads):
+class WalkState(StreamSide, LoopExits, ValueReads, CohortSide):
     """The dataflow of one (request, walk) on one rank."""
 
     def __init__(
@@ -77,6 +78,7 @@ class WalkState(StreamSide, LoopExits, ValueReads):
         sink: Sink,
         concat: Callable[[list, Any], Any],
         speculate: bool = True,
+        cohorts: bool = False,
     ):
         self.plan, self.idx = plan, index_of(plan)
         self.request_id, self.walk = request_id, plan.name
@@ -113,9 +115,8 @@ class WalkState(StreamSide, LoopExits, ValueReads):
         self._stale: set[str] = set()  # nodes whose cursor may lie past a loop's (new) limit
         self._draining = False
         self._producers = [n for n in self.local if n in self.idx.produces]
-        self.wasted: dict[tuple, int] = defaultdict(
-            int
-        )  # (node, loop instance) -> firings not exposed
+        self.wasted: dict[tuple, int] = defaultdict(int)  # (node, loop instance) -> firings not exposed
+        self._init_cohorts(cohorts)
 
     # ---- entry points (called by the worker) ----------------------------------------------
     def start(self, inputs: Mapping[str, Any]) -> None:
@@ -214,6 +215,8 @@ class WalkState(StreamSide, LoopExits, ValueReads):
             return False
         speculative = self._permission(node, path) if self.idx.dynamic_levels[node] else False
         if speculative is None or (self.paused and self._paused_producer(node, path)):
+            return False
+        if node in self._cohort_of and self._to_cohort(node, path, speculative):
             return False
         gathered = self._gather(node, path)
         if gathered is None:

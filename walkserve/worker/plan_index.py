@@ -66,6 +66,7 @@ class PlanIndex:
     # node -> [(depth, scope, is stream scope)] of the scopes that decide whether an iteration is real
     exposure: dict[str, list[tuple[int, str, bool]]] = field(default_factory=dict)
     stream_scope: dict[str, bool] = field(default_factory=dict)  # scope -> iterates over stream chunks
+    cohorts: dict[str, Any] = field(default_factory=dict)  # scope -> CohortPlan of the loops a cohort may run
 
 
 INPUT_KEY, EDGE, CARRY, STREAM = 0, 1, 2, 3
@@ -154,6 +155,9 @@ def index_of(plan: WalkPlan) -> PlanIndex:
             if isinstance(r, ToStream):
                 idx.produces.setdefault(src, []).append(plan.streams[r.stream])
     idx.once_readers = _once_readers(plan, idx)
+    from walkserve.worker.cohort_plan import cohort_plans  # it reads this module's recipes
+
+    idx.cohorts = cohort_plans(plan, idx)
     plan._dataflow_index = idx
     return idx
 

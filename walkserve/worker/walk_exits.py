@@ -32,11 +32,15 @@ class LoopExits:
                 del self.agg[(route, level, outer)]
                 value = self._combine(route, scope, [per_iter[k] for k in range(limit)])
                 progress = True
-                if level + 1 < len(route.exits):
-                    d = self.idx.depth[route.exits[level + 1]]
-                    self.agg.setdefault((route, level + 1, outer[:d]), {})[outer[d]] = value
-                else:
-                    self._deliver_exit(route, outer, value)
+                self._exit_value(route, level, outer, value)
+
+    def _exit_value(self, route: Any, level: int, outer: Path, value: Any) -> None:
+        """A loop's combined value at exit level ``level``: on to the next enclosing loop, or delivered."""
+        if level + 1 < len(route.exits):
+            d = self.idx.depth[route.exits[level + 1]]
+            self.agg.setdefault((route, level + 1, outer[:d]), {})[outer[d]] = value
+        else:
+            self._deliver_exit(route, outer, value)
 
     def _combine(self, route: Any, scope: str, values: list) -> Any:
         src = self.idx.route_src[route]

@@ -29,10 +29,24 @@ from walkserve.protocol import messages as m
 from walkserve.protocol.run import RunSpec
 from walkserve.transport.ipc import Inbox, Outbox
 from walkserve.transport.tensors import TensorCodec, unpack
+from walkserve.worker.cohort import CohortReport, Member
+from walkserve.worker.cohort_plan import CohortPlan
 from walkserve.worker.compute import ComputeThread, Future
 from walkserve.worker.dataflow import WalkState
 
 log = logging.getLogger(__name__)
+
+
+def stackable(values: list) -> torch.Tensor | None:
+    """The values as rows of one tensor, when all are tensors of one dtype and shape (else None)."""
+    first = values[0]
+    if not isinstance(first, torch.Tensor):
+        return None
+    shape, dtype = first.shape, first.dtype
+    for v in values:
+        if not isinstance(v, torch.Tensor) or v.shape != shape or v.dtype != dtype:
+            return None
+    return torch.stack(values)
 
 CONDUCTOR = "conductor"
 EARLY_TTL_S = 30.0
@@ -100,11 +114,22 @@ class Worker:
             self.run_deferred()
 
     def collect(self) -> None:
+        cohorts: dict[tuple[str, str], CohortReport] = {}  # several steps of one cohort, merged in order
         for component, result in self.compute.collect():
+            if isinstance(result, CohortReport):
+                merged = cohorts.get((result.walk, result.scope))
+                if merged is None:
+                    cohorts[(result.walk, result.scope)] = result
+                else:
+                    merged.merge(result)
+                continue
             if isinstance(result, str):
                 self._engine_failed(component, result)
             else:
                 self._result(result)
+            self.run_deferred()
+        for report in cohorts.values():
+            self._cohort_report(report)
             self.run_deferred()
 
     def run_deferred(self) -> None:
@@ -131,9 +156,8 @@ class Worker:
         if rid not in self.sampling:
             self.sampling[rid] = SamplingParams.from_dict(msg.sampling)
         plan = self.graph.plans[msg.walk]
-        ws = WalkState(
-            plan, rid, self.rank, msg.ranks, msg.params, self, concat, self.spec.config.speculation
-        )
+        config = self.spec.config
+        ws = WalkState(plan, rid, self.rank, msg.ranks, msg.params, self, concat, config.speculation, config.cohorts)
         self.walks[(rid, msg.walk)] = ws
         ws.start({k: self._value(v) for k, v in msg.inputs.items()})
         for _, early in self.early.pop((rid, msg.walk), []):
@@ -227,6 +251,11 @@ class Worker:
         self.to_compute.append((gnode.component, firing, futures))
         self.deferred.append((ws, node, path, futures))
 
+    def join(self, ws: WalkState, plan: CohortPlan, outer: tuple, bound: int, entry: dict) -> None:
+        """A loop instance goes to its cohort in the compute thread."""
+        rid = ws.request_id
+        self.compute.join(plan, Member(rid, outer, bound, ws.params, self.sampling.get(rid), entry))
+
     def send(self, rank: int, kind: str, ws: WalkState, **f: Any) -> None:
         rid, walk = ws.request_id, ws.walk
         inline = rank in self.tcp_ranks or self.rank in self.tcp_ranks
@@ -280,6 +309,33 @@ class Worker:
             self.outbox.put(CONDUCTOR, m.Failed(ws.request_id, result.error))
             return
         ws.completed(node, path, result.outputs)
+
+    def _cohort_report(self, report: CohortReport) -> None:
+        """One cohort step: failed members, exposed outputs, then the members whose loop ended."""
+        walks, walk = self.walks, report.walk
+        self.counters["firings"] += report.firings
+        self.counters["cohort_firings"] += report.firings
+        for rid, error in report.failed:
+            ws = walks.get((rid, walk))
+            if ws is not None and not ws.failed:
+                ws.failed = True
+                self.outbox.put(CONDUCTOR, m.Failed(rid, error))
+        for (node, out, modality), (rids, paths, values) in report.client.items():
+            keep = [i for i, rid in enumerate(rids) if (ws := walks.get((rid, walk))) is not None and not ws.failed]
+            if len(keep) < len(rids):
+                rids, paths, values = [rids[i] for i in keep], [paths[i] for i in keep], [values[i] for i in keep]
+            if rids:
+                msg = m.ClientOuts(walk, node, modality, out, rids, paths)
+                stack = stackable(values)
+                if stack is not None:
+                    msg.stacked = self.codec.pack(stack, allow_shm=False)
+                else:
+                    msg.values = [self._wire(v, inline=True) for v in values]
+                self.outbox.put(CONDUCTOR, msg)
+        for rid, outer, n, fired, hit_bound, exits in report.ended:
+            ws = walks.get((rid, walk))
+            if ws is not None:
+                ws.cohort_ended(report.scope, outer, n, fired, hit_bound, exits)
 
     def _engine_failed(self, component: str, error: str) -> None:
         failed = {rec[0].request_id for rec in self.inflight.values() if rec[3] == component}
