@@ -103,8 +103,8 @@ class ComputeThread:
         while self._results:
             out.append(self._results.popleft())
         unread, self._unread = self._unread, 0
-        if unread or self._idle:
-            self._wake.set()  # a cohort may be waiting (or about to wait) for its last report to be read
+        if unread:
+            self._wake.set()  # a cohort may be waiting (or about to wait) for its reports to be read
         return out
 
     # ---- compute thread side -----------------------------------------------------------------
