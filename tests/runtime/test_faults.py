@@ -59,6 +59,31 @@ def test_abort_releases_state(tts):
     assert stats and stats.aborted >= 1
 
 
+def test_loop_cohort_members_fail_alone_and_their_state_is_released():
+    """fixture-lm's decode loop runs as a cohort: a failing member, an aborted one and finished ones leave nothing behind."""
+    with start("fixture-lm", placement(1, {"lm": 0})) as engine:
+        good = [fixture_request("fixture-lm", i) for i in range(4)]
+        bad = fixture_request("fixture-lm", 9)
+        bad.sampling = type(bad.sampling)(max_tokens=50, stop_token_ids=(0,))
+        bad.params.update(fail_node="lm", fail_at=2, eos_at=1000)
+        results = engine.run([*good, bad])
+        assert all(r.finished.reason in (FinishReason.STOP, FinishReason.LENGTH) for r in results[:4])
+        assert results[4].finished.reason == FinishReason.ERROR
+        assert "injected failure in lm at iteration 2" in results[4].finished.error
+        assert [e.iteration for e in results[4].events] == [(0,), (1,)]  # the iterations before the failure
+        long = fixture_request("fixture-lm", 11)
+        long.sampling = type(long.sampling)(max_tokens=5000, stop_token_ids=(0,))
+        long.params.update(eos_at=10_000, sleep_ms=2)
+        for seen, _out in enumerate(engine.stream(long), start=1):
+            if seen == 3:
+                break  # leaving the loop aborts the request mid-cohort
+        stats = wait_until(lambda: (s := engine.stats()).running == 0 and s.requests_with_state == 0 and s)
+        assert stats and stats.aborted >= 1 and stats.failed >= 1
+        worker = engine.status.stats["workers"]
+        counters = (worker.get(0) or worker.get("0"))
+        assert counters["cohort_members"] == 0 and counters["counters"]["cohort_firings"] > 0
+
+
 def test_killed_worker_fails_its_requests_fast_and_comes_back():
     engine = start("fixture-tts", placement(2, {"lm": 0, "codec": 1}))
     try:

@@ -23,7 +23,7 @@ def runtime_stats(snapshot: dict[str, Any]) -> RuntimeStats:
             kv_total += int(e.get("kv_blocks_total", 0))
             preemptions += int(e.get("preemptions", 0))
         state += int(w.get("walk_states", 0)) + int(w.get("engine_state", 0)) + int(w.get("inflight", 0))
-        state += int(w.get("early", 0))
+        state += int(w.get("early", 0)) + int(w.get("cohort_members", 0))
     return RuntimeStats(
         running=int(snapshot.get("running", 0)),
         waiting=int(snapshot.get("waiting", 0)),

@@ -92,6 +92,10 @@ class ComputeThread:
         if self._idle:
             self._wake.set()
 
+    def cohort_members(self) -> int:
+        """Requests' loop instances held by cohorts (joined or waiting to), for the stats; approximate while running."""
+        return sum(not m.dead for c in list(self._cohorts.values()) for m in [*c.members, *c.joining])
+
     def collect(self) -> list[tuple[str, FiringResult | str]]:
         """Results so far: (component, FiringResult) or (component, engine error message)."""
         try:

@@ -399,6 +399,7 @@ class Worker:
             "requests": len({k[0] for k in self.walks}),
             "engine_state": state,
             "inflight": len(self.inflight),
+            "cohort_members": self.compute.cohort_members(),
             "early": sum(len(v) for v in self.early.values()),
             "counters": dict(self.counters),
             "engines": engines,
