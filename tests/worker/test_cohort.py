@@ -146,7 +146,7 @@ def _run(cohort: Cohort, b: Copy, limit: int = 100) -> list:
 def _cohort(a: Engine | None = None, b: Engine | None = None) -> tuple[Cohort, Engine, Engine]:
     a, b = a or AddBias(), b or Copy()
     ids = itertools.count(-1, -1)
-    return Cohort(_plan(), {"a": a, "b": b}, lambda: next(ids)), a, b
+    return Cohort(_plan(), {"a": a, "b": b}, lambda cohort: next(ids)), a, b
 
 
 def _client(reports) -> dict[str, list]:

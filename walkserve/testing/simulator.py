@@ -140,7 +140,7 @@ class Simulator:
             member.entry = {k: (v.value if isinstance(v, _Future) else v) for k, v in member.entry.items()}
             cohort = self.cohort_of.get(ckey)
             if cohort is None:
-                cohort = self.cohort_of[ckey] = Cohort(plan, self.group_engines, lambda: 0)
+                cohort = self.cohort_of[ckey] = Cohort(plan, self.group_engines, lambda cohort: 0)
             cohort.join(member)
             self.channels[(("compute", ckey[0]), ("compute", ckey[0]))].append(("step", ckey))
             return

@@ -46,6 +46,18 @@ class TensorCodec:
         return TensorMsg(name, tuple(t.shape), data=raw.numpy().tobytes() if nbytes else b"", nbytes=nbytes)
 
 
+def stack_rows(values: list) -> torch.Tensor | None:
+    """The values as rows of one tensor when all are tensors of one dtype and shape (else None)."""
+    first = values[0]
+    if not isinstance(first, torch.Tensor):
+        return None
+    shape, dtype = first.shape, first.dtype
+    for v in values:
+        if not isinstance(v, torch.Tensor) or v.shape != shape or v.dtype != dtype:
+            return None
+    return torch.stack(values)
+
+
 def unpack(msg: TensorMsg) -> torch.Tensor:
     """TensorMsg -> tensor. A shared-memory segment is mapped without a copy and unlinked."""
     dtype = _NAME_TO_TORCH[msg.dtype]

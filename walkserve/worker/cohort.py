@@ -78,7 +78,8 @@ class CohortReport:
 
 
 class Cohort:
-    def __init__(self, plan: CohortPlan, engines: dict[str, Engine], firing_id: Callable[[], int]):
+    def __init__(self, plan: CohortPlan, engines: dict[str, Engine], firing_id: Callable[[Cohort], int]):
+        """``firing_id(cohort)`` numbers a Firing this cohort submits (the compute thread routes its result back)."""
         self.plan, self.engines, self.firing_id = plan, engines, firing_id
         self.members: list[Member] = []
         self.joining: list[Member] = []
@@ -183,7 +184,7 @@ class Cohort:
             return
         for m, inp in zip(alive, inputs, strict=True):
             firing = Firing(
-                self.firing_id(), m.request_id, self.plan.walk, node, spec.component, spec.op,
+                self.firing_id(self), m.request_id, self.plan.walk, node, spec.component, spec.op,
                 (*m.outer, m.k), inp, spec.outputs, m.params, m.sampling, spec.params,
             )
             self.pending[firing.id] = (m, spec.component)

@@ -141,8 +141,7 @@ class ComputeThread:
                 _, plan, member = cmd
                 cohort = self._cohorts.get((plan.walk, plan.scope))
                 if cohort is None:
-                    cohort = self._cohorts[(plan.walk, plan.scope)] = Cohort(plan, self.engines, None)
-                    cohort.firing_id = lambda c=cohort: self._cohort_firing(c)
+                    cohort = self._cohorts[(plan.walk, plan.scope)] = Cohort(plan, self.engines, self._cohort_firing)
                 cohort.join(member)
             else:
                 rid = cmd[1]

@@ -28,25 +28,13 @@ from walkserve.graph.walk import WalkGraph
 from walkserve.protocol import messages as m
 from walkserve.protocol.run import RunSpec
 from walkserve.transport.ipc import Inbox, Outbox
-from walkserve.transport.tensors import TensorCodec, unpack
+from walkserve.transport.tensors import TensorCodec, stack_rows, unpack
 from walkserve.worker.cohort import CohortReport, Member
 from walkserve.worker.cohort_plan import CohortPlan
 from walkserve.worker.compute import ComputeThread, Future
 from walkserve.worker.dataflow import WalkState
 
 log = logging.getLogger(__name__)
-
-
-def stackable(values: list) -> torch.Tensor | None:
-    """The values as rows of one tensor, when all are tensors of one dtype and shape (else None)."""
-    first = values[0]
-    if not isinstance(first, torch.Tensor):
-        return None
-    shape, dtype = first.shape, first.dtype
-    for v in values:
-        if not isinstance(v, torch.Tensor) or v.shape != shape or v.dtype != dtype:
-            return None
-    return torch.stack(values)
 
 CONDUCTOR = "conductor"
 EARLY_TTL_S = 30.0
@@ -311,27 +299,27 @@ class Worker:
         ws.completed(node, path, result.outputs)
 
     def _cohort_report(self, report: CohortReport) -> None:
-        """One cohort step: failed members, exposed outputs, then the members whose loop ended."""
+        """Cohort steps: exposed outputs (one message per node output), failed members, ended loops, in that order."""
         walks, walk = self.walks, report.walk
         self.counters["firings"] += report.firings
         self.counters["cohort_firings"] += report.firings
-        for rid, error in report.failed:
-            ws = walks.get((rid, walk))
-            if ws is not None and not ws.failed:
-                ws.failed = True
-                self.outbox.put(CONDUCTOR, m.Failed(rid, error))
         for (node, out, modality), (rids, paths, values) in report.client.items():
             keep = [i for i, rid in enumerate(rids) if (ws := walks.get((rid, walk))) is not None and not ws.failed]
             if len(keep) < len(rids):
                 rids, paths, values = [rids[i] for i in keep], [paths[i] for i in keep], [values[i] for i in keep]
             if rids:
                 msg = m.ClientOuts(walk, node, modality, out, rids, paths)
-                stack = stackable(values)
+                stack = stack_rows(values)
                 if stack is not None:
                     msg.stacked = self.codec.pack(stack, allow_shm=False)
                 else:
                     msg.values = [self._wire(v, inline=True) for v in values]
                 self.outbox.put(CONDUCTOR, msg)
+        for rid, error in report.failed:
+            ws = walks.get((rid, walk))
+            if ws is not None and not ws.failed:
+                ws.failed = True
+                self.outbox.put(CONDUCTOR, m.Failed(rid, error))
         for rid, outer, n, fired, hit_bound, exits in report.ended:
             ws = walks.get((rid, walk))
             if ws is not None:
