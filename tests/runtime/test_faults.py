@@ -48,6 +48,17 @@ def test_admission_queue_then_rejection(tts):
     assert all(r.finished.reason in (FinishReason.STOP, FinishReason.LENGTH) for r in results if not r.rejected)
 
 
+def test_a_batch_that_repeats_a_request_id_is_refused_before_anything_runs(tts):
+    from walkserve.core.errors import InvalidRequest
+
+    req = fixture_request("fixture-tts", 21)
+    before = tts.stats().finished
+    with pytest.raises(InvalidRequest, match="already running"):
+        tts.run([req, req])
+    assert tts.stats().finished == before and tts.stats().running == 0
+    assert tts.run([req])[0].finished.reason in (FinishReason.STOP, FinishReason.LENGTH)
+
+
 def test_abort_releases_state(tts):
     req = fixture_request("fixture-tts", 3)
     req.sampling = type(req.sampling)(max_tokens=400, stop_token_ids=(0,))
