@@ -65,12 +65,32 @@ def cohort_plans(plan: WalkPlan, idx: PlanIndex) -> dict[str, CohortPlan]:
 
 
 def _cohort_plan(plan: WalkPlan, idx: PlanIndex, sid: str) -> CohortPlan | None:
-    chain = plan.scopes[sid].chain
-    depth = idx.depth[sid]
-    body = idx.scope_nodes[sid]
+    chain, body = plan.scopes[sid].chain, idx.scope_nodes[sid]
     if not body or any(plan.chains[n] != chain or idx.stream_slots[n] or n in idx.produces for n in body):
         return None
-    members = set(body)
+    reads = _reads(idx, sid, body, len(chain))
+    leaves = _leaves(plan, sid, body)
+    if reads is None or leaves is None:
+        return None
+    slots, entry, carries, deps = reads
+    order = _order(body, deps)
+    stop = None
+    if plan.scopes[sid].kind == "dynamic":
+        stop_node = next((n for n, (s, _, _) in idx.stop_of.items() if s == sid), None)
+        if stop_node is None:
+            return None
+        _, out, rule = idx.stop_of[stop_node]
+        stop = (stop_node, out, rule)
+    if order is None:
+        return None
+    nodes = plan.nodes
+    specs = {n: NodeSpec(nodes[n].component, nodes[n].op, nodes[n].outputs, nodes[n].params) for n in body}
+    return CohortPlan(plan.name, sid, idx.depth[sid], stop is not None, order, specs, slots, entry, carries, stop, *leaves)
+
+
+def _reads(idx: PlanIndex, sid: str, body: list[str], chain_len: int) -> tuple | None:
+    """How each body slot finds its value (see the module doc), or None when one cannot in a cohort."""
+    depth, members = idx.depth[sid], set(body)
     slots: dict[str, tuple] = {}
     entry, carries = [], []
     deps: dict[str, set[str]] = {n: set() for n in body}
@@ -78,7 +98,7 @@ def _cohort_plan(plan: WalkPlan, idx: PlanIndex, sid: str) -> CohortPlan | None:
         node_slots = []
         for slot, r in idx.recipes[node]:
             if r[0] == EDGE and r[1] in members:
-                if r[3] != len(chain):
+                if r[3] != chain_len:
                     return None
                 node_slots.append((slot, CUR, r[1], r[2]))
                 deps[node].add(r[1])
@@ -97,8 +117,12 @@ def _cohort_plan(plan: WalkPlan, idx: PlanIndex, sid: str) -> CohortPlan | None:
             else:
                 return None
         slots[node] = tuple(node_slots)
-    client, exits = [], []
-    loop = plan.loop(sid)
+    return slots, tuple(entry), tuple(carries), deps
+
+
+def _leaves(plan: WalkPlan, sid: str, body: list[str]) -> tuple[tuple, tuple] | None:
+    """(client outputs, exits) of the body, or None when an output goes anywhere else."""
+    client, exits, members, loop = [], [], set(body), plan.loop(sid)
     for node in body:
         for out in plan.nodes[node].outputs:
             for route in plan.routes.get((node, out), ()):
@@ -113,24 +137,15 @@ def _cohort_plan(plan: WalkPlan, idx: PlanIndex, sid: str) -> CohortPlan | None:
                     client.append((node, out, route.modality))
                 elif not isinstance(route, ToDrop):
                     return None
-    order = _order(body, deps)
-    stop = None
-    if plan.scopes[sid].kind == "dynamic":
-        stop_node = next((n for n, (s, _, _) in idx.stop_of.items() if s == sid), None)
-        if stop_node is None:
-            return None
-        _, out, rule = idx.stop_of[stop_node]
-        stop = (stop_node, out, rule)
-    specs = {n: NodeSpec(plan.nodes[n].component, plan.nodes[n].op, plan.nodes[n].outputs, plan.nodes[n].params) for n in body}
-    return CohortPlan(
-        plan.name, sid, depth, stop is not None, order, specs, slots,
-        tuple(entry), tuple(carries), stop, tuple(client), tuple(exits),
-    )
+    return tuple(client), tuple(exits)
 
 
-def _order(body: list[str], deps: dict[str, set[str]]) -> tuple[str, ...]:
+def _order(body: list[str], deps: dict[str, set[str]]) -> tuple[str, ...] | None:
+    """The body in dependency order (None if the same-iteration edges had a cycle, which a plan never has)."""
     done: list[str] = []
     while len(done) < len(body):
         ready = [n for n in body if n not in done and deps[n] <= set(done)]
+        if not ready:
+            return None
         done.extend(ready)
     return tuple(done)

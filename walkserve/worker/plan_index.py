@@ -155,11 +155,15 @@ def index_of(plan: WalkPlan) -> PlanIndex:
             if isinstance(r, ToStream):
                 idx.produces.setdefault(src, []).append(plan.streams[r.stream])
     idx.once_readers = _once_readers(plan, idx)
-    from walkserve.worker.cohort_plan import cohort_plans  # it reads this module's recipes
-
-    idx.cohorts = cohort_plans(plan, idx)
+    idx.cohorts = _cohort_plans(plan, idx)
     plan._dataflow_index = idx
     return idx
+
+
+def _cohort_plans(plan: WalkPlan, idx: PlanIndex) -> dict[str, Any]:
+    from walkserve.worker.cohort_plan import cohort_plans  # it reads this module's recipes
+
+    return cohort_plans(plan, idx)
 
 
 def _once_readers(plan: WalkPlan, idx: PlanIndex) -> dict[tuple[str, str], list[str]]:
