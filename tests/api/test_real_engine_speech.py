@@ -204,7 +204,9 @@ def test_speech_metrics_move(served, client):
 
 def test_disconnect_mid_stream_frees_runtime_state(served):
     body = {"input": "Leave early.", "voice": "tara", "response_format": "pcm", "max_tokens": 2000}
-    aborted = metric(metrics(served.url), "walkserve_engine_requests_total", outcome="aborted")
+    before = metrics(served.url)
+    aborted = metric(before, "walkserve_engine_requests_total", outcome="aborted")
+    finished = metric(before, "walkserve_engine_requests_total", outcome="finished")
     with httpx.Client(timeout=60) as http, http.stream("POST", f"{served.url}/v1/audio/speech", json=body) as response:
         assert response.status_code == 200
         busy = False
@@ -218,7 +220,11 @@ def test_disconnect_mid_stream_frees_runtime_state(served):
     took = time.monotonic() - closed_at
     assert freed and took < 1.0, f"runtime state freed after {took:.2f} s"
     after = metrics(served.url)
-    assert metric(after, "walkserve_engine_requests_total", outcome="aborted") == aborted + 1
+    # The disconnect aborts the request, unless the random tiny model sampled end-of-speech just
+    # before the server noticed the client had gone: exactly one of the two outcomes, never neither.
+    outcome = (metric(after, "walkserve_engine_requests_total", outcome="aborted") - aborted,
+               metric(after, "walkserve_engine_requests_total", outcome="finished") - finished)
+    assert outcome in ((1, 0), (0, 1)), outcome
 
 
 def _gauges(url: str, test) -> bool:
