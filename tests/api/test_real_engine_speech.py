@@ -204,9 +204,7 @@ def test_speech_metrics_move(served, client):
 
 def test_disconnect_mid_stream_frees_runtime_state(served):
     body = {"input": "Leave early.", "voice": "tara", "response_format": "pcm", "max_tokens": 2000}
-    before = metrics(served.url)
-    aborted = metric(before, "walkserve_engine_requests_total", outcome="aborted")
-    finished = metric(before, "walkserve_engine_requests_total", outcome="finished")
+    aborted, finished = _settled_outcomes(served.url)  # earlier tests' requests counted already
     with httpx.Client(timeout=60) as http, http.stream("POST", f"{served.url}/v1/audio/speech", json=body) as response:
         assert response.status_code == 200
         busy = False
@@ -225,6 +223,23 @@ def test_disconnect_mid_stream_frees_runtime_state(served):
     outcome = (metric(after, "walkserve_engine_requests_total", outcome="aborted") - aborted,
                metric(after, "walkserve_engine_requests_total", outcome="finished") - finished)
     assert outcome in ((1, 0), (0, 1)), outcome
+
+
+def _settled_outcomes(url: str) -> tuple[float, float]:
+    """(aborted, finished) once two reads 0.3 s apart agree: /metrics shows the runtime status of up
+    to 0.25 s ago, which may not count a request an earlier test saw end yet."""
+    def read() -> tuple[float, float]:
+        now = metrics(url)
+        return tuple(metric(now, "walkserve_engine_requests_total", outcome=o) for o in ("aborted", "finished"))
+
+    last = read()
+    for _ in range(10):
+        time.sleep(0.3)
+        now = read()
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"request outcome counters kept moving: {last}")
 
 
 def _gauges(url: str, test) -> bool:
