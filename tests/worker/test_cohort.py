@@ -21,6 +21,7 @@ from walkserve.graph import (
     WalkStart,
 )
 from walkserve.graph.compose import ACCUMULATE, LAST
+from walkserve.testing.simulator import GroupOnlyEngine
 from walkserve.worker.cohort import Cohort, Member
 from walkserve.worker.cohort_plan import CARRIED, CUR, FIXED
 from walkserve.worker.compute import ComputeThread
@@ -61,11 +62,10 @@ def _plan():
     return index_of(graph.plans["w"]).cohorts["L"]
 
 
-class AddBias(Engine):
+class AddBias(GroupOnlyEngine):
     """a: y = x + bias for a whole group in one call (``run_group``)."""
 
     component = "a"
-    runs_groups = True
 
     def __init__(self, fail_for: str | None = None, raise_on_call: int | None = None, omit_for: str | None = None):
         self.calls: list[list[str]] = []
@@ -79,18 +79,6 @@ class AddBias(Engine):
             "bad input" if rid == self.fail_for else {} if rid == self.omit_for else {"y": inp["x"] + inp["bias"]}
             for rid, inp in zip(group.request_ids, group.inputs, strict=True)
         ]
-
-    def submit(self, firing: Firing) -> None:
-        raise AssertionError("a group engine gets groups")
-
-    def step(self) -> list[FiringResult]:
-        return []
-
-    def has_work(self) -> bool:
-        return False
-
-    def release(self, request_id: str) -> None:
-        pass
 
 
 class Copy(Engine):

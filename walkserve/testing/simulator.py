@@ -44,10 +44,29 @@ class SimStats:
     max_wasted_per_node: int = 0  # over every (request, walk, node, loop instance)
 
 
-class _GroupEngine(Engine):
-    """A cohort's engine in the simulator: each member through the component's ``forward_batch`` alone."""
+class GroupOnlyEngine(Engine):
+    """An engine that only runs loop cohorts' groups (``run_group``); never given single firings.
+
+    For the simulator and for tests of cohorts: subclasses implement ``run_group``.
+    """
 
     runs_groups = True
+
+    def submit(self, firing: Firing) -> None:
+        raise AssertionError(f"{type(self).__name__} runs groups only")
+
+    def step(self) -> list[FiringResult]:
+        return []
+
+    def has_work(self) -> bool:
+        return False
+
+    def release(self, request_id: str) -> None:
+        pass
+
+
+class _GroupEngine(GroupOnlyEngine):
+    """A cohort's engine in the simulator: each member through the component's ``forward_batch`` alone."""
 
     def __init__(self, component: str, module: Any):
         self.component, self.module = component, module
@@ -61,18 +80,6 @@ class _GroupEngine(Engine):
             except Exception as e:
                 out.append(f"node {group.node!r} failed: {type(e).__name__}: {e}")
         return out
-
-    def submit(self, firing: Firing) -> None:
-        raise AssertionError("the simulator's cohorts run groups")
-
-    def step(self) -> list[FiringResult]:
-        return []
-
-    def has_work(self) -> bool:
-        return False
-
-    def release(self, request_id: str) -> None:
-        pass
 
 
 @dataclass
