@@ -35,10 +35,15 @@ class Target:
 
 
 class SafetensorsCheckpoint:
-    """The tensors of a checkpoint directory, by name, read lazily."""
+    """The tensors of a checkpoint directory, by name, read lazily.
 
-    def __init__(self, directory: str | Path):
+    ``single_file`` names the one-file layout's file (``model.safetensors``;
+    BAGEL's ``ema.safetensors`` and ``ae.safetensors``).
+    """
+
+    def __init__(self, directory: str | Path, single_file: str = SINGLE_FILE):
         self.directory = Path(directory)
+        self.single_file = single_file
         self.files = self._weight_map()  # tensor name -> shard path
 
     def _weight_map(self) -> dict[str, Path]:
@@ -49,9 +54,9 @@ class SafetensorsCheckpoint:
             except (json.JSONDecodeError, KeyError, TypeError) as e:
                 raise ConfigError(f"{index}: not a safetensors index ({e})") from None
             return {name: self.directory / file for name, file in weight_map.items()}
-        single = self.directory / SINGLE_FILE
+        single = self.directory / self.single_file
         if not single.is_file():
-            raise ConfigError(f"{self.directory}: no {SINGLE_FILE} or {INDEX_FILE}")
+            raise ConfigError(f"{self.directory}: no {self.single_file} or {INDEX_FILE}")
         from safetensors import safe_open
 
         with safe_open(single, framework="pt") as f:

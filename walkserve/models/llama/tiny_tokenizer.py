@@ -52,6 +52,13 @@ _STYLES: dict[str, tuple[tuple[str, ...], str | None, tuple[str, ...], str, str]
         "<|im_end|>",
         "<|endoftext|>",
     ),
+    "bagel": (  # Qwen2.5's ChatML tokens plus the image block markers BAGEL places
+        ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>"),
+        None,
+        ("<|im_end|>", "<|endoftext|>"),
+        "<|im_end|>",
+        "<|endoftext|>",
+    ),
 }
 
 QWEN_SPLIT_REGEX = (
@@ -75,6 +82,7 @@ CHAT_TEMPLATES = {
         "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
     ),
 }
+CHAT_TEMPLATES["bagel"] = CHAT_TEMPLATES["chatml"]
 
 
 @dataclass(frozen=True)
@@ -104,7 +112,7 @@ def write_tokenizer(out_dir: Path, style: str, vocab_size: int, model_max_length
     if base < 256 + 8:
         raise ConfigError(f"a tiny byte-level tokenizer needs vocab_size >= {256 + 8 + len(specials)}, got {vocab_size}")
     tok = Tokenizer(models.BPE())
-    if style == "chatml":  # Qwen's layout: NFC, its split regex, then bytes (what Qwen2Tokenizer rebuilds)
+    if style in ("chatml", "bagel"):  # Qwen's layout: NFC, its split regex, then bytes (what Qwen2Tokenizer rebuilds)
         tok.normalizer = normalizers.NFC()
         tok.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(QWEN_SPLIT_REGEX), behavior="isolated", invert=False),
