@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 
 TEXT_ARCHS = ("llama", "qwen2", "qwen3")
-PRESETS = {"orpheus": ("tiny", "bench"), **{arch: ("tiny",) for arch in TEXT_ARCHS}}
+PRESETS = {"orpheus": ("tiny", "bench"), "bagel": ("tiny",), **{arch: ("tiny",) for arch in TEXT_ARCHS}}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "tiny",
-        help="write a tiny random-weight checkpoint (llama, qwen2, qwen3, orpheus)",
+        help="write a tiny random-weight checkpoint (llama, qwen2, qwen3, orpheus, bagel)",
         description="Write a random-weight checkpoint in the family's official layout. The weights are random: "
         "a model served from it produces noise, and its /v1/models card says random_weights.",
     )
@@ -33,6 +33,13 @@ def run(args: argparse.Namespace) -> int:
 
         out = write_tiny_orpheus(args.out_dir, lm=args.preset, snac=args.snac, seed=args.seed)
         serve = f"walkserve serve orpheus --model-path {out}"
+    elif args.family == "bagel":
+        from walkserve.models.bagel.tiny import write_tiny_bagel
+
+        out = write_tiny_bagel(args.out_dir, seed=args.seed)
+        print(f"wrote a random-weight bagel checkpoint (tiny) to {out}\n"
+              f"load it with: walkserve.models.bagel.weights.load_bagel({str(out)!r})")
+        return 0
     else:
         from walkserve.models.llama.tiny import write_tiny
 
