@@ -79,3 +79,24 @@ def test_interval_and_passes():
     assert sum(g.passes_at(t)[0] for t in ts) == 41  # t > 0.4 on 41 of the 49 steps
     with pytest.raises(ValueError, match="renorm_type"):
         Guidance(renorm_type="none")
+
+
+def test_cfg_step_node_combines_each_request_alone():
+    from walkserve.models.bagel.cfg_step import CfgStep
+    from walkserve.models.bagel.flow import RENORM_TYPES
+
+    def item(n, renorm):
+        v, vt, vi = _vs(n)
+        x = torch.randn(n, 64, generator=GEN)
+        return {"x": x, "v": v, "v_cfg_text": vt, "v_cfg_img": vi, "t": torch.tensor(0.9), "t_next": torch.tensor(0.8),
+                "cfg_text_scale": torch.tensor(4.0), "cfg_img_scale": torch.tensor(1.5),
+                "cfg_interval": torch.tensor([0.4, 1.0]), "cfg_renorm_min": torch.tensor(0.0),
+                "cfg_renorm_type": torch.tensor(RENORM_TYPES.index(renorm))}
+
+    items = [item(5, "global"), item(3, "text_channel")]
+    out = CfgStep().forward_batch(items)
+    for it, o, renorm in zip(items, out, ("global", "text_channel")):
+        v = cfg_combine(it["v"], it["v_cfg_text"], it["v_cfg_img"], 4.0, 1.5, renorm, 0.0)
+        torch.testing.assert_close(o["x"], it["x"] - v * (0.9 - 0.8))
+    alone = CfgStep().forward_batch([items[0]])[0]["x"]
+    torch.testing.assert_close(alone, out[0]["x"], rtol=0, atol=0)

@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from walkserve.core.errors import ConfigError
 from walkserve.models.bagel.config import AE_FILE, EMA_FILE, BagelConfig
 from walkserve.models.bagel.flux_ae import FluxDecoder, FluxEncoder
 from walkserve.models.bagel.latents import LatentEmbedder
@@ -108,12 +107,16 @@ def load_latents(path: str | Path, config: BagelConfig, device="cpu", dtype=torc
     return latent
 
 
-def load_vae(path: str | Path, config: BagelConfig, device="cpu", dtype=torch.float32) -> tuple[VaeEncoder, VaeDecoder]:
+def load_vae_encoder(path: str | Path, config: BagelConfig, device="cpu", dtype=torch.float32) -> VaeEncoder:
     ckpt = SafetensorsCheckpoint(path, AE_FILE)
     encoder = _load(lambda: FluxEncoder(config.vae), ckpt, "encoder.", device, dtype)
+    return VaeEncoder(encoder, config.vae, config.latent_patch_size)
+
+
+def load_vae_decoder(path: str | Path, config: BagelConfig, device="cpu", dtype=torch.float32) -> VaeDecoder:
+    ckpt = SafetensorsCheckpoint(path, AE_FILE)
     decoder = _load(lambda: FluxDecoder(config.vae), ckpt, "decoder.", device, dtype)
-    p = config.latent_patch_size
-    return VaeEncoder(encoder, config.vae, p), VaeDecoder(decoder, config.vae, p)
+    return VaeDecoder(decoder, config.vae, config.latent_patch_size)
 
 
 @dataclass
@@ -134,15 +137,11 @@ def load_bagel(path: str | Path, device: str | torch.device = "cpu", dtype: str 
     config = BagelConfig.from_dir(path)
     lm_dtype = resolve_dtype(dtype, config.llm)
     side_dtype = lm_dtype if dtype is not None else torch.float32
-    try:
-        encoder, decoder = load_vae(path, config, device, side_dtype)
-    except ConfigError as e:
-        raise ConfigError(f"{AE_FILE}: {e}") from None
     return BagelParts(
         config=config,
         lm=load_lm(path, config, device, lm_dtype, progress),
         vit=load_vit(path, config, device, side_dtype, progress),
         latents=load_latents(path, config, device, side_dtype),
-        vae_encoder=encoder,
-        vae_decoder=decoder,
+        vae_encoder=load_vae_encoder(path, config, device, side_dtype),
+        vae_decoder=load_vae_decoder(path, config, device, side_dtype),
     )
