@@ -17,7 +17,7 @@ from pathlib import Path
 from walkserve.models.pi0.spm_model import BPE, BYTE, CONTROL, NORMAL, UNKNOWN, USER_DEFINED, SpmModel, write_model
 from walkserve.models.pi0.spm_tokenizer import SPACE
 
-TOKENIZER_FILE = "tokenizer.model"
+from walkserve.models.pi0.files import TOKENIZER_FILE
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 
 CORPUS = """\
