@@ -4,8 +4,8 @@ The inputs are one flat mapping (``/v1/generate``'s ``inputs``, or an openpi
 observation after ``observations.map_observation``):
 
     <camera>   an image per camera name of the checkpoint (``base_0_rgb`` ...): uint8 [H, W, 3]
-               (or [3, H, W]), float [H, W, 3] in [0, 1], an ``ArrayData`` of those, or encoded
-               image bytes (PNG, JPEG, ...)
+               (or [3, H, W]; integers in 0..255 such as a JSON list), float [H, W, 3] in [0, 1],
+               an ``ArrayData`` of those, or encoded image bytes (PNG, JPEG, ...)
     state      the robot state, state_dim numbers
     prompt     the task, a non-empty string (its token limit is checked when it is tokenised)
     noise      optional: the flow's initial noise, [chunk_size, max_action_dim] floats
@@ -98,6 +98,10 @@ def to_image(value: Any, max_pixels: int, param: str) -> np.ndarray:
                              param=param, code="image_too_large")
     if array.dtype == np.uint8:
         return np.ascontiguousarray(array)
+    if array.dtype.kind in "iu":  # e.g. a JSON list of ints
+        if array.min() < 0 or array.max() > 255:
+            raise InvalidRequest("integer pixel values must be in 0..255", param=param, code="invalid_image")
+        return array.astype(np.uint8)
     if array.dtype.kind != "f":
         raise InvalidRequest(f"an image must be uint8, or float in [0, 1]; got {array.dtype}", param=param,
                              code="invalid_image")
