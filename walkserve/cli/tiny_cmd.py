@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 
 TEXT_ARCHS = ("llama", "qwen2", "qwen3")
-PRESETS = {"orpheus": ("tiny", "bench"), **{arch: ("tiny",) for arch in TEXT_ARCHS}}
+POLICY_KINDS = ("pi0", "pi05")
+PRESETS = {"orpheus": ("tiny", "bench"), **{arch: ("tiny",) for arch in TEXT_ARCHS + POLICY_KINDS}}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "tiny",
-        help="write a tiny random-weight checkpoint (llama, qwen2, qwen3, orpheus)",
+        help="write a tiny random-weight checkpoint (llama, qwen2, qwen3, orpheus, pi0, pi05)",
         description="Write a random-weight checkpoint in the family's official layout. The weights are random: "
         "a model served from it produces noise, and its /v1/models card says random_weights.",
     )
@@ -33,10 +34,17 @@ def run(args: argparse.Namespace) -> int:
 
         out = write_tiny_orpheus(args.out_dir, lm=args.preset, snac=args.snac, seed=args.seed)
         serve = f"walkserve serve orpheus --model-path {out}"
+    elif args.family in POLICY_KINDS:
+        from walkserve.models.pi0.tiny import write_tiny_policy
+
+        out = write_tiny_policy(args.family, args.out_dir, seed=args.seed)
+        serve = None  # the policies' walks and routes are not wired into ``serve`` yet
     else:
         from walkserve.models.llama.tiny import write_tiny
 
         out = write_tiny(args.family, args.out_dir, seed=args.seed)
         serve = f"walkserve serve {args.family} --model-path {out}"
-    print(f"wrote a random-weight {args.family} checkpoint ({args.preset}) to {out}\nserve it with: {serve}")
+    print(f"wrote a random-weight {args.family} checkpoint ({args.preset}) to {out}")
+    if serve:
+        print(f"serve it with: {serve}")
     return 0

@@ -141,3 +141,45 @@ def test_openpi_mask_blocks():
     want = np.array([[1, 1, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [0] * 6,
                      [1, 1, 0, 1, 0, 0], [1, 1, 0, 1, 1, 1], [1, 1, 0, 1, 1, 1]])
     np.testing.assert_array_equal(m, want)
+
+
+class _PerRequestAttention:
+    """Test stand-in for the engine's query over several requests' contexts: each segment of the ragged
+    batch attends to its own request's kept prefix K/V and to itself."""
+
+    def __init__(self, segments):
+        self.segments = segments  # [(tokens, PrefixKV)]
+
+    def forward(self, layer, q, k, v, scale):
+        from walkserve.layers.attention import DenseAttention
+
+        out, start = [], 0
+        for n, ctx in self.segments:
+            part = slice(start, start + n)
+            out.append(DenseAttention(ctx.key_mask(n), past=ctx.kv).forward(layer, q[part], k[part], v[part], scale))
+            start += n
+        return torch.cat(out)
+
+
+@pytest.mark.parametrize("kind", ["pi05", "pi0"])
+def test_requests_at_different_flow_times_batch_in_one_expert_call(kind, tiny_pi05, tiny_pi0):
+    policy = (tiny_pi05 if kind == "pi05" else tiny_pi0).policy
+    lm, expert, h = policy.lm, policy.expert, policy.config.chunk_size
+    gen = torch.Generator().manual_seed(8)
+    contexts, xs, times = [], [], [0.9, 0.3]
+    with torch.no_grad():
+        for seed, prompt_len in ((9, 5), (10, 11)):
+            prefix, _, _ = _padded(policy, seed=seed, present=(True, True, False), prompt_len=prompt_len, pad=0)
+            ctx = compute_prefix(lm, prefix)
+            if kind == "pi0":
+                ctx = append_state(expert, ctx, torch.randn(32, generator=gen))
+            contexts.append(ctx)
+            xs.append(torch.randn(h, 32, generator=gen))
+        alone = [velocity(expert, ctx, x, t) for ctx, x, t in zip(contexts, xs, times)]
+        time = torch.cat([torch.full((h,), t) for t in times])  # the token input: each token's request's t
+        embeds = expert.embed_actions(torch.cat(xs), time)
+        positions = torch.cat([ctx.next_position + torch.arange(h) for ctx in contexts])
+        attn = _PerRequestAttention([(h, ctx) for ctx in contexts])
+        batched = expert.compute_velocity(expert(torch.zeros(2 * h, dtype=torch.long), positions, attn, embeds,
+                                                 time=time))
+    assert (batched - torch.cat(alone)).abs().max() < 1e-5

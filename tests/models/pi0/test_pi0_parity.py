@@ -46,7 +46,13 @@ def float64_time(monkeypatch):
 
 @pytest.fixture(scope="module")
 def hf_pi0(tiny_pi0):
-    from transformers import GemmaConfig, PaliGemmaConfig, PI0Config, PI0ForConditionalGeneration, SiglipVisionConfig
+    from transformers import (
+        GemmaConfig,
+        PaliGemmaConfig,
+        PI0Config,
+        PI0ForConditionalGeneration,
+        SiglipVisionConfig,
+    )
 
     c = tiny_pi0.policy.config
     pg, ex, vi = c.paligemma, c.expert, c.vision

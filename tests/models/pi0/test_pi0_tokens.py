@@ -11,7 +11,13 @@ import sentencepiece
 
 from walkserve.core.errors import ConfigError, InvalidRequest
 from walkserve.models.pi0.prompt import clean_prompt, pi05_prompt, prompt_tokens, state_bins
-from walkserve.models.pi0.spm_model import UNUSED, USER_DEFINED, parse_model, read_model, write_model
+from walkserve.models.pi0.spm_model import (
+    UNUSED,
+    USER_DEFINED,
+    parse_model,
+    read_model,
+    write_model,
+)
 from walkserve.models.pi0.spm_tokenizer import SentencePieceTokenizer
 from walkserve.models.pi0.tiny_tokenizer import BOS_ID, tiny_spm_model, write_tiny_tokenizer
 

@@ -92,7 +92,7 @@ def _randomize(policy: Pi0Policy, gen: torch.Generator) -> None:
                 p.normal_(0.0, 0.3 / p.shape[1] ** 0.5, generator=gen)
             elif p.dim() >= 2:
                 p.normal_(0.0, 1.0 / p[0].numel() ** 0.5, generator=gen)
-            elif "layer_norm" in name and name.endswith("weight") or "post_layernorm.weight" in name:
+            elif ("layer_norm" in name and name.endswith("weight")) or "post_layernorm.weight" in name:
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
             else:  # biases, Gemma (1 + w) norm weights
                 p.normal_(0.0, 0.1, generator=gen)

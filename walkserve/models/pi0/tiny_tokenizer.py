@@ -11,13 +11,23 @@ loads it too.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from pathlib import Path
 
-from walkserve.models.pi0.spm_model import BPE, BYTE, CONTROL, NORMAL, UNKNOWN, USER_DEFINED, SpmModel, write_model
+from walkserve.models.pi0.files import TOKENIZER_FILE
+from walkserve.models.pi0.spm_model import (
+    BPE,
+    BYTE,
+    CONTROL,
+    NORMAL,
+    UNKNOWN,
+    USER_DEFINED,
+    SpmModel,
+    write_model,
+)
 from walkserve.models.pi0.spm_tokenizer import SPACE
 
-from walkserve.models.pi0.files import TOKENIZER_FILE
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 
 CORPUS = """\
@@ -41,7 +51,7 @@ def train_pieces(corpus: str, merges: int) -> tuple[list[str], list[str]]:
         pairs: Counter = Counter()
         for w, n in words.items():
             s = splits[w]
-            for a, b in zip(s, s[1:]):
+            for a, b in itertools.pairwise(s):
                 pairs[a, b] += n
         if not pairs:
             break

@@ -185,14 +185,13 @@ def _run_case(policy, config, norm, unnorm, ckpt: Path, case: dict):
 
 def _tiny_lerobot_policy(ckpt: Path):
     """lerobot's PI05Policy at the checkpoint's tiny sizes, with the checkpoint's weights (strict)."""
+    import lerobot.policies.pi05.modeling_pi05 as mp
     import torch
+    from lerobot.configs.types import FeatureType, PolicyFeature
+    from lerobot.policies.pi05 import PI05Config, PI05Policy
     from safetensors.torch import load_file
     from transformers import PaliGemmaConfig, SiglipVisionConfig
     from transformers.models.gemma.modeling_gemma import GemmaTextScaledWordEmbedding
-
-    import lerobot.policies.pi05.modeling_pi05 as mp
-    from lerobot.configs.types import FeatureType, PolicyFeature
-    from lerobot.policies.pi05 import PI05Config, PI05Policy
 
     raw = json.loads((ckpt / "config.json").read_text())
     sizes = raw["walkserve_sizes"]
@@ -236,10 +235,9 @@ def _tiny_lerobot_policy(ckpt: Path):
 
 def _processor_steps(ckpt: Path):
     """lerobot's normaliser and unnormaliser steps from the checkpoint's processor files."""
-    from safetensors.torch import load_file
-
     from lerobot.configs.types import FeatureType, NormalizationMode, PolicyFeature
     from lerobot.processor import NormalizerProcessorStep, UnnormalizerProcessorStep
+    from safetensors.torch import load_file
 
     steps = []
     for file, cls in (("policy_preprocessor.json", NormalizerProcessorStep),
