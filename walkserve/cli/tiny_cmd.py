@@ -3,19 +3,51 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
-TEXT_ARCHS = ("llama", "qwen2", "qwen3")
-PRESETS = {"orpheus": ("tiny", "bench"), "bagel": ("tiny",), **{arch: ("tiny",) for arch in TEXT_ARCHS}}
+
+@dataclass(frozen=True)
+class TinyFamily:
+    """How ``walkserve tiny FAMILY`` writes one family: its presets and its writer ("module:function",
+    called as ``writer(args) -> Path``), and whether ``walkserve serve`` can serve the result yet."""
+
+    presets: tuple[str, ...]
+    writer: Callable[[argparse.Namespace], Path]
+    serves: bool = True
+
+
+def _call(target: str, *args, **kwargs) -> Path:
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+
+def _text(arch: str) -> TinyFamily:
+    return TinyFamily(("tiny",), lambda a: _call("walkserve.models.llama.tiny:write_tiny", arch, a.out_dir, seed=a.seed))
+
+
+FAMILIES: dict[str, TinyFamily] = {
+    **{arch: _text(arch) for arch in ("llama", "qwen2", "qwen3")},
+    "orpheus": TinyFamily(("tiny", "bench"), lambda a: _call(
+        "walkserve.models.orpheus.tiny:write_tiny_orpheus", a.out_dir, lm=a.preset, snac=a.snac, seed=a.seed)),
+    "bagel": TinyFamily(("tiny",), lambda a: _call(
+        "walkserve.models.bagel.tiny:write_tiny_bagel", a.out_dir, seed=a.seed), serves=False),
+    **{kind: TinyFamily(("tiny",), lambda a, kind=kind: _call(
+        "walkserve.models.pi0.tiny:write_tiny_policy", kind, a.out_dir, seed=a.seed), serves=False)
+       for kind in ("pi0", "pi05")},
+}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "tiny",
-        help="write a tiny random-weight checkpoint (llama, qwen2, qwen3, orpheus, bagel)",
+        help=f"write a tiny random-weight checkpoint ({', '.join(FAMILIES)})",
         description="Write a random-weight checkpoint in the family's official layout. The weights are random: "
         "a model served from it produces noise, and its /v1/models card says random_weights.",
     )
-    p.add_argument("family", choices=sorted(PRESETS), help="model family")
+    p.add_argument("family", choices=sorted(FAMILIES), help="model family")
     p.add_argument("out_dir", help="directory to write (created if missing)")
     p.add_argument("--preset", default="tiny", help="size: tiny (all families) or bench (orpheus: ~33M-parameter LM)")
     p.add_argument("--snac", choices=["tiny", "full"], default="tiny", help="orpheus: SNAC codec size (full = the real shape)")
@@ -26,24 +58,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from walkserve.core.errors import ConfigError
 
-    if args.preset not in PRESETS[args.family]:
-        raise ConfigError(f"family {args.family!r} has presets {', '.join(PRESETS[args.family])}, not {args.preset!r}")
-    if args.family == "orpheus":
-        from walkserve.models.orpheus.tiny import write_tiny_orpheus
-
-        out = write_tiny_orpheus(args.out_dir, lm=args.preset, snac=args.snac, seed=args.seed)
-        serve = f"walkserve serve orpheus --model-path {out}"
-    elif args.family == "bagel":
-        from walkserve.models.bagel.tiny import write_tiny_bagel
-
-        out = write_tiny_bagel(args.out_dir, seed=args.seed)
-        print(f"wrote a random-weight bagel checkpoint (tiny) to {out}\n"
-              f"load it with: walkserve.models.bagel.weights.load_bagel({str(out)!r})")
-        return 0
-    else:
-        from walkserve.models.llama.tiny import write_tiny
-
-        out = write_tiny(args.family, args.out_dir, seed=args.seed)
-        serve = f"walkserve serve {args.family} --model-path {out}"
-    print(f"wrote a random-weight {args.family} checkpoint ({args.preset}) to {out}\nserve it with: {serve}")
+    family = FAMILIES[args.family]
+    if args.preset not in family.presets:
+        raise ConfigError(f"family {args.family!r} has presets {', '.join(family.presets)}, not {args.preset!r}")
+    out = family.writer(args)
+    print(f"wrote a random-weight {args.family} checkpoint ({args.preset}) to {out}")
+    if family.serves:
+        print(f"serve it with: walkserve serve {args.family} --model-path {out}")
     return 0

@@ -1,0 +1,58 @@
+"""Pi0Policy: the three components of a pi0 / pi0.5 checkpoint, and their names in lerobot's file.
+
+    vision  VisionEncoder   stateless   cameras -> image tokens
+    lm      PaliGemmaLM     KV cache    writes the prefix context (all layers)
+    expert  ActionExpert    KV cache    queries the prefix context, layer l on layer l
+
+lerobot's ``model.safetensors`` (every name may carry a leading ``model.``):
+
+    paligemma_with_expert.paligemma.model.vision_tower.vision_model.*   vision.tower.*
+    paligemma_with_expert.paligemma.model.multi_modal_projector.linear.* vision.projector.*
+    paligemma_with_expert.paligemma.model.language_model.*              lm.*   (embed_tokens, layers, norm)
+    paligemma_with_expert.paligemma.lm_head.weight                      the tied embedding (read if
+                                                                        language_model.embed_tokens is absent)
+    paligemma_with_expert.gemma_expert.model.*                          expert.* (layers, norm)
+    paligemma_with_expert.gemma_expert.lm_head.weight                   unused
+    action_in_proj, action_out_proj, time_mlp_{in,out} (pi0.5),
+    state_proj, action_time_mlp_{in,out} (pi0)                          expert.*
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from walkserve.models.pi0.action_expert import ActionExpert
+from walkserve.models.pi0.config import PolicyConfig
+from walkserve.models.pi0.prefix_lm import PaliGemmaLM
+from walkserve.models.pi0.vision import VisionEncoder
+
+PALIGEMMA = "paligemma_with_expert.paligemma."
+EXPERT = "paligemma_with_expert.gemma_expert."
+_RENAMES = (  # own prefix -> checkpoint prefix, first match wins
+    ("vision.tower.", PALIGEMMA + "model.vision_tower.vision_model."),
+    ("vision.projector.", PALIGEMMA + "model.multi_modal_projector.linear."),
+    ("lm.", PALIGEMMA + "model.language_model."),
+    ("expert.layers.", EXPERT + "model.layers."),
+    ("expert.norm.", EXPERT + "model.norm."),
+    ("expert.", ""),
+)
+TIED_HEAD = PALIGEMMA + "lm_head.weight"
+EMBEDDING = PALIGEMMA + "model.language_model.embed_tokens.weight"
+UNUSED = (EXPERT + "lm_head.weight", EXPERT + "model.embed_tokens.weight")
+
+
+def checkpoint_name(own: str) -> str:
+    """A Pi0Policy parameter's checkpoint name (``lm.layers.0.mlp.gate_proj.weight`` -> lerobot's)."""
+    for mine, theirs in _RENAMES:
+        if own.startswith(mine):
+            return theirs + own[len(mine):]
+    raise KeyError(own)
+
+
+class Pi0Policy(nn.Module):
+    def __init__(self, config: PolicyConfig, max_positions: int = 4096):
+        super().__init__()
+        self.config = config
+        self.vision = VisionEncoder(config.vision, config.paligemma.hidden_size)
+        self.lm = PaliGemmaLM(config.paligemma, config.vocab_size, max_positions)
+        self.expert = ActionExpert(config, max_positions)

@@ -1,0 +1,72 @@
+"""Load a pi0 / pi0.5 checkpoint's weights as lerobot releases them: config.json + model.safetensors.
+
+The torch-free rest (tokenizer, normalisation statistics) is ``files.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from walkserve.core.errors import ConfigError
+from walkserve.models.llama.checkpoint import SafetensorsCheckpoint, checkpoint_targets, materialize
+from walkserve.models.llama.weights import _TORCH_DTYPES
+from walkserve.models.pi0.config import PolicyConfig
+from walkserve.models.pi0.policy import EMBEDDING, TIED_HEAD, UNUSED, Pi0Policy, checkpoint_name
+
+FILE_PREFIX = "model."  # lerobot's save_pretrained prefixes every tensor with it; hub files may not
+
+
+def load_policy(path: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
+                progress: bool = True) -> Pi0Policy:
+    """config.json + model.safetensors of ``path`` -> an eval-mode Pi0Policy on ``device``.
+
+    ConfigError names any missing, unexpected or mis-shaped tensor.
+    """
+    path = Path(path)
+    config = PolicyConfig.from_file(path)
+    with torch.device("meta"):
+        policy = Pi0Policy(config)
+    materialize(policy, device, _dtype(dtype, config))
+    load_policy_weights(policy, SafetensorsCheckpoint(path), progress)
+    return policy.eval()
+
+
+def load_policy_weights(policy: Pi0Policy, checkpoint: SafetensorsCheckpoint, progress: bool = True) -> None:
+    names = {_strip(n): n for n in checkpoint.names()}
+    targets = {checkpoint_name(own): t for own, t in checkpoint_targets(policy).items()}
+    if EMBEDDING not in names and TIED_HEAD in names:
+        targets[TIED_HEAD] = targets.pop(EMBEDDING)  # the hub file holds only the tied head
+    ignored = set(UNUSED) | ({TIED_HEAD} if EMBEDDING in names else set())
+    unexpected = sorted(n for n in names if n not in targets and n not in ignored)
+    missing = sorted(n for n in targets if n not in names)
+    if unexpected or missing:
+        raise ConfigError(f"{checkpoint.directory}: " + "; ".join(
+            f"{what} tensor(s) {', '.join(repr(n) for n in group[:6])}{' ...' if len(group) > 6 else ''}"
+            for what, group in (("unexpected", unexpected), ("missing", missing)) if group))
+    params = dict(policy.named_parameters())
+    shapes = checkpoint.shapes()
+    for name, target in targets.items():
+        want = tuple(params[target.param][target.index].shape)
+        have = shapes[names[name]][0]
+        if have != want:
+            raise ConfigError(f"{checkpoint.directory}: tensor {name!r} has shape {list(have)}, the model "
+                              f"expects {list(want)}")
+    with torch.no_grad():
+        for stored, tensor in checkpoint.tensors([names[n] for n in targets], progress):
+            target = targets[_strip(stored)]
+            params[target.param][target.index].copy_(tensor)
+
+
+def _strip(name: str) -> str:
+    return name[len(FILE_PREFIX):] if name.startswith(FILE_PREFIX) else name
+
+
+def _dtype(dtype: str | torch.dtype | None, config: PolicyConfig) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype or config.dtype).removeprefix("torch.")
+    if name not in _TORCH_DTYPES:
+        raise ConfigError(f"unsupported weight dtype {name!r} (supported: {', '.join(_TORCH_DTYPES)})")
+    return _TORCH_DTYPES[name]
