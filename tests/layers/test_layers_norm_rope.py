@@ -7,7 +7,7 @@ import torch
 
 from walkserve.core.errors import ConfigError
 from walkserve.layers.norm import RMSNorm
-from walkserve.layers.rope import RotaryEmbedding, apply_rotary, rope_inv_freq
+from walkserve.layers.rope import RotaryEmbedding, apply_rotary, mrope_axes, rope_inv_freq
 from walkserve.layers.rope_config import RopeConfig
 
 GEN = torch.Generator().manual_seed(0)
@@ -110,14 +110,31 @@ def test_rotation_preserves_norm_and_relative_position():
     torch.testing.assert_close(dots[0], dots[1], rtol=1e-4, atol=1e-5)
 
 
-def test_multi_axis_positions_are_an_explicit_extension_point():
-    rope = RotaryEmbedding(16, RopeConfig(mrope_section=(2, 3, 3)))
+def test_multi_axis_positions_need_an_mrope_section():
+    rope = RotaryEmbedding(16, RopeConfig())
     with pytest.raises(NotImplementedError, match="multimodal rope"):
         rope.cos_sin(torch.zeros(3, 4, dtype=torch.long))
-    cos, sin = rope.cos_sin(torch.arange(4))  # 1-D positions work with an mrope config
-    assert cos.shape == sin.shape == (4, 8)
-    q = torch.randn(4, 2, 16, generator=GEN)
-    assert apply_rotary(q, cos, sin).shape == q.shape
+    cos, sin = RotaryEmbedding(16, RopeConfig(mrope_section=(2, 3, 3))).cos_sin(torch.arange(4))
+    assert cos.shape == sin.shape == (4, 8)  # 1-D positions work with an mrope config
+
+
+def test_interleaved_mrope_axes_and_text_positions():
+    """Real layout [24, 20, 20] over 64 frequencies: h = 1, 4, .., 58; w = 2, 5, .., 59; t keeps the rest."""
+    axes = mrope_axes(64, (24, 20, 20), interleaved=True)
+    assert [j for j, a in enumerate(axes) if a == 1] == list(range(1, 60, 3))
+    assert [j for j, a in enumerate(axes) if a == 2] == list(range(2, 60, 3))
+    assert axes.count(0) == 24 and axes[60:] == [0, 0, 0, 0]
+    assert mrope_axes(8, (2, 3, 3), interleaved=False) == [0, 0, 1, 1, 1, 2, 2, 2]
+    rope = RotaryEmbedding(32, RopeConfig(theta=1e6, mrope_section=(6, 5, 5), mrope_interleaved=True))
+    same = torch.arange(7)[None].expand(3, -1)  # text: every axis holds the running index
+    for got, want in zip(rope.cos_sin(same), rope.cos_sin(torch.arange(7))):
+        torch.testing.assert_close(got, want)
+    pos = torch.stack([torch.zeros(5), torch.arange(5.0), 10 + torch.arange(5.0)])  # [3, T]
+    cos, _ = rope.cos_sin(pos)
+    inv = rope_inv_freq(rope.rope, 32)
+    torch.testing.assert_close(cos[:, 1], (pos[1] * inv[1]).cos())  # frequency 1 follows height
+    torch.testing.assert_close(cos[:, 2], (pos[2] * inv[2]).cos())  # frequency 2 follows width
+    torch.testing.assert_close(cos[:, 15], (pos[0] * inv[15]).cos())  # the last follows time
 
 
 def test_rope_config_parsing():

@@ -44,6 +44,26 @@ def _llama3_scaled(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
+def mrope_axes(num_freqs: int, section: tuple[int, ...], interleaved: bool) -> list[int]:
+    """The position axis of each of ``num_freqs`` rotary frequencies under ``mrope_section``.
+
+    Contiguous (Qwen2-VL): the first section[0] frequencies follow axis 0, the
+    next section[1] axis 1, and so on. Interleaved (Qwen3-VL / Qwen3-Omni):
+    frequency j follows axis 1 when j % 3 == 1 and j < 3 * section[1], axis 2
+    when j % 3 == 2 and j < 3 * section[2], and axis 0 otherwise (so with
+    [24, 20, 20] over 64 frequencies, axis 0 keeps 0, 3, ..., 57 and 60..63).
+    """
+    if sum(section) != num_freqs:
+        raise ValueError(f"mrope_section {list(section)} must sum to the {num_freqs} rotary frequencies")
+    if not interleaved:
+        return [a for a, n in enumerate(section) for _ in range(n)]
+    axes = [0] * num_freqs
+    for axis in range(1, len(section)):
+        for j in range(axis, 3 * section[axis], 3):
+            axes[j] = axis
+    return axes
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x [T, H, Dh] with cos/sin [T, Dr/2] (already in x's dtype)."""
     half = cos.shape[-1]
@@ -58,7 +78,7 @@ class RotaryEmbedding(nn.Module):
 
     ``positions`` is ``[T]`` (one position per token) or ``[A, T]`` for
     multimodal rope with A position axes; ``cos_sin`` is the only place that
-    looks at positions, so a 3-D variant only overrides ``multi_axis_cos_sin``.
+    looks at positions (``multi_axis_cos_sin`` for ``[A, T]``).
     The table holds no parameters and is not part of the checkpoint, which
     lets the model be built on the meta device and materialised by a loader.
     """
@@ -99,15 +119,27 @@ class RotaryEmbedding(nn.Module):
         return cos[positions], sin[positions]  # [T, Dr/2] each
 
     def multi_axis_cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Extension point for multimodal rope: positions [A, T] -> cos, sin [T, Dr/2].
+        """Multimodal rope: positions [A, T] (integer, or float for fractional video times) -> cos, sin [T, Dr/2].
 
-        A family with 3-D positions computes one table lookup per axis and
-        picks, for each frequency, the axis ``rope.mrope_section`` assigns it.
+        Each frequency takes its angle from the axis ``mrope_axes`` assigns it
+        (``rope.mrope_section``), so text tokens, whose axes all hold the same
+        position, rotate exactly as with 1-D rope. Computed per call (no
+        table): T x Dr/2 angles cost less than the lookup's bookkeeping.
         """
-        raise NotImplementedError(
-            f"positions of shape {tuple(positions.shape)}: multimodal rope "
-            f"(mrope_section={self.rope.mrope_section}) is not implemented by {type(self).__name__}"
-        )
+        section = self.rope.mrope_section
+        if section is None:
+            raise NotImplementedError(
+                f"positions of shape {tuple(positions.shape)}: multimodal rope needs mrope_section in the "
+                f"rope config ({type(self).__name__})"
+            )
+        inv_freq = rope_inv_freq(self.rope, self.head_dim, device=positions.device)  # [F]
+        axes = mrope_axes(inv_freq.shape[0], section, self.rope.mrope_interleaved)
+        if max(axes) >= positions.shape[0]:
+            raise ValueError(f"mrope_section {list(section)} needs {max(axes) + 1} position axes, got {positions.shape[0]}")
+        axis = torch.tensor(axes, device=positions.device)  # [F]
+        per_freq = positions.index_select(0, axis).to(torch.float32)  # [F, T]
+        freqs = per_freq.t() * inv_freq  # [T, F]
+        return freqs.cos(), freqs.sin()
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor

@@ -22,9 +22,9 @@ class RopeConfig:
     """Rotary embedding settings.
 
     ``mrope_section`` (and ``mrope_interleaved``) describe multimodal rope with
-    3-D position ids (temporal, height, width); they are carried so the config
-    round-trips, and ``RotaryEmbedding`` raises on 3-D positions until a model
-    family implements them (see ``RotaryEmbedding.multi_axis_cos_sin``).
+    3-D position ids (temporal, height, width): ``RotaryEmbedding`` then takes
+    positions ``[3, T]`` and gives each frequency the angle of its axis
+    (``walkserve.layers.rope.mrope_axes``).
     """
 
     rope_type: str = "default"
@@ -94,7 +94,7 @@ class RopeConfig:
             original_max_position_embeddings=None if original is None else int(original),
             partial_rotary_factor=float(partial),
             mrope_section=None if section is None else tuple(int(s) for s in section),
-            mrope_interleaved=bool(params.get("mrope_interleaved", False)),
+            mrope_interleaved=bool(params.get("mrope_interleaved", params.get("interleaved", False))),
         )
 
     def to_hf_parameters(self) -> dict[str, Any]:
