@@ -1,0 +1,141 @@
+"""Load the speech components of a Qwen3-Omni checkpoint (the release's sharded layout) into our modules.
+
+    talker.{model.*, codec_head, text_projection, hidden_projection}  -> Talker         (experts fused at load)
+    talker.code_predictor.{model.*, lm_head.0-14}                     -> CodePredictor  (15 groups stacked)
+    code2wav.*                                                        -> Code2Wav
+    thinker.model.embed_tokens rows tts_bos, tts_eos, tts_pad         -> TextSpecials   (3 rows, read as slices)
+
+Only these prefixes are read (the thinker's 60 GB stay on disk). Each
+loader checks names and shapes against the module and raises ConfigError
+naming what is missing, unexpected or mis-shaped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from walkserve.core.errors import ConfigError
+from walkserve.models.llama.checkpoint import SafetensorsCheckpoint, load_into, materialize
+from walkserve.models.qwen3_omni.code2wav import Code2Wav
+from walkserve.models.qwen3_omni.code_predictor import CodePredictor
+from walkserve.models.qwen3_omni.speech_config import SpeechConfig
+from walkserve.models.qwen3_omni.talker import Talker
+from walkserve.models.qwen3_omni.talker_inputs import TextSpecials
+
+TALKER, PREDICTOR, CODE2WAV = "talker.", "talker.code_predictor.", "code2wav."
+THINKER_EMBED = "thinker.model.embed_tokens.weight"
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(dtype: str | torch.dtype | None, default: str) -> torch.dtype:
+    """A dtype name or torch dtype (None: ``default``, a name)."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _TORCH_DTYPES.values():
+            raise ConfigError(f"unsupported weight dtype {dtype}")
+        return dtype
+    name = str(dtype or default).removeprefix("torch.")
+    if name not in _TORCH_DTYPES:
+        raise ConfigError(f"unsupported weight dtype {name!r} (supported: {', '.join(_TORCH_DTYPES)})")
+    return _TORCH_DTYPES[name]
+
+
+def _load(module: nn.Module, checkpoint: SafetensorsCheckpoint, prefix: str, device, dtype: torch.dtype,
+          skip: str | None = None, progress: bool = True) -> nn.Module:
+    materialize(module, device, dtype)
+    ignored = [n[len(prefix):] for n in checkpoint.names() if skip and n.startswith(skip)]
+    load_into(module, checkpoint, prefix=prefix, ignored=ignored, progress=progress)
+    return module.eval()
+
+
+def load_talker(path: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
+                progress: bool = True, checkpoint: SafetensorsCheckpoint | None = None) -> Talker:
+    """The talker MoE LM with its head and projections (``dtype`` default: the checkpoint's)."""
+    config = SpeechConfig.from_file(path)
+    with torch.device("meta"):
+        talker = Talker(config.talker)
+    return _load(talker, checkpoint or SafetensorsCheckpoint(path), TALKER, device,
+                 torch_dtype(dtype, config.dtype), skip=PREDICTOR, progress=progress)
+
+
+def load_code_predictor(path: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
+                        progress: bool = True, checkpoint: SafetensorsCheckpoint | None = None) -> CodePredictor:
+    """The code predictor, its 15 embeddings and heads stacked (``dtype`` default: the checkpoint's)."""
+    config = SpeechConfig.from_file(path)
+    with torch.device("meta"):
+        predictor = CodePredictor(config.code_predictor)
+    return _load(predictor, checkpoint or SafetensorsCheckpoint(path), PREDICTOR, device,
+                 torch_dtype(dtype, config.dtype), progress=progress)
+
+
+def load_code2wav(path: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = "float32",
+                  progress: bool = True, checkpoint: SafetensorsCheckpoint | None = None) -> Code2Wav:
+    """The vocoder (``dtype`` default float32: it is small and its output is what users hear)."""
+    config = SpeechConfig.from_file(path)
+    with torch.device("meta"):
+        vocoder = Code2Wav(config.code2wav)
+    return _load(vocoder, checkpoint or SafetensorsCheckpoint(path), CODE2WAV, device,
+                 torch_dtype(dtype, config.dtype), progress=progress)
+
+
+def load_text_specials(talker: Talker, path: str | Path, checkpoint: SafetensorsCheckpoint | None = None
+                       ) -> TextSpecials:
+    """text_projection of the thinker embeddings of tts_bos, tts_eos, tts_pad (3 rows read, not the table)."""
+    from safetensors import safe_open
+
+    tokens = SpeechConfig.from_file(path).tokens
+    checkpoint = checkpoint or SafetensorsCheckpoint(path)
+    if THINKER_EMBED not in checkpoint.files:
+        raise ConfigError(f"{path}: missing tensor {THINKER_EMBED!r} (the tts_* text embeddings)")
+    weight = talker.text_projection.linear_fc1.weight
+    with safe_open(checkpoint.files[THINKER_EMBED], framework="pt", device="cpu") as f:
+        table = f.get_slice(THINKER_EMBED)
+        rows = torch.stack([table[i : i + 1][0] for i in (tokens.tts_bos, tokens.tts_eos, tokens.tts_pad)])
+    with torch.no_grad():
+        return TextSpecials.project(talker, rows.to(weight.device, weight.dtype))  # [3, Dt] -> 3 x [D]
+
+
+@dataclass
+class SpeechModules:
+    """Everything the offline speech loop (and phase 2's components) needs, loaded once."""
+
+    config: SpeechConfig
+    talker: Talker
+    predictor: CodePredictor
+    code2wav: Code2Wav
+    specials: TextSpecials
+
+
+def load_speech(path: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
+                code2wav_dtype: str | torch.dtype | None = "float32", progress: bool = True) -> SpeechModules:
+    """Talker, code predictor, Code2Wav and the tts_* specials of checkpoint ``path``."""
+    checkpoint = SafetensorsCheckpoint(path)
+    talker = load_talker(path, device, dtype, progress, checkpoint)
+    return SpeechModules(
+        config=SpeechConfig.from_file(path),
+        talker=talker,
+        predictor=load_code_predictor(path, device, dtype, progress, checkpoint),
+        code2wav=load_code2wav(path, device, code2wav_dtype, progress, checkpoint),
+        specials=load_text_specials(talker, path, checkpoint),
+    )
+
+
+def speech_weight_bytes(path: str | Path, dtype: str | None = None) -> dict[str, int]:
+    """Bytes per speech component (``talker``, ``code_predictor``, ``code2wav``), from the file headers only."""
+    checkpoint = SafetensorsCheckpoint(path)
+    itemsize = torch.empty((), dtype=torch_dtype(dtype, "float32")).element_size() if dtype else None
+    out = {"talker": 0, "code_predictor": 0, "code2wav": 0}
+    from walkserve.models.llama.safetensors_files import ITEMSIZE
+
+    for name, (shape, stored) in checkpoint.shapes().items():
+        key = ("code_predictor" if name.startswith(PREDICTOR) else "talker" if name.startswith(TALKER)
+               else "code2wav" if name.startswith(CODE2WAV) else None)
+        if key:
+            numel = 1
+            for n in shape:
+                numel *= n
+            out[key] += numel * (itemsize or ITEMSIZE.get(stored, 4))
+    return out
