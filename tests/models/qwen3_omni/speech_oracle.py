@@ -49,6 +49,7 @@ SPEAKERS = {"chelsie": CODEBOOK + 253, "ethan": CODEBOOK + 254, "aiden": CODEBOO
 GROUPS = 16
 ACCEPT = 3  # > len(deepstack_visual_indexes): transformers records hidden_states[k] before the deepstack add
 C2W_WINDOW = 8  # real 72; 2 layers x 7 + 10 conv frames = 24 <= 25: LeftContext(25, 25) is exact here
+TEXT_GAIN = 8.0  # so that what the talker hears of the text visibly steers its codes
 SHARD_SIZE = "200KB"  # several shards + model.safetensors.index.json, like the release's 15
 
 
@@ -153,6 +154,10 @@ def reference() -> Reference:
     model = Qwen3OmniMoeForConditionalGeneration(tiny_hf_config()).eval()
     model.set_experts_implementation("eager")
     perturb(model)
+    with torch.no_grad():  # text and media parts as large as a frame's 16 code embeddings (norm ~27), not 10x less
+        for projection in (model.talker.text_projection, model.talker.hidden_projection):
+            projection.linear_fc2.weight.mul_(TEXT_GAIN)
+            projection.linear_fc2.bias.mul_(TEXT_GAIN)
     calibrate_code2wav(model.code2wav)
     model.talker.config.audio_config = model.thinker.config.audio_config  # transformers 5.23 bug (research §1.9)
     path = Path(tempfile.mkdtemp(prefix="qwen3_omni_speech_"))
@@ -206,7 +211,6 @@ class ThinkerRun:
     accept_input: torch.Tensor  # [L, Dt] input of thinker layer ACCEPT (forward pre-hook)
     accept_output: torch.Tensor  # [L, Dt] output of thinker layer ACCEPT (forward hook): what M* takes
     hidden_states_accept: torch.Tensor  # [L, Dt] transformers' hidden_states[ACCEPT]
-    last_embed: torch.Tensor  # [Dt] embedding of the last generated token (transformers never computes it)
 
 
 @torch.no_grad()
@@ -232,13 +236,13 @@ def run_thinker(ids: torch.Tensor, extra: dict, max_new: int) -> ThinkerRun:
     length = ids.shape[1]
     generated = out.sequences[0, length:].tolist()
     embeds = torch.cat([h[0] for h in out.hidden_states], 1)[0]
-    last = m.thinker.get_input_embeddings()(torch.tensor([generated[-1]]))[0]
     return ThinkerRun(ids[0], generated, embeds, seen["in"][0, :length], seen["out"][0, :length],
-                      out.hidden_states[0][ACCEPT][0], last)
+                      out.hidden_states[0][ACCEPT][0])
 
 
 @torch.no_grad()
-def generate_codes(ids: torch.Tensor, extra: dict, max_new: int, talker_max_new: int, speaker: str = "Ethan"):
+def generate_codes(ids: torch.Tensor, extra: dict, max_new: int, talker_max_new: int, eos: int = IM_END,
+                   speaker: str = "Ethan"):
     """transformers' greedy ``generate(return_audio=True)``: (thinker ids [n], codes [F, 16], waveform [S])."""
     m = reference().model
     seen = {}
@@ -251,7 +255,7 @@ def generate_codes(ids: torch.Tensor, extra: dict, max_new: int, talker_max_new:
     m.code2wav.chunked_decode = spy
     try:
         seq, wav = m.generate(ids, attention_mask=torch.ones_like(ids), speaker=speaker, return_audio=True,
-                              thinker_max_new_tokens=max_new, thinker_eos_token_id=IM_END, thinker_do_sample=False,
+                              thinker_max_new_tokens=max_new, thinker_eos_token_id=eos, thinker_do_sample=False,
                               talker_max_new_tokens=talker_max_new, talker_do_sample=False,
                               talker_repetition_penalty=1.0, **extra)
     finally:
