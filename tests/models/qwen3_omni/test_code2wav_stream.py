@@ -120,3 +120,13 @@ def test_a_chunk_that_does_not_match_its_span_is_refused(vocoder, frames):
     with pytest.raises(ValueError, match="outside"):
         stream.forward_batch([Firing(0, "r", "w", "c", "c", "f", (0,), {"codes": bad}, ("audio",),
                                      spans={"codes": span})])
+
+
+def test_transformers_chunked_decode_loses_555_samples_per_boundary(vocoder, frames, whole):
+    """What we do not copy: each of its chunks drops its last 555 samples, which the next chunk never emits."""
+    with torch.no_grad():
+        theirs = reference().model.code2wav.chunked_decode(frames.T[None], chunk_size=25, left_context_size=25)[0, 0]
+    assert theirs.shape[0] == whole.shape[0] - 2 * 555  # 61 frames: 3 chunks, 2 boundaries
+    tol = 2e-3 * float(whole.abs().max())
+    assert float((theirs[:47445] - whole[:47445]).abs().max()) <= tol
+    assert float((theirs[47445:94890] - whole[48000:95445]).abs().max()) <= tol  # samples 47445..47999 are gone

@@ -121,10 +121,14 @@ class TalkerConfig:
     projection_intermediate_size: int  # text_config.intermediate_size: the width of text/hidden_projection
     thinker_hidden_size: int
 
-    # the KV-cache component interface reads these four directly
+    # the KV-cache component interface reads these directly
     @property
     def num_hidden_layers(self) -> int:
         return self.attention.num_hidden_layers
+
+    @property
+    def num_attention_heads(self) -> int:
+        return self.attention.num_attention_heads
 
     @property
     def num_key_value_heads(self) -> int:
@@ -192,6 +196,10 @@ class CodePredictorConfig:
     @property
     def num_hidden_layers(self) -> int:
         return self.attention.num_hidden_layers
+
+    @property
+    def num_attention_heads(self) -> int:
+        return self.attention.num_attention_heads
 
     @property
     def num_key_value_heads(self) -> int:

@@ -12,6 +12,7 @@ naming what is missing, unexpected or mis-shaped.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from torch import nn
 
 from walkserve.core.errors import ConfigError
 from walkserve.models.llama.checkpoint import SafetensorsCheckpoint, load_into, materialize
+from walkserve.models.llama.safetensors_files import ITEMSIZE
 from walkserve.models.qwen3_omni.code2wav import Code2Wav
 from walkserve.models.qwen3_omni.code_predictor import CodePredictor
 from walkserve.models.qwen3_omni.speech_config import SpeechConfig
@@ -124,18 +126,15 @@ def load_speech(path: str | Path, device: str | torch.device = "cpu", dtype: str
 
 
 def speech_weight_bytes(path: str | Path, dtype: str | None = None) -> dict[str, int]:
-    """Bytes per speech component (``talker``, ``code_predictor``, ``code2wav``), from the file headers only."""
-    checkpoint = SafetensorsCheckpoint(path)
+    """Bytes per speech component (``talker``, ``code_predictor``, ``code2wav``): as stored, or at ``dtype``.
+
+    Read from the file headers only, for the placement's memory check.
+    """
     itemsize = torch.empty((), dtype=torch_dtype(dtype, "float32")).element_size() if dtype else None
     out = {"talker": 0, "code_predictor": 0, "code2wav": 0}
-    from walkserve.models.llama.safetensors_files import ITEMSIZE
-
-    for name, (shape, stored) in checkpoint.shapes().items():
+    for name, (shape, stored) in SafetensorsCheckpoint(path).shapes().items():
         key = ("code_predictor" if name.startswith(PREDICTOR) else "talker" if name.startswith(TALKER)
                else "code2wav" if name.startswith(CODE2WAV) else None)
         if key:
-            numel = 1
-            for n in shape:
-                numel *= n
-            out[key] += numel * (itemsize or ITEMSIZE.get(stored, 4))
+            out[key] += math.prod(shape) * (itemsize or ITEMSIZE.get(stored, 4))
     return out

@@ -97,7 +97,7 @@ class Talker(nn.Module):
 
     def forward(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None,
         positions: torch.Tensor,
         attn: AttentionContext,
         inputs_embeds: torch.Tensor | None = None,
