@@ -23,6 +23,29 @@ torch.set_num_threads(1)
 GEN = torch.Generator().manual_seed(11)
 
 
+# the release's speech config (shared/research/next_models.md 1.5-1.7)
+_ROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [24, 20, 20], "interleaved": True}
+RELEASE = {
+  "enable_audio_output": True, "dtype": "bfloat16",
+  "talker_config": {
+    "text_config": {"vocab_size": 3072, "hidden_size": 1024, "intermediate_size": 2048, "num_hidden_layers": 20,
+        "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 128, "moe_intermediate_size": 384,
+        "num_experts": 128, "num_experts_per_tok": 6, "norm_topk_prob": True, "shared_expert_intermediate_size": 768,
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 65536, "rope_parameters": _ROPE},
+    "code_predictor_config": {"vocab_size": 2048, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 5,
+        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 65536, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
+    "num_code_groups": 16, "thinker_hidden_size": 2048, "accept_hidden_layer": 24, "codec_eos_token_id": 2150,
+    "codec_pad_id": 2148, "codec_bos_id": 2149, "codec_nothink_id": 2155, "codec_think_bos_id": 2156,
+    "codec_think_eos_id": 2157, "audio_token_id": 151675, "image_token_id": 151655, "video_token_id": 151656,
+    "speaker_id": {"chelsie": 2301, "ethan": 2302, "aiden": 2303}},
+  "code2wav_config": {"codebook_size": 2048, "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 16,
+    "intermediate_size": 3072, "num_hidden_layers": 8, "sliding_window": 72, "num_quantizers": 16, "decoder_dim": 1536,
+    "upsample_rates": [8, 5, 4, 3], "upsampling_ratios": [2, 2], "rms_norm_eps": 1e-5, "max_position_embeddings": 8000,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+}
+
+
 @pytest.fixture(scope="module")
 def speech():
     return load_speech(reference().path, progress=False)
@@ -131,3 +154,29 @@ def test_weight_bytes_per_component():
     assert sizes == {"talker": 4 * talker, "code_predictor": 4 * count["code_predictor"],
                      "code2wav": 4 * count["code2wav"]}
     assert speech_weight_bytes(reference().path, "bfloat16")["talker"] == 2 * talker
+
+
+def test_release_config_builds_the_release_shapes():
+    """Shapes of the real checkpoint (next_models.md 1.5-1.7), from our modules on the meta device."""
+    from walkserve.models.qwen3_omni.code2wav import Code2Wav
+    from walkserve.models.qwen3_omni.code_predictor import CodePredictor
+    from walkserve.models.qwen3_omni.talker import Talker
+
+    cfg = SpeechConfig.from_hf(RELEASE)
+    assert cfg.dtype == "bfloat16" and cfg.code2wav.frame_samples == 1920
+    with torch.device("meta"):
+        talker, predictor, vocoder = Talker(cfg.talker), CodePredictor(cfg.code_predictor), Code2Wav(cfg.code2wav)
+    layer = talker.model.layers[0]
+    assert tuple(talker.model.codec_embedding.weight.shape) == (3072, 1024)
+    assert tuple(layer.self_attn.qkv_proj.weight.shape) == (2048 + 256 + 256, 1024)
+    assert tuple(layer.mlp.gate.weight.shape) == (128, 1024) and layer.mlp.top_k == 6
+    assert tuple(talker.text_projection.linear_fc1.weight.shape) == (2048, 2048)
+    assert tuple(talker.text_projection.linear_fc2.weight.shape) == (1024, 2048)
+    assert tuple(predictor.model.embed_tokens.weight.shape) == (15 * 2048, 1024) == tuple(predictor.lm_head.weight.shape)
+    assert tuple(predictor.model.layers[0].self_attn.qkv_proj.weight.shape) == (2048 + 1024 + 1024, 1024)
+    assert tuple(vocoder.code_embedding.weight.shape) == (16 * 2048, 1024)
+    assert vocoder.config.attention.head_dim == 64
+    channels = [b.block[1].conv.weight.shape[1] for b in vocoder.decoder[1:5]]
+    assert channels == [768, 384, 192, 96] and vocoder.decoder[-1].conv.weight.shape[1] == 96
+    counts = [sum(p.numel() for p in m.parameters()) for m in (talker, predictor, vocoder)]
+    assert counts == [3_183_026_176, 141_570_304, 216_016_577]  # 6.4 / 0.28 GB bf16, 0.86 GB float32
