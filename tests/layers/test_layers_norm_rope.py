@@ -7,7 +7,7 @@ import torch
 
 from walkserve.core.errors import ConfigError
 from walkserve.layers.norm import RMSNorm
-from walkserve.layers.rope import RotaryEmbedding, apply_rotary, mrope_axes, rope_inv_freq
+from walkserve.layers.rope import RotaryEmbedding, mrope_axes, rope_inv_freq
 from walkserve.layers.rope_config import RopeConfig
 
 GEN = torch.Generator().manual_seed(0)
