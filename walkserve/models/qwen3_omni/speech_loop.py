@@ -157,8 +157,10 @@ class SpeechLoop:
         """One talker decode position: the frame's embedding sum plus the trailing text of ``step``."""
         m = self.m
         rule = trailing_text(step, talk.trailing.shape[0] + 1, thinker_ended=True)
-        text = {"token": lambda: talk.trailing[rule.token - 1], "eos": lambda: m.specials.eos,
-                "pad": lambda: m.specials.pad}[rule.kind]()
+        if rule.kind == "token":
+            text = talk.trailing[rule.token - 1]  # trailing row k - 1 holds assistant text token k
+        else:
+            text = m.specials.eos if rule.kind == "eos" else m.specials.pad
         x = decode_input(frame_embedding(m.talker, m.predictor, frame[None]), text[None])  # [1, D]
         attn = DenseAttention("causal", past=talk.kv, keep=True)
         talk.hidden = m.talker(None, text_positions(1, talk.position, x.device), attn, inputs_embeds=x)[0]
