@@ -148,3 +148,37 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self.cos_sin(positions)
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+
+# ---------------------------------------------------------------------------
+# Adjacent-pair rotation with one angle per dim (V-JEPA 2's 3-D RoPE).
+#
+# The pairs are (x[2i], x[2i+1]) and every dim d carries its own angle, given
+# as full-width cos/sin [T, Dh]:
+#
+#     out = x * cos + swap(x) * sin,   swap(x)[2i] = -x[2i+1],  swap(x)[2i+1] = x[2i]
+#
+# A dim whose angle is 0 (cos 1, sin 0) passes through unchanged, so several
+# rotated parts and an unrotated tail share one call.
+# ---------------------------------------------------------------------------
+
+
+def tiled_angles(positions: torch.Tensor, dim: int, theta: float = 10000.0) -> torch.Tensor:
+    """float32 [T, dim] angles ``position * f`` in the *tiled* layout ``[f0 … f(dim/2-1), f0 … f(dim/2-1)]``.
+
+    ``f_i = 1 / theta^(i / (dim/2))``. The tiled layout (not one frequency per
+    pair) is what V-JEPA 2's weights were trained with, so the two dims of a
+    pair generally turn by different angles.
+    """
+    half = dim // 2
+    inv_freq = 1.0 / theta ** (torch.arange(half, dtype=torch.float32, device=positions.device) / half)  # [dim/2]
+    freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # [T, dim/2]
+    return torch.cat([freqs, freqs], dim=-1)  # [T, dim]
+
+
+def apply_rotary_adjacent(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent pairs of x [..., T, H, Dh] with cos/sin [..., T, Dh] (already in x's dtype; shared by heads)."""
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # [..., T, 1, Dh]
+    pairs = x.unflatten(-1, (-1, 2))  # [..., T, H, Dh/2, 2]
+    swapped = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)  # [..., T, H, Dh]
+    return x * cos + swapped * sin
