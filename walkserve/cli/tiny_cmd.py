@@ -37,6 +37,10 @@ FAMILIES: dict[str, TinyFamily] = {
     **{kind: TinyFamily(("tiny",), lambda a, kind=kind: _call(
         "walkserve.models.pi0.tiny:write_tiny_policy", kind, a.out_dir, seed=a.seed), serves=False)
        for kind in ("pi0", "pi05")},
+    "vjepa2": TinyFamily(("tiny",), lambda a: _call(
+        "walkserve.models.vjepa2.tiny:write_tiny_vjepa2", a.out_dir, preset=a.preset, seed=a.seed), serves=False),
+    "vjepa2-ac": TinyFamily(("tiny", "bench"), lambda a: _call(
+        "walkserve.models.vjepa2.tiny:write_tiny_vjepa2_ac", a.out_dir, preset=a.preset, seed=a.seed), serves=False),
 }
 
 
@@ -49,7 +53,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("family", choices=sorted(FAMILIES), help="model family")
     p.add_argument("out_dir", help="directory to write (created if missing)")
-    p.add_argument("--preset", default="tiny", help="size: tiny (all families) or bench (orpheus: ~33M-parameter LM)")
+    p.add_argument("--preset", default="tiny", help="size: tiny (all families) or bench (orpheus: ~33M-parameter LM; "
+                   "vjepa2-ac: 64 tokens per frame, predictor width 256 x 8 blocks)")
     p.add_argument("--snac", choices=["tiny", "full"], default="tiny", help="orpheus: SNAC codec size (full = the real shape)")
     p.add_argument("--seed", type=int, default=0, help="random seed (the same seed writes the same weights)")
     p.set_defaults(func=run)
