@@ -9,6 +9,7 @@ BENCHMARKS = {
     "runtime": "benchmarks.runtime",
     "lm": "benchmarks.lm",
     "tts": "benchmarks.tts",
+    "vjepa-offline": "benchmarks.vjepa_offline",
 }
 
 

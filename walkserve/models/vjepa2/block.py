@@ -35,7 +35,7 @@ class Attention(nn.Module):
         self.proj = Linear(d, d, bias=True)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
-        """x [..., N, D], cos/sin [N, Dh] -> [..., N, D]."""
+        """x [..., N, D], cos/sin [N, Dh] (or per row [..., N, Dh]) -> [..., N, D]."""
         q, k, v = (part.unflatten(-1, (self.num_heads, self.head_dim)) for part in self.qkv.split(self.qkv(x)))
         q, k = apply_rotary_adjacent(q, cos, sin), apply_rotary_adjacent(k, cos, sin)  # [..., N, H, Dh]
         out = attend(q, k, v, self.scale)  # [..., N, H, Dh]

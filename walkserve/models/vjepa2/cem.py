@@ -77,6 +77,9 @@ def plan(model: ACPredictor, frames: torch.Tensor, states: torch.Tensor, goal: t
     """Plan ``config.horizon`` actions from context frames [C, F, E] (states [C, 7], the C - 1 actions
     between them) toward a goal frame's features [F, E]."""
     c = frames.shape[0]
+    if goal.shape != frames.shape[1:] or states.shape[0] < c or (c > 1 and (actions is None or len(actions) < c - 1)):
+        raise ValueError(f"plan from {c} frames {tuple(frames.shape[1:])} needs a goal of that shape, {c} states "
+                         f"and {c - 1} actions")
     if c + config.horizon - 1 > model.config.max_steps:
         raise ValueError(f"{c} context frames + horizon {config.horizon} exceed {model.config.max_steps} steps")
     actions = frames.new_zeros(0, 7) if actions is None else actions

@@ -28,6 +28,10 @@ class PatchEmbeddings(nn.Module):
         kernel = (config.tubelet_size, config.patch_size, config.patch_size)
         self.proj = nn.Conv3d(config.in_chans, config.hidden_size, kernel_size=kernel, stride=kernel)
 
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """pixels [B, C, T, H, W] -> [B, E, T/tubelet, H/patch, W/patch]."""
+        return self.proj(pixels.to(self.proj.weight.dtype))
+
 
 class Embeddings(nn.Module):
     def __init__(self, config: EncoderConfig):
@@ -36,7 +40,7 @@ class Embeddings(nn.Module):
 
     def forward(self, pixels: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
         """pixels [B, C, T, H, W] -> tokens [B, N, E] and the token grid (t, rows, cols)."""
-        x = self.patch_embeddings.proj(pixels.to(self.patch_embeddings.proj.weight.dtype))  # [B, E, t, h, w]
+        x = self.patch_embeddings(pixels)  # [B, E, t, h, w]
         grid = tuple(x.shape[2:])
         return x.flatten(2).transpose(1, 2), grid  # [B, N, E]
 

@@ -75,7 +75,7 @@ def full_forward(model: ACPredictor, frames: torch.Tensor, actions: torch.Tensor
     """The uncached forward over S whole steps under the block-causal mask: every step's prediction [S, F, E]."""
     cfg = model.config
     s, device = frames.shape[0], frames.device
-    attn = DenseAttention(step_mask(0, s, cfg.tokens_per_step, device) if s > 1 else None)
+    attn = DenseAttention(step_mask(0, s, cfg.tokens_per_step, device))
     hidden = model(None, step_positions(0, s, cfg.grid_size, device), attn,
                    inputs_embeds=step_rows(frames, actions, states), token_kind=step_kinds(s, cfg.frame_tokens, device))
     frame_rows = hidden.view(s, cfg.tokens_per_step, -1)[:, -cfg.frame_tokens :]  # [S, F, D]
