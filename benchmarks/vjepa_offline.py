@@ -10,8 +10,9 @@ vjepa2-ac --preset bench``: width 256, 8 blocks, 64 tokens per frame unless
 - cached:   the context is prefilled once, then each step appends 2 + F tokens and attends to the cache.
 
 Reported: the median wall time of each loop per horizon and their ratio
-(official / cached), plus the tokens each loop pushes through the
-predictor. This is the model-level loop only; the served benchmark (walks,
+(official / cached), the tokens each loop pushes through the predictor, and
+the ratio of their matmul FLOPs (what the wall-time ratio tends to when the
+machine is compute-bound, i.e. large models on an accelerator). This is the model-level loop only; the served benchmark (walks,
 batching, the paged engine) is ``./dev bench vjepa``.
 """
 
@@ -21,6 +22,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from functools import partial
 
 import torch
 
@@ -37,6 +39,22 @@ def _inputs(model, horizon: int, device: str):
     actions = 0.05 * torch.randn(horizon, cfg.action_dim, generator=g)
     states = torch.rand(1, cfg.action_dim, generator=g)
     return frames.to(device), actions.to(device), states.to(device)
+
+
+def forward_flops(cfg, new: int, keys: int, projected: int) -> int:
+    """Matmul FLOPs of one predictor call: ``new`` tokens over ``keys`` keys, ``projected`` rows through the head."""
+    d, layers = cfg.hidden_size, cfg.num_hidden_layers
+    blocks = new * 2 * (4 * d * d + 2 * d * cfg.intermediate_size) * layers  # qkv, proj, fc1, fc2
+    attention = 4 * new * keys * d * layers  # q k^T and p v
+    return blocks + attention + 2 * d * cfg.input_size * (new + projected)  # input projection and head
+
+
+def rollout_flops(cfg, horizon: int, cached: bool) -> int:
+    """Matmul FLOPs of a rollout of ``horizon`` from one context frame (``official_rollout`` / ``cached_rollout``)."""
+    p, f = cfg.tokens_per_step, cfg.frame_tokens
+    if cached:
+        return sum(forward_flops(cfg, p, (h + 1) * p, f) for h in range(horizon))
+    return sum(forward_flops(cfg, (h + 1) * p, (h + 1) * p, (h + 1) * f) for h in range(horizon))
 
 
 def _time(fn, device: str) -> float:
@@ -63,11 +81,13 @@ def measure(preset: str = "bench", horizons: tuple[int, ...] = (4, 15, 30), repe
             official_rollout(model, frames, actions, states, min(h, 2))
             times: dict[str, list[float]] = {"official": [], "cached": []}
             for _ in range(repeat):
-                times["official"].append(_time(lambda: official_rollout(model, frames, actions, states, h), device))
-                times["cached"].append(_time(lambda: cached_rollout(model, frames, actions, states, h), device))
+                times["official"].append(_time(partial(official_rollout, model, frames, actions, states, h), device))
+                times["cached"].append(_time(partial(cached_rollout, model, frames, actions, states, h), device))
             official, cached = (statistics.median(times[k]) for k in ("official", "cached"))
+            flops = rollout_flops(model.config, h, cached=False) / rollout_flops(model.config, h, cached=True)
             rows.append({"horizon": h, "official_s": official, "cached_s": cached, "ratio": official / cached,
-                         "official_tokens": per_step * h * (h + 1) // 2, "cached_tokens": per_step * h})
+                         "official_tokens": per_step * h * (h + 1) // 2, "cached_tokens": per_step * h,
+                         "flop_ratio": flops})
     return rows
 
 
@@ -82,7 +102,7 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(args.threads)
     rows = measure(args.preset, tuple(int(h) for h in args.horizons.split(",")), args.repeat, args.device)
     print(f"V-JEPA 2-AC offline rollout, preset {args.preset}, batch 1, 1 context frame, {args.device}; {conditions()}")
-    print(table(["H", "official ms", "cached ms", "official / cached", "predictor tokens official", "cached"],
-                [[r["horizon"], 1e3 * r["official_s"], 1e3 * r["cached_s"], r["ratio"], r["official_tokens"],
-                  r["cached_tokens"]] for r in rows]))
+    print(table(["H", "official ms", "cached ms", "official / cached", "FLOP ratio", "tokens official", "cached"],
+                [[r["horizon"], 1e3 * r["official_s"], 1e3 * r["cached_s"], r["ratio"], r["flop_ratio"],
+                  r["official_tokens"], r["cached_tokens"]] for r in rows]))
     return 0

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from benchmarks.vjepa_offline import measure
+from benchmarks.vjepa_offline import forward_flops, measure, rollout_flops
+from walkserve.models.vjepa2.tiny import AC_PRESETS
 
 
 def test_measure_reports_both_loops_per_horizon():
@@ -10,3 +11,12 @@ def test_measure_reports_both_loops_per_horizon():
     assert [r["horizon"] for r in rows] == [1, 3]
     assert [(r["official_tokens"], r["cached_tokens"]) for r in rows] == [(18, 18), (108, 54)]
     assert all(r["official_s"] > 0 and r["cached_s"] > 0 and r["ratio"] > 0 for r in rows)
+    assert rows[0]["flop_ratio"] == 1.0 and rows[1]["flop_ratio"] > 1.5
+
+
+def test_flop_model():
+    cfg = AC_PRESETS["bench"].predictor  # width 256, 8 blocks, 66 tokens per step
+    one = forward_flops(cfg, 66, 66, 64)
+    assert one == 66 * 2 * (4 * 256**2 + 2 * 256 * 1024) * 8 + 4 * 66 * 66 * 256 * 8 + 2 * 256 * 128 * (66 + 64)
+    assert rollout_flops(cfg, 1, cached=True) == rollout_flops(cfg, 1, cached=False) == one
+    assert 2.5 < rollout_flops(cfg, 4, cached=False) / rollout_flops(cfg, 4, cached=True) < 2.6
