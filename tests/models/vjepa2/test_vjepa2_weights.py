@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from walkserve.cli.main import main
 from walkserve.core.errors import ConfigError
 from walkserve.models.llama.safetensors_files import INDEX_FILE
+from walkserve.models.vjepa2.ac_predictor import ACPredictor
 from walkserve.models.vjepa2.config import VJEPA2ACConfig, read_config
 from walkserve.models.vjepa2.convert import convert_vjepa2_ac, map_encoder, map_predictor
 from walkserve.models.vjepa2.weights import load_ac_predictor, load_encoder, load_masked_predictor
@@ -80,3 +81,25 @@ def test_refusals(released, tmp_path):
         convert_vjepa2_ac(tmp_path / "other.pt", tmp_path / "out")
     with pytest.raises(ConfigError, match="masked predictor"):
         load_masked_predictor(released.out)
+
+
+def test_released_shapes_on_the_meta_device():
+    from walkserve.models.llama.checkpoint import expected_shapes
+    from walkserve.models.vjepa2.config import AC_PREDICTOR, VJEPA2Config, released
+    from walkserve.models.vjepa2.encoder import VisionEncoder
+    from walkserve.models.vjepa2.rope3d import part_dim
+
+    counts = {}
+    for name in ("vitl", "vith", "vitg"):
+        with torch.device("meta"):
+            shapes = expected_shapes(VisionEncoder(released(name).encoder))
+        counts[name] = sum(torch.Size(s).numel() for s in shapes.values())
+    assert [round(counts[n] / 1e6) for n in ("vitl", "vith", "vitg")] == [304, 632, 1012]
+    assert shapes["layer.39.mlp.fc1.weight"] == (6144, 1408) and part_dim(released("vith").encoder.vit.head_dim) == 26
+    hf_vitg = VJEPA2Config.from_hf({"hidden_size": 1408, "num_hidden_layers": 40, "num_attention_heads": 22,
+                                    "mlp_ratio": 48 / 11, "crop_size": 384})  # as its config.json writes it
+    assert hf_vitg.encoder.vit.intermediate_size == 6144 and hf_vitg.encoder.grid_size == 24
+    with torch.device("meta"):
+        ac = expected_shapes(ACPredictor(AC_PREDICTOR))
+    assert ac["layer.23.attention.query.weight"] == (1024, 1024) and ac["predictor_embed.weight"] == (1024, 1408)
+    assert AC_PREDICTOR.tokens_per_step == 258 and AC_PREDICTOR.max_steps * 258 == 8256

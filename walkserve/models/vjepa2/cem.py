@@ -91,7 +91,7 @@ def plan(model: ACPredictor, frames: torch.Tensor, states: torch.Tensor, goal: t
     best, topk_mean = [], []
     for _ in range(config.iterations):
         candidates = _sample(mean, std, config, gen).to(frames.device, frames.dtype)  # [K, H, 7]
-        costs, features = _score(prefix, frames[-1], states[-1], goal, candidates, return_features)
+        costs, features = _score(prefix, frames[-1], states[c - 1], goal, candidates, return_features)
         order = costs.argsort()
         best.append(costs[order[0]])
         topk_mean.append(costs[order[: config.topk]].mean())
