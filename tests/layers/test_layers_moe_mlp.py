@@ -120,3 +120,36 @@ def test_moe_loads_one_tensor_per_expert(tmp_path):
     load_into(loaded, SafetensorsCheckpoint(tmp_path), prefix="mlp.", progress=False)
     for (name, a), b in zip(ref.state_dict().items(), loaded.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_grouped_experts_equal_one_expert_at_a_time():
+    """The grouped-GEMM path (float32) against the per-expert reference path (float64), idle experts included."""
+    from walkserve.layers.moe import grouped_linear
+
+    moe = SparseMoE(D, INTER, E, K, True)
+    _randomize(moe, 7)
+    gen = torch.Generator().manual_seed(8)
+    for t in (1, 5, 40):
+        x = torch.randn(t, D, generator=gen)
+        with torch.no_grad():
+            weights, ids = moe.route(x)
+            got = moe.experts(x, ids, weights)
+            want = moe.experts.double()(x.double(), ids, weights.double())
+            moe.experts.float()
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+        dense = sum(weights[:, j, None] * _expert_dense(moe, x, ids[:, j]) for j in range(K))
+        torch.testing.assert_close(got, dense, rtol=1e-5, atol=1e-6)
+    rows = torch.randn(6, D, generator=gen)
+    ends = torch.tensor([0, 2, 2, 2, 5, 6, 6, 6], dtype=torch.int32)  # experts 0, 2, 3, 6, 7 idle
+    w = torch.randn(E, 3, D, generator=gen)
+    want = torch.cat([rows[:2] @ w[1].T, rows[2:5] @ w[4].T, rows[5:] @ w[5].T])
+    torch.testing.assert_close(grouped_linear(rows, w, ends), want, rtol=1e-5, atol=1e-6)
+
+
+def _expert_dense(moe: SparseMoE, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Each token through its own expert, by plain per-row matmuls."""
+    out = []
+    for row, e in zip(x, ids.tolist()):
+        gate, up = (moe.experts.gate_up[e] @ row).chunk(2)
+        out.append(moe.experts.down[e] @ (torch.nn.functional.silu(gate) * up))
+    return torch.stack(out)
