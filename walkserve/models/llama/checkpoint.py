@@ -65,10 +65,10 @@ class SafetensorsCheckpoint:
     def names(self) -> list[str]:
         return sorted(self.files)
 
-    def shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        """name -> (shape, safetensors dtype), from the file headers only."""
+    def shapes(self, names: Iterable[str] | None = None) -> dict[str, tuple[tuple[int, ...], str]]:
+        """name -> (shape, safetensors dtype) of ``names`` (default: all), from their files' headers only."""
         out: dict[str, tuple[tuple[int, ...], str]] = {}
-        for path, names in self._by_file(self.names()):
+        for path, names in self._by_file(self.names() if names is None else names):
             header = read_header(path)
             for name in names:
                 if name not in header:
@@ -152,7 +152,7 @@ def load_into(
     if missing:
         raise ConfigError(f"{checkpoint.directory}: missing tensor(s) {_names(missing)}")
     params = dict(module.named_parameters())
-    stored = checkpoint.shapes()
+    stored = checkpoint.shapes(present)  # only the shards that hold them are opened
     for name in present:
         target = targets[name]
         want = tuple(params[target.param][target.index].shape)
