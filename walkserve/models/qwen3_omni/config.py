@@ -15,8 +15,8 @@ Both spellings of the releases are read: ``rope_scaling`` + ``rope_theta``
 from __future__ import annotations
 
 import dataclasses
-import math
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
