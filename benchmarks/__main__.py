@@ -10,6 +10,7 @@ BENCHMARKS = {
     "lm": "benchmarks.lm",
     "tts": "benchmarks.tts",
     "vjepa-offline": "benchmarks.vjepa_offline",
+    "moe": "benchmarks.moe",
 }
 
 

@@ -15,7 +15,7 @@ from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
 from walkserve.models.qwen3_omni.generate import prefill_logits
 from walkserve.models.qwen3_omni.image_processor import VisionPreprocess, preprocess_image
 from walkserve.models.qwen3_omni.thinker_request import thinker_request
-from walkserve.models.qwen3_omni.tiny import tiny_hf_config, write_tiny_qwen3_omni
+from walkserve.models.qwen3_omni.tiny import tiny_hf_config
 from walkserve.models.qwen3_omni.weights import estimate_weight_bytes, load_thinker_components
 
 

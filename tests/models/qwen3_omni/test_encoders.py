@@ -8,7 +8,11 @@ import torch
 
 from tests.models.qwen3_omni.conftest import rgb, wave
 from walkserve.models.qwen3_omni.audio_features import log_mel_batch
-from walkserve.models.qwen3_omni.image_processor import VisionPreprocess, preprocess_image, preprocess_video
+from walkserve.models.qwen3_omni.image_processor import (
+    VisionPreprocess,
+    preprocess_image,
+    preprocess_video,
+)
 from walkserve.models.qwen3_omni.media_tokens import audio_token_count
 
 

@@ -10,7 +10,12 @@ import soundfile as sf
 
 from walkserve.models.qwen3_omni.audio_load import AudioDecodeError, load_audio, resample
 from walkserve.models.qwen3_omni.image_processor import VisionPreprocess
-from walkserve.models.qwen3_omni.video import VideoDecodeError, decode_video, sample_indices, video_from_frames
+from walkserve.models.qwen3_omni.video import (
+    VideoDecodeError,
+    decode_video,
+    sample_indices,
+    video_from_frames,
+)
 
 
 def _tone(rate: int, seconds: float = 0.5, hz: float = 440.0) -> np.ndarray:

@@ -68,9 +68,9 @@ class SafetensorsCheckpoint:
     def shapes(self, names: Iterable[str] | None = None) -> dict[str, tuple[tuple[int, ...], str]]:
         """name -> (shape, safetensors dtype) of ``names`` (default: all), from their files' headers only."""
         out: dict[str, tuple[tuple[int, ...], str]] = {}
-        for path, names in self._by_file(self.names() if names is None else names):
+        for path, group in self._by_file(self.names() if names is None else names):
             header = read_header(path)
-            for name in names:
+            for name in group:
                 if name not in header:
                     raise ConfigError(f"{path.name}: index lists {name!r} but the file lacks it")
                 out[name] = (tuple(header[name]["shape"]), header[name]["dtype"])
