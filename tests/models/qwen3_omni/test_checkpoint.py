@@ -51,6 +51,10 @@ def test_our_checkpoint_loads_in_transformers_with_equal_logits(ours_dir):
                                   pixel_values=torch.from_numpy(image.pixel_values),
                                   image_grid_thw=torch.tensor([image.grid_thw])).logits[0]
     torch.testing.assert_close(prefill_logits(ours, request), want, rtol=0, atol=1e-4)
+    codes = torch.randint(0, 128, (1, 16, 30), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        wave = ref.code2wav(codes)  # the tiny Code2Wav speaks: not near zero, not stuck at the clamp
+    assert 0.1 < float(wave.std()) < 1.0 and float((wave.abs() > 0.999).float().mean()) < 0.05
 
 
 def test_weights_are_perturbed_to_be_visible(ours_dir):

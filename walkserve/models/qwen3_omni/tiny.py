@@ -19,7 +19,8 @@ the numbers: default initialisations (normal 0.02, zero biases, unit norms,
 LayerScale 0.01) make the audio attention and Code2Wav nearly invisible at
 float32 tolerance. Here matrices are N(0, 1/fan_in), biases N(0, 0.1),
 norms 1 + N(0, 0.1), embeddings N(0, 1), LayerScale and ConvNeXt gamma in
-[0.1, 0.5], SnakeBeta log-parameters N(0, 0.3).
+[0.1, 0.5], SnakeBeta log-parameters N(0, 0.3), and Code2Wav's last
+convolution scaled so the waveform's std is about 0.3 (not saturated).
 """
 
 from __future__ import annotations
@@ -177,6 +178,8 @@ def _save(shards: list[dict[str, tuple[int, ...]]], out: Path, gen: torch.Genera
     (out / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
 
 
+CODE2WAV_OUT_SCALE = 0.015  # -> waveform std about 0.3 before the [-1, 1] clamp (measured with transformers)
+_CODE2WAV_OUT = f"code2wav.decoder.{len(CODE2WAV['upsample_rates']) + 2}.conv."
 _EMBEDDINGS = ("embed_tokens.weight", "pos_embed.weight", "codec_embedding.weight", "code_embedding.weight")
 
 
@@ -188,8 +191,9 @@ def _random(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Te
         return 0.3 * torch.randn(shape, generator=gen)
     if name.endswith(_EMBEDDINGS) or ".codec_embedding." in name:
         return torch.randn(shape, generator=gen)
+    if name.startswith(_CODE2WAV_OUT):  # without it the waveform's std is ~20 and 96% of it sits at the clamp
+        return _random(name.replace("code2wav.", "output."), shape, gen) * CODE2WAV_OUT_SCALE
     if len(shape) == 1:
         norm = leaf == "weight" and ("norm" in name or ".ln_" in name)
         return (1.0 if norm else 0.0) + 0.1 * torch.randn(shape, generator=gen)
-    scale = 0.2 if name.startswith("code2wav.decoder.") and name.endswith("conv.weight") else 1.0
-    return torch.randn(shape, generator=gen) * scale / math.sqrt(math.prod(shape[1:]))
+    return torch.randn(shape, generator=gen) / math.sqrt(math.prod(shape[1:]))
