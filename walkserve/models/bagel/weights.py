@@ -46,8 +46,8 @@ class ConvertedCheckpoint:
     def names(self) -> list[str]:
         return self.base.names()
 
-    def shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        out = dict(self.base.shapes())
+    def shapes(self, names: Iterable[str] | None = None) -> dict[str, tuple[tuple[int, ...], str]]:
+        out = dict(self.base.shapes(names))
         for name, fn in self.convert.items():
             if name in out:
                 shape, dtype = out[name]
