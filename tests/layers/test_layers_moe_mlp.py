@@ -139,6 +139,7 @@ def test_grouped_experts_equal_one_expert_at_a_time():
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
         dense = sum(weights[:, j, None] * _expert_dense(moe, x, ids[:, j]) for j in range(K))
         torch.testing.assert_close(got, dense, rtol=1e-5, atol=1e-6)
+    assert moe(torch.zeros(0, D)).shape == (0, D)  # an empty batch
     rows = torch.randn(6, D, generator=gen)
     ends = torch.tensor([0, 2, 2, 2, 5, 6, 6, 6], dtype=torch.int32)  # experts 0, 2, 3, 6, 7 idle
     w = torch.randn(E, 3, D, generator=gen)

@@ -30,6 +30,8 @@ an atomic scatter-add, so results do not depend on thread timing.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -56,8 +58,13 @@ def _grouped_mm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
         return False
     if weight.device.type == "cuda":
         # CUDA path (not run by the CPU test suite): torch's CUTLASS grouped GEMM, bf16 on SM80+.
-        return weight.dtype == torch.bfloat16 and torch.cuda.get_device_capability(weight.device) >= (8, 0)
+        return weight.dtype == torch.bfloat16 and _cuda_capability(weight.device.index) >= (8, 0)
     return weight.device.type == "cpu" and weight.dtype in GROUPED_MM_CPU_DTYPES
+
+
+@lru_cache(maxsize=16)
+def _cuda_capability(index: int | None) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 def _grouped_linear_reference(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
@@ -96,6 +103,8 @@ class Experts(nn.Module):
     def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [T, D], expert_ids / weights [T, K] -> sum_k weights[t, k] * expert_{ids[t, k]}(x[t]): [T, D]."""
         t, k = expert_ids.shape
+        if t == 0:
+            return torch.zeros_like(x)
         sorted_ids, order = torch.sort(expert_ids.reshape(-1), stable=True)  # [T*K] pairs grouped by expert
         bounds = torch.arange(1, self.num_experts + 1, device=x.device, dtype=sorted_ids.dtype)  # [E]
         ends = torch.searchsorted(sorted_ids, bounds, out_int32=True)  # [E] end row of each expert's group

@@ -95,6 +95,20 @@ def test_both_config_spellings_parse_alike(tmp_path):
         Qwen3OmniConfig.from_hf({"architectures": ["LlamaForCausalLM"]})
 
 
+def test_a_checkpoint_without_vision(tmp_path):
+    """-Captioner style: no vision_config, so no vision encoder and no thinker.visual tensors are expected."""
+    from walkserve.models.qwen3_omni.weights import load_vision_encoder, thinker_tensor_shapes
+
+    config = tiny_hf_config(speech=False)
+    del config["thinker_config"]["vision_config"]
+    parsed = Qwen3OmniConfig.from_hf(config)
+    assert parsed.vision is None and parsed.audio is not None and parsed.talker is None
+    assert not any(n.startswith("thinker.visual.") for n in thinker_tensor_shapes(parsed))
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="no vision encoder"):
+        load_vision_encoder(tmp_path)
+
+
 def test_release_config_numbers():
     """The release's thinker: 48 layers, 4 KV heads x 128 -> 96 KiB of bf16 KV per token; top-8 of 128."""
     config = tiny_hf_config(rope_form="legacy", vocab_size=152064, hidden_size=2048, num_hidden_layers=48,
