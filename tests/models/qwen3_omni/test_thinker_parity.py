@@ -133,3 +133,21 @@ def test_capture_and_deepstack_rows(requests, components):
     moved = (capture[1] - plain[1]).abs().amax(-1)
     assert bool((moved[visual] > 1e-3).all()) and bool((moved[~visual] == 0).all())
     assert deepstack.shape == (len(ids), 3, lm.config.hidden_size)
+
+
+def test_bfloat16_components_run_close_to_float32(requests, hf_dir, components):
+    """The serving dtype: every component in bf16 (grouped MoE, encoders, deepstack) stays near float32.
+
+    A few rows move more (a bf16 rounding can flip a top-2 choice of the random router), so rows are
+    compared by their median error.
+    """
+    from walkserve.models.qwen3_omni.weights import load_thinker_components
+
+    half = load_thinker_components(hf_dir, dtype="bfloat16", progress=False)
+    request = requests["mixed"]
+    want = prefill_logits(components, request)
+    got = prefill_logits(half, request)
+    assert got.dtype == torch.float32
+    row_error = (got - want).abs().amax(-1) / want.abs().max()
+    assert float(row_error.median()) < 0.03
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.8
