@@ -151,3 +151,26 @@ def test_bfloat16_components_run_close_to_float32(requests, hf_dir, components):
     row_error = (got - want).abs().amax(-1) / want.abs().max()
     assert float(row_error.median()) < 0.03
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.8
+
+
+def test_prefill_split_at_media_boundaries_equals_one_pass(requests, components):
+    """As the walks will run it: text, audio, text, image, text chunks, each over the cached keys of the last."""
+    from walkserve.layers.attention import DenseAttention
+    from walkserve.models.qwen3_omni.generate import positions_tensor, thinker_inputs
+    from walkserve.models.qwen3_omni.prompt import media_spans
+
+    request, lm = requests["mixed"], components.lm
+    embeds, deepstack = thinker_inputs(components, request)
+    ids, pos = torch.tensor(request.input_ids), positions_tensor(request)
+    cuts = sorted({0, len(ids)} | {b for s in media_spans(request.input_ids, components.config.tokens)
+                                   for b in (s.start, s.end)})
+    with torch.no_grad():
+        whole = lm.compute_logits(lm(ids, pos, DenseAttention("causal"), inputs_embeds=embeds, deepstack=deepstack))
+        past, parts = {}, []
+        for lo, hi in zip(cuts, cuts[1:]):
+            attn = DenseAttention("causal", past=past, keep=True)
+            hidden = lm(ids[lo:hi], pos[:, lo:hi], attn, inputs_embeds=embeds[lo:hi], deepstack=deepstack[lo:hi])
+            parts.append(lm.compute_logits(hidden))
+            past = attn.kv
+    assert len(cuts) == 6
+    torch.testing.assert_close(torch.cat(parts), whole, rtol=0, atol=1e-4)
