@@ -16,7 +16,11 @@ from walkserve.models.qwen3_omni.generate import prefill_logits
 from walkserve.models.qwen3_omni.image_processor import VisionPreprocess, preprocess_image
 from walkserve.models.qwen3_omni.thinker_request import thinker_request
 from walkserve.models.qwen3_omni.tiny import tiny_hf_config
-from walkserve.models.qwen3_omni.weights import estimate_weight_bytes, load_thinker_components
+from walkserve.models.qwen3_omni.weights import (
+    estimate_weight_bytes,
+    load_thinker_components,
+    weight_bytes_by_component,
+)
 
 
 def _layout(directory) -> dict[str, tuple[int, ...]]:
@@ -77,6 +81,18 @@ def test_only_thinker_shards_are_read_with_speech_off(ours_dir, tmp_path):
     assert parts.audio is not None and parts.vision is not None
     thinker = estimate_weight_bytes(ours_dir)
     assert estimate_weight_bytes(ours_dir, speech=True) > thinker > 0
+    parts = weight_bytes_by_component(ours_dir, "bfloat16")
+    lm = sum(p.numel() for p in parts_lm(ours_dir)) * 2
+    assert set(parts) == {"thinker", "audio_encoder", "vision_encoder", "talker", "code2wav"}
+    assert parts["thinker"] == lm and estimate_weight_bytes(ours_dir, "bfloat16") == sum(
+        parts[k] for k in ("thinker", "audio_encoder", "vision_encoder"))
+
+
+def parts_lm(directory):
+    from walkserve.models.base import BuildContext
+    from walkserve.models.qwen3_omni.weights import build_thinker
+
+    return list(build_thinker(BuildContext(rank=0, device="cpu", dtype="bfloat16"), directory).parameters())
 
 
 def test_both_config_spellings_parse_alike(tmp_path):

@@ -23,6 +23,7 @@ from walkserve.models.llama.checkpoint import (
     load_into,
     materialize,
 )
+from walkserve.models.base import BuildContext
 from walkserve.models.llama.weights import resolve_dtype
 from walkserve.models.qwen3_omni.audio_encoder import AudioEncoder
 from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
@@ -33,6 +34,8 @@ THINKER_PREFIX = "thinker."
 AUDIO_PREFIX = "thinker.audio_tower."
 VISION_PREFIX = "thinker.visual."
 SPEECH_PREFIXES = ("talker.", "code2wav.")
+COMPONENT_PREFIXES = {"audio_encoder": AUDIO_PREFIX, "vision_encoder": VISION_PREFIX, "thinker": THINKER_PREFIX,
+                      "talker": "talker.", "code2wav": "code2wav."}  # the first prefix that matches a name wins
 
 
 @dataclass
@@ -103,14 +106,37 @@ def load_thinker_components(path: str | Path, device: str | torch.device = "cpu"
 
 
 def estimate_weight_bytes(path: str | Path, dtype: str | torch.dtype | None = None, speech: bool = False) -> int:
-    """Bytes the weights take once loaded at ``dtype``: the thinker's, plus the talker's and Code2Wav's
-    with ``speech`` (from the file headers only)."""
+    """Bytes the weights take once loaded at ``dtype``: the thinker's (LM and encoders), plus the talker's and
+    Code2Wav's with ``speech`` (from the file headers only)."""
+    parts = weight_bytes_by_component(path, dtype)
+    names = ("thinker", "audio_encoder", "vision_encoder") + (("talker", "code2wav") if speech else ())
+    return sum(parts.get(n, 0) for n in names)
+
+
+def weight_bytes_by_component(path: str | Path, dtype: str | torch.dtype | None = None) -> dict[str, int]:
+    """``{"thinker" (the LM), "audio_encoder", "vision_encoder", "talker", "code2wav": bytes at dtype}``
+    for the placement's memory check, from the file headers only."""
     config = Qwen3OmniConfig.from_file(path)
     itemsize = torch.empty((), dtype=resolve_dtype(dtype, config)).element_size()
-    checkpoint = SafetensorsCheckpoint(path)
-    prefixes = (THINKER_PREFIX, *SPEECH_PREFIXES) if speech else (THINKER_PREFIX,)
-    names = [n for n in checkpoint.names() if n.startswith(prefixes)]
-    return sum(_numel(shape) * itemsize for shape, _ in checkpoint.shapes(names).values())
+    out: dict[str, int] = {}
+    for name, (shape, _) in SafetensorsCheckpoint(path).shapes().items():
+        part = next((c for c, prefix in COMPONENT_PREFIXES.items() if name.startswith(prefix)), None)
+        if part is not None:
+            out[part] = out.get(part, 0) + _numel(shape) * itemsize
+    return out
+
+
+def build_thinker(ctx: BuildContext, path: str | Path) -> ThinkerLM:
+    """The ``ComponentSpec.build`` body of the thinker LM: load on the context's device and dtype."""
+    return load_thinker(path, ctx.device, ctx.dtype, progress=False)
+
+
+def build_audio_encoder(ctx: BuildContext, path: str | Path) -> AudioEncoder:
+    return load_audio_encoder(path, ctx.device, ctx.dtype, progress=False)
+
+
+def build_vision_encoder(ctx: BuildContext, path: str | Path) -> VisionEncoder:
+    return load_vision_encoder(path, ctx.device, ctx.dtype, progress=False)
 
 
 def _load(module: nn.Module, checkpoint: SafetensorsCheckpoint, prefix: str, config: Qwen3OmniConfig,
