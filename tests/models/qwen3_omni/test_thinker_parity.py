@@ -6,6 +6,8 @@ patches) with an attention mask, so the reference builds its 3-D positions.
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import pytest
 import torch
@@ -167,7 +169,7 @@ def test_prefill_split_at_media_boundaries_equals_one_pass(requests, components)
     with torch.no_grad():
         whole = lm.compute_logits(lm(ids, pos, DenseAttention("causal"), inputs_embeds=embeds, deepstack=deepstack))
         past, parts = {}, []
-        for lo, hi in zip(cuts, cuts[1:]):
+        for lo, hi in pairwise(cuts):
             attn = DenseAttention("causal", past=past, keep=True)
             hidden = lm(ids[lo:hi], pos[:, lo:hi], attn, inputs_embeds=embeds[lo:hi], deepstack=deepstack[lo:hi])
             parts.append(lm.compute_logits(hidden))

@@ -17,13 +17,13 @@ import torch
 from torch import nn
 
 from walkserve.core.errors import ConfigError
+from walkserve.models.base import BuildContext
 from walkserve.models.llama.checkpoint import (
     SafetensorsCheckpoint,
     expected_shapes,
     load_into,
     materialize,
 )
-from walkserve.models.base import BuildContext
 from walkserve.models.llama.weights import resolve_dtype
 from walkserve.models.qwen3_omni.audio_encoder import AudioEncoder
 from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
