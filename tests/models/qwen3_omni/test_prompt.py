@@ -93,3 +93,17 @@ def test_rope_index_rejects_mismatched_media(components):
     got = rope_index(ids, MediaGrids(image_grids=[(1, 2, 4)]), tokens)
     assert got.positions.tolist() == [[0, 1, 2, 2, 4, 5], [0, 1, 2, 2, 4, 5], [0, 1, 2, 3, 4, 5]]
     assert got.next_position == 6 and torch.tensor(got.positions).dtype == torch.int64
+
+
+def test_processor_side_modules_do_not_import_torch():
+    """What the frontend runs (template, features, patches, positions, decoding) stays torch-free."""
+    import subprocess
+    import sys
+
+    modules = ["thinker_request", "audio_load", "audio_features", "image_processor", "video", "prompt", "rope_index",
+               "media_tokens", "config", "tiny_layout"]
+    code = ("import sys\n" + "".join(f"import walkserve.models.qwen3_omni.{m}\n" for m in modules)
+            + "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
