@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import pytest
@@ -144,3 +145,13 @@ def test_tiny_cli_writes_a_loadable_checkpoint(tmp_path, capsys):
     config = Qwen3OmniConfig.from_file(tmp_path / "omni")
     assert config.random_weights and config.enable_audio_output and config.talker is not None
     assert config.tokens.image_token_id == IDS["image_pad"]
+
+
+def test_the_speech_half_loads_from_the_tiny_checkpoint(ours_dir):
+    """The talker, code predictor and Code2Wav modules read every speech tensor the tiny writer wrote."""
+    from walkserve.models.qwen3_omni.speech_weights import load_speech
+
+    speech = load_speech(ours_dir, progress=False)
+    written = {n for n in _layout(ours_dir) if n.startswith(("talker.", "code2wav."))}
+    loaded = sum(p.numel() for m in (speech.talker, speech.predictor, speech.code2wav) for p in m.parameters())
+    assert loaded == sum(math.prod(_layout(ours_dir)[n]) for n in written)

@@ -14,5 +14,8 @@ The thinker half, one file per object:
     weights.py           loaders for the release layout      generate.py   offline greedy loop (oracle)
     tiny.py              tiny random checkpoints of all three parts (tiny_layout.py, tiny_tokenizer.py)
 
+The speech half (talker, code predictor, Code2Wav) lives beside it: ``talker*.py``,
+``code_predictor.py``, ``code2wav*.py``, ``speech_*.py``.
+
 Nothing here is imported by the package itself: import the module you need.
 """
