@@ -166,3 +166,29 @@ def test_drop_request_frees_all_its_contexts():
     _run(s)
     assert len(s.drop_request("a")) == 2
     assert list(s.contexts) == [("b", "main")] and s.bm.keys() == [("b", "main")]
+
+
+_RESERVE_UNDER_O = """
+from walkserve.engines.kv.block_manager import BlockManager
+from walkserve.engines.kv.scheduler import Scheduler, SchedulerConfig
+
+s = Scheduler(BlockManager(16, 4), SchedulerConfig(max_batch_tokens=8, max_running=8))
+ctx = s.context(("a", "main"))
+ctx.append(object(), list(range(12)))
+used = []
+for _ in range(2):  # step 1 admits a waiting context, step 2 extends a running one
+    plan = s.schedule()
+    used.append(s.bm.num_used)
+    s.finish(plan)
+print(*used)
+"""
+
+
+def test_slots_are_reserved_when_asserts_are_stripped():
+    """``python -O`` drops assert statements: a reservation must never live inside one."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-O", "-c", _RESERVE_UNDER_O], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2", "3"]  # 8 tokens in 2 blocks of 4, then all 12 in 3

@@ -151,7 +151,7 @@ class Scheduler:
         if n == 0:
             self._preempt(ctx, plan)
             return 0
-        assert self.bm.append_slots(ctx.key, n)
+        self._append(ctx, n)
         return n
 
     def _admit(self, ctx: Context, budget: int, plan: StepPlan) -> int:
@@ -169,9 +169,14 @@ class Scheduler:
             self.bm.free(ctx.key)
             ctx.num_computed = 0
             return 0
-        assert self.bm.append_slots(ctx.key, n)
+        self._append(ctx, n)
         self.prefix_hit_tokens += hits
         return n
+
+    def _append(self, ctx: Context, n: int) -> None:
+        """Reserve ``n`` slots that ``max_appendable`` said fit (a statement, so ``python -O`` keeps it)."""
+        if not self.bm.append_slots(ctx.key, n):
+            raise RuntimeError(f"context {ctx.key}: {n} slots did not fit although the pool said they would")
 
     def _victim(self, ctx: Context, protected: set[ContextKey], running_too: bool) -> Context | None:
         """Idle holders first, then (if allowed) later-admitted running ones; latest admitted first."""

@@ -1,0 +1,41 @@
+"""Rules over the source tree that ruff and import-linter do not check."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "walkserve"
+
+# Calls an assert may make: builtins and read-only methods (nothing that changes state).
+PURE_FUNCTIONS = {"len", "isinstance", "issubclass", "all", "any", "bool", "set", "frozenset", "sorted", "min", "max",
+                  "sum", "tuple", "list", "hasattr", "callable", "type", "id", "abs", "int", "float", "str", "repr"}
+PURE_METHODS = {"all", "any", "keys", "values", "items", "get", "isdisjoint", "issubset", "issuperset", "startswith",
+                "endswith", "numel", "dim", "size"}
+
+
+def _sources(root: Path) -> list[tuple[Path, ast.Module]]:
+    return [(p, ast.parse(p.read_text(), str(p))) for p in sorted(root.rglob("*.py"))]
+
+
+def _impure_calls(node: ast.expr) -> list[str]:
+    bad = []
+    for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+        f = call.func
+        if isinstance(f, ast.Name) and f.id in PURE_FUNCTIONS:
+            continue
+        if isinstance(f, ast.Attribute) and f.attr in PURE_METHODS:
+            continue
+        bad.append(ast.unparse(f))
+    return bad
+
+
+def test_asserts_have_no_side_effects():
+    """``python -O`` strips asserts, so an assert must only check, never do (e.g. reserve KV slots)."""
+    found = []
+    for path, tree in _sources(PACKAGE):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assert):
+                found += [f"{path.relative_to(ROOT)}:{node.lineno}: {call}()" for call in _impure_calls(node.test)]
+    assert not found, "asserts that call something (move the call out of the assert):\n" + "\n".join(found)
