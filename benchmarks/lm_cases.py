@@ -40,10 +40,6 @@ class Workload:
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
 
-    @property
-    def total_new(self) -> int:
-        return len(self.prompts) * self.new_tokens
-
 
 @dataclass
 class CaseResult:

@@ -17,7 +17,6 @@ from walkserve.models.base import ModelRef
 from walkserve.models.orpheus.tokens import AUDIO_TOKEN_RANGE
 
 SERVED_FAMILIES = ("orpheus", "llama", "qwen2", "qwen3")
-TEXT_FAMILIES = ("llama", "qwen2", "qwen3")
 # Orpheus's audio codes end here: a Llama vocabulary at least this large is an Orpheus LM
 ORPHEUS_MIN_VOCAB = AUDIO_TOKEN_RANGE[1]
 

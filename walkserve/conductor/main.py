@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
     model = load_model(ModelRef(spec.model_family, spec.model_path, spec.model_options))
     conductor = Conductor(spec, model.graph(), parse_placement(spec.placement, spec.placement_source))
 
-    def on_term(signum, frame):
+    def on_term(_signum, _frame):
         conductor.stopping = True
 
     signal.signal(signal.SIGTERM, on_term)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from walkserve.core.errors import InvalidRequest
 
@@ -45,7 +45,6 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), OpenAI's -100..100
-    extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         _finite("temperature", self.temperature, 0.0, 100.0)

@@ -97,13 +97,6 @@ class WalkPlan:
         """Nodes whose chain contains ``scope`` (nested ones included)."""
         return [n for n, c in self.chains.items() if scope in c]
 
-    def output_mode(self, scope: str, endpoint: str) -> str:
-        return self.loop(scope).outputs[endpoint]
-
-    def unit_of(self, node: str, level: tuple[str, ...]) -> str:
-        chain = self.chains[node]
-        return chain[len(level)] if len(chain) > len(level) else node
-
 
 def _err(walk: Walk, msg: str) -> GraphError:
     return GraphError(f"walk {walk.name!r}: {msg}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from pathlib import Path
 
 import zmq
 
@@ -18,10 +17,6 @@ from walkserve.protocol.codec import BadMessage, decode, encode
 from walkserve.protocol.messages import Message
 
 log = logging.getLogger(__name__)
-
-
-def ipc_address(run_dir: Path, name: str) -> str:
-    return f"ipc://{run_dir / name}.sock"
 
 
 class Inbox:

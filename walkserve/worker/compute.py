@@ -70,11 +70,6 @@ class ComputeThread:
         self._thread.join(timeout=10)
 
     # ---- main thread side --------------------------------------------------------------------
-    def fire(self, component: str, firing: Firing, futures: dict[str, Future]) -> None:
-        self._commands.append(("fire", component, firing, futures))
-        if self._idle:
-            self._wake.set()
-
     def fire_many(self, items: list[tuple[str, Firing, dict[str, Future]]]) -> None:
         """Hand over several firings as one command, so one step can batch them all."""
         self._commands.append(("many", items))
@@ -134,9 +129,6 @@ class ComputeThread:
             cmd = self._commands.popleft()
             if cmd[0] == "many":
                 self._waiting.extend(cmd[1])
-            elif cmd[0] == "fire":
-                _, component, firing, futures = cmd
-                self._waiting.append((component, firing, futures))
             elif cmd[0] == "join":
                 _, plan, member = cmd
                 cohort = self._cohorts.get((plan.walk, plan.scope))

@@ -11,7 +11,6 @@ from safetensors.torch import load_file
 from walkserve.core.errors import ConfigError
 from walkserve.core.sampling import SamplingParams
 from walkserve.engines.base import Firing
-from walkserve.models.base import BuildContext
 from walkserve.models.orpheus.codec import OrpheusCodec
 from walkserve.models.orpheus.emission import POLICY, plan_window, request_seed, window_seed
 from walkserve.models.orpheus.tokens import AudioTokenError, frames_to_codes
@@ -66,7 +65,7 @@ def stream_audio(codec: OrpheusCodec, fs: list[Firing]) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def codec(tiny_snac_dir) -> OrpheusCodec:
-    return OrpheusCodec.build(BuildContext(rank=0, device="cpu"), tiny_snac_dir)
+    return OrpheusCodec.from_dir(tiny_snac_dir, device="cpu")
 
 
 @pytest.fixture(scope="module")

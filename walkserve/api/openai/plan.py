@@ -16,7 +16,7 @@ from walkserve.models.processor import ModelCard
 
 PROMPT_IDS = "prompt_token_ids"  # RequestSpec.inputs key whose length is the prompt length (when a processor sets it)
 MAX_STOP_CHARS = 256
-_SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)} - {"extra"}
+_SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 
 
 def build_sampling(card: ModelCard, overrides: dict[str, Any], stops: tuple[str, ...] = ()) -> SamplingParams:

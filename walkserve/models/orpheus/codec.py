@@ -24,7 +24,6 @@ import torch
 
 from walkserve.core.errors import ConfigError
 from walkserve.engines.base import Firing
-from walkserve.models.base import BuildContext
 from walkserve.models.orpheus.emission import WindowPlan, plan_window, request_seed, window_seed
 from walkserve.models.orpheus.tokens import (
     CODEBOOK_SIZE,
@@ -63,11 +62,6 @@ class OrpheusCodec:
     ) -> OrpheusCodec:
         """Load the SNAC checkpoint directory (config.json + model.safetensors)."""
         return cls(load_snac(snac_path, device=device, dtype=dtype))
-
-    @classmethod
-    def build(cls, ctx: BuildContext, snac_path: str | Path) -> OrpheusCodec:
-        """The ``ComponentSpec.build`` body: load on the context's device and dtype."""
-        return cls.from_dir(snac_path, device=ctx.device, dtype=ctx.dtype)
 
     def forward_batch(self, firings: list[Firing]) -> list[dict[str, torch.Tensor]]:
         """One ``{"audio": float32 [samples]}`` per firing, in order.

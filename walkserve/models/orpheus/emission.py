@@ -56,10 +56,6 @@ class WindowPlan:
     def n_tokens(self) -> int:
         return self.n_frames * FRAME_TOKENS
 
-    @property
-    def n_emitted(self) -> int:
-        return self.emit_end - self.emit_start
-
     def sample_range(self, frame_samples: int) -> tuple[int, int]:
         """The emitted slice ``[a, b)`` of the decoded window's samples."""
         return self.emit_start * frame_samples, self.emit_end * frame_samples
