@@ -104,3 +104,23 @@ def test_cpu_ranks_must_fit_in_the_hosts_ram():
     with pytest.raises(PlacementError, match=r"CPU ranks need 12.00 GiB of RAM .* 10.00 GiB available"):
         check_host_memory(p, demands, available=10 * 2**30)
     check_host_memory(p, demands, available=None)  # unknown: no check
+
+
+def _with_host(host: str | None) -> dict:
+    rank = {"id": 1, "device": "cpu", **({"host": host} if host else {})}
+    return {"ranks": [{"id": 0, "device": "cpu"}, rank], "nodes": [{"nodes": ["lm"], "ranks": [0, 1]}]}
+
+
+def test_a_rank_on_another_host_is_refused_when_the_run_starts():
+    """Every rank starts on this machine until multi-host start-up exists: a remote ``host`` is an error
+    at start, in one line naming the file, the rank and the host, never silently ignored."""
+    from walkserve.placement.resolve import check_placement
+    from walkserve.testing.fixtures.lm import build_graph
+
+    graph = build_graph()
+    check_placement(parse_placement(_with_host("localhost"), "p.yaml"), graph, set(), {}, {})  # this host: fine
+    with pytest.raises(PlacementError) as err:
+        check_placement(parse_placement(_with_host("10.0.0.2"), "p.yaml"), graph, set(), {}, {})
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("p.yaml: rank 1 is on host '10.0.0.2'") and "not supported yet" in message

@@ -4,7 +4,7 @@
       - id: 0
         device: cpu             # cpu | cuda | cuda:N
         memory: 16GiB           # optional budget for the memory check
-        host: 127.0.0.1         # optional; a rank on another host talks TCP
+        host: 127.0.0.1         # optional; another host is refused at start (resolve.check_hosts) for now
         transport: tcp          # optional: ipc (default on this host) or tcp (default for other hosts)
       - id: 1
         device: cuda:0

@@ -22,6 +22,7 @@ def check_placement(
     state_bytes: Mapping[str, int],
 ) -> None:
     """Raise PlacementError if the placement cannot serve this model."""
+    check_hosts(placement)
     walks = walk_nodes(graph)
     placement.check_covers(walks)
     for comp, nodes in graph.components().items():
@@ -48,6 +49,19 @@ def check_placement(
                 demands[rank].append((f"state of {comp}", state_bytes[comp]))
     placement.check_memory(demands)
     check_host_memory(placement, demands, available_host_bytes())
+
+
+def check_hosts(placement: Placement) -> None:
+    """Every rank starts on this machine: a rank placed on another host is refused, not silently run here.
+
+    The one place to change when ranks on other hosts can be launched (through Ray).
+    """
+    for rank, spec in sorted(placement.ranks.items()):
+        if spec.remote:
+            raise PlacementError(
+                f"{placement.source}: rank {rank} is on host {spec.host!r}, but starting ranks on other hosts "
+                f"is not supported yet (every rank starts on this machine); remove its host or use localhost"
+            )
 
 
 def available_host_bytes() -> int | None:
