@@ -59,6 +59,17 @@ def default_device() -> str:
         return "cpu"
 
 
+def device_free_bytes(device: str) -> int | None:
+    """Free memory of a CUDA device now, for the memory check (every rank of a run is on this host)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.mem_get_info(torch.device(device))[0])
+
+
 def resolve_placement(model: Model, placement: Any) -> tuple[dict, str]:
     """The placement as a validated mapping plus a name for error messages."""
     if placement is None:
@@ -166,6 +177,7 @@ class AsyncEngine(EngineClient):
             {c for c, s in comps.items() if s.stateful},
             {c: s.weight_bytes for c, s in comps.items()},
             {c: s.state_bytes for c, s in comps.items()},
+            device_free=device_free_bytes,
         )
         run_id = new_run_id()
         run_dir = rundir.make_run_dir(run_id)

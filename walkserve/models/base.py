@@ -46,16 +46,18 @@ class ComponentSpec:
     "null"). ``build(ctx)`` runs in the worker and returns what that engine
     kind expects (for "kv" a paged-attention model, for "stateless" an object
     with ``forward_batch``). ``weight_bytes`` and ``state_bytes`` feed the
-    placement's memory check. ``stateful`` components keep per-request state
-    between firings (a KV cache) and so cannot be split across ranks within
-    one request.
+    placement's memory check; ``state_bytes`` is a size, or a function of the
+    device and its free bytes once weights are loaded (None on a CPU) for
+    state sized from the device, such as a KV pool (``placement.memory``).
+    ``stateful`` components keep per-request state between firings (a KV
+    cache) and so cannot be split across ranks within one request.
     """
 
     name: str
     engine: str
     build: Callable[[BuildContext], Any]
     weight_bytes: int = 0
-    state_bytes: int = 0
+    state_bytes: int | Callable[[str, int | None], int] = 0
     stateful: bool = False
     options: Mapping[str, Any] = field(default_factory=dict)
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from walkserve.core.errors import PlacementError
 from walkserve.graph.walk import WalkGraph
 from walkserve.placement.plan import Placement
+
+StateSize = Callable[[str, int | None], int]  # (device, bytes free there once weights are loaded) -> bytes
 
 
 def walk_nodes(graph: WalkGraph) -> dict[str, list[str]]:
@@ -19,9 +20,16 @@ def check_placement(
     graph: WalkGraph,
     stateful: set[str],
     weight_bytes: Mapping[str, int],
-    state_bytes: Mapping[str, int],
+    state_bytes: Mapping[str, int | StateSize],
+    device_free: Callable[[str], int | None] | None = None,
 ) -> None:
-    """Raise PlacementError if the placement cannot serve this model."""
+    """Raise PlacementError if the placement cannot serve this model.
+
+    ``state_bytes``: per component a size, or a function of (device, bytes free
+    there once the rank's weights are loaded) for state the engine sizes from
+    the device (a KV pool). ``device_free(device)`` reads a GPU's free memory;
+    it is asked only for GPU ranks with a memory budget.
+    """
     check_hosts(placement)
     walks = walk_nodes(graph)
     placement.check_covers(walks)
@@ -39,16 +47,44 @@ def check_placement(
                 f"{placement.source}: component {comp!r} keeps per-request state, so every node that runs it "
                 f"must be placed on the same ranks ({where}); moving that state between ranks is not supported yet"
             )
-    demands: dict[int, list[tuple[str, int]]] = defaultdict(list)
-    for rank in placement.ranks:
-        hosted = {graph.plans[w].nodes[n].component for w, n in placement.nodes_on(rank, walks)}
-        for comp in sorted(hosted):
-            if weight_bytes.get(comp):
-                demands[rank].append((f"weights of {comp}", weight_bytes[comp]))
-            if state_bytes.get(comp):
-                demands[rank].append((f"state of {comp}", state_bytes[comp]))
+    demands = {rank: rank_demands(placement, rank, graph, walks, weight_bytes, state_bytes, device_free)
+               for rank in placement.ranks}
     placement.check_memory(demands)
     check_host_memory(placement, demands, available_host_bytes())
+
+
+def rank_demands(
+    placement: Placement,
+    rank: int,
+    graph: WalkGraph,
+    walks: dict[str, list[str]],
+    weight_bytes: Mapping[str, int],
+    state_bytes: Mapping[str, int | StateSize],
+    device_free: Callable[[str], int | None] | None,
+) -> list[tuple[str, int]]:
+    """[(what, bytes)] the components hosted on ``rank`` will take there."""
+    spec = placement.ranks[rank]
+    hosted = sorted({graph.plans[w].nodes[n].component for w, n in placement.nodes_on(rank, walks)})
+    weights = sum(weight_bytes.get(c, 0) for c in hosted)
+    free = None
+    if spec.device != "cpu" and spec.memory is not None and any(callable(state_bytes.get(c)) for c in hosted):
+        free = device_free(spec.device) if device_free is not None else None
+        if free is None:
+            raise PlacementError(f"{placement.source}: rank {rank} ({spec.device}): its free memory cannot be read "
+                                 f"here, so the memory budget cannot be checked")
+        free = max(0, free - weights)
+    out = []
+    for comp in hosted:
+        if weight_bytes.get(comp):
+            out.append((f"weights of {comp}", weight_bytes[comp]))
+        size = state_bytes.get(comp) or 0
+        if callable(size):
+            if spec.device != "cpu" and free is None:
+                continue  # a GPU rank without a budget: there is nothing to check its state against
+            size = size(spec.device, free)
+        if size:
+            out.append((f"state of {comp}", size))
+    return out
 
 
 def check_hosts(placement: Placement) -> None:

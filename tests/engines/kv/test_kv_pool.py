@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from walkserve.engines.kv.kv_pool import DEFAULT_CPU_KV_BYTES, KVPool, KVPoolShape, pool_blocks
+from walkserve.engines.kv.kv_pool import KVPool, KVPoolShape, pool_blocks
+from walkserve.placement.memory import DEFAULT_CPU_KV_BYTES
 
 SHAPE = KVPoolShape(num_layers=2, num_kv_heads=3, head_dim=4, block_size=5, dtype=torch.bfloat16)
 
@@ -35,3 +36,13 @@ def test_copy_blocks_copies_every_layer_of_k_and_v():
 def test_a_pool_without_blocks_is_a_clear_error():
     with pytest.raises(ValueError, match="at least one block"):
         KVPool(SHAPE, 0, "cpu")
+
+
+def test_on_cuda_the_pool_takes_the_placement_checks_figure(monkeypatch):
+    """The engine sizes its pool with the function the memory check counts with (free memory injected)."""
+    from walkserve.placement.memory import default_kv_bytes
+
+    free = 37 * 2**30 + 12345
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 * 2**30))
+    blocks = pool_blocks(SHAPE, torch.device("cuda:0"), None, None)
+    assert blocks == default_kv_bytes("cuda:0", free) // SHAPE.bytes_per_block

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-DEFAULT_CPU_KV_BYTES = 256 << 20
-DEFAULT_GPU_MEMORY_FRACTION = 0.5  # of the memory free once the model is loaded
+from walkserve.placement.memory import default_kv_bytes
 
 
 @dataclass(frozen=True)
@@ -69,12 +68,6 @@ def pool_blocks(shape: KVPoolShape, device: torch.device, num_blocks: int | None
     if num_blocks is not None:
         return num_blocks
     if kv_bytes is None:
-        kv_bytes = _default_kv_bytes(device)
+        free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+        kv_bytes = default_kv_bytes(str(device), free)
     return shape.blocks_for_bytes(kv_bytes)
-
-
-def _default_kv_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free * DEFAULT_GPU_MEMORY_FRACTION)
-    return DEFAULT_CPU_KV_BYTES

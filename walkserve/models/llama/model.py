@@ -10,6 +10,7 @@ builds the component.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from walkserve.models.llama.config import LMConfig
 from walkserve.models.llama.graph import build_graph
 from walkserve.models.llama.processor import TextLMProcessor
 from walkserve.models.llama.safetensors_files import tensor_bytes
+from walkserve.placement.memory import default_kv_bytes
 
 # KVCacheEngine keyword options; ModelRef.options["kv"] and runtime engine options override them.
 DEFAULT_KV_OPTIONS: Mapping[str, Any] = {"block_size": 16}
@@ -36,18 +38,18 @@ def checkpoint_dir(ref: ModelRef, what: str) -> Path:
 
 
 PROGRESS_BAR_BYTES = 256 * 2**20
-CPU_KV_DEFAULT_BYTES = 256 * 2**20  # the KV engine's pool size on a CPU when none is given
 
 
-def kv_pool_bytes(path: Path, options: Mapping[str, Any]) -> int:
-    """The KV pool this component will allocate, for the placement's memory check (CPU default if unsized)."""
+def kv_pool_bytes(path: Path, options: Mapping[str, Any], device: str, free_bytes: int | None) -> int:
+    """The KV pool this component will allocate on ``device`` (``free_bytes`` free there once weights are loaded),
+    for the placement's memory check: the size the options give, else the engine's default for the device."""
     if options.get("kv_bytes"):
         return int(options["kv_bytes"])
     if options.get("num_blocks"):
         c = LMConfig.from_file(path)
         per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4  # K and V, at most 4 bytes
         return int(options["num_blocks"]) * int(options.get("block_size", 16)) * per_token
-    return CPU_KV_DEFAULT_BYTES
+    return default_kv_bytes(device, free_bytes)
 
 
 def lm_component(
@@ -61,6 +63,7 @@ def lm_component(
     """
 
     stored = tensor_bytes(path)
+    options = {**DEFAULT_KV_OPTIONS, **dict(kv_options or {})}
 
     def build(ctx: BuildContext) -> Any:
         # imports torch: only in the process that loads the weights
@@ -78,9 +81,9 @@ def lm_component(
         engine="kv",
         build=build,
         weight_bytes=stored,  # as stored: the worker loads the checkpoint's dtype unless told
-        state_bytes=kv_pool_bytes(path, {**DEFAULT_KV_OPTIONS, **dict(kv_options or {})}),
+        state_bytes=partial(kv_pool_bytes, path, options),
         stateful=True,
-        options={**DEFAULT_KV_OPTIONS, **dict(kv_options or {})},
+        options=options,
     )
 
 
