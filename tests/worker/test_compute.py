@@ -117,3 +117,31 @@ def test_a_released_request_gets_no_more_results():
     assert "parked" not in [node for node, _ in engine.seen]
     assert [r.firing.node for r in results if r.firing.request_id == "gone"] == ["head"]
     assert [r.outputs["y"] for r in results if r.firing.node == "other"] == [8]
+
+
+class Closing(AddOne):
+    """Counts close() calls and notes whether a step ever ran after one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = 0
+        self.used_after_close = False
+
+    def step(self) -> list[FiringResult]:
+        self.used_after_close |= self.closed > 0
+        return super().step()
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_stop_closes_every_engine_once_after_its_last_step():
+    engines = {"add": Closing(), "other": Closing()}
+    compute = ComputeThread(engines)
+    compute.fire_many([_firing(1, "r", "n1", 1)])
+    compute.start()
+    assert len(_collect(compute, 1)) == 1
+    compute.stop()
+    compute.stop()
+    assert [e.closed for e in engines.values()] == [1, 1]
+    assert not any(e.used_after_close for e in engines.values())

@@ -130,4 +130,4 @@ class Engine(ABC):
         return 0
 
     def close(self) -> None:  # noqa: B027 - optional hook
-        """Free device memory; called once at shutdown."""
+        """Free device memory; called once when the worker shuts down, after the engine's last step."""

@@ -65,6 +65,7 @@ class ComputeThread:
         self._thread.start()
 
     def stop(self) -> None:
+        """End the thread; it closes every engine after its last step (``Engine.close``)."""
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=10)
@@ -108,6 +109,20 @@ class ComputeThread:
 
     # ---- compute thread side -----------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self._close_engines()
+
+    def _close_engines(self) -> None:
+        """Engine.close, once each, on this thread after its last step (the worker is shutting down)."""
+        for name, engine in self.engines.items():
+            try:
+                engine.close()
+            except Exception:
+                log.exception("engine %s failed to close", name)
+
+    def _loop(self) -> None:
         while not self._stop:
             self._drain_commands()
             self._submit_resolved()
