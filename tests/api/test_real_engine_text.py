@@ -286,3 +286,31 @@ def _busy(stats) -> bool:
 def _busy_metrics(scraped: dict) -> bool:
     return (metric(scraped, "walkserve_kv_blocks_used") > 0 and metric(scraped, "walkserve_kv_usage_ratio") > 0
             and metric(scraped, "walkserve_requests_with_state") > 0)
+
+
+def test_a_stop_string_finishes_the_request_it_does_not_abort_it(server, client):
+    """The client sees finish_reason "stop"; the runtime's counters and /metrics count a finished request."""
+    _, text, _, _ = direct(server, "completion", {"prompt": PROMPT}, max_tokens=12, temperature=0.0, ignore_eos=True)
+    stop = text[3:6]
+    assert len(stop) == 3 and text.index(stop) == 3
+    engine = server.engine
+    server.call(engine.refresh_status())
+    before, scraped = engine.stats(), metrics(server.url)
+    answer = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=400, temperature=0, stop=[stop],
+                                       extra_body={"ignore_eos": True})
+    assert answer.choices[0].finish_reason == "stop" and answer.choices[0].text == text[:3]
+
+    def settled():
+        server.call(engine.refresh_status())
+        now = engine.stats()
+        return now if now.running == 0 and now.finished + now.aborted > before.finished + before.aborted else None
+
+    after = wait_for(settled, timeout=3)
+    assert after, engine.stats()
+    assert (after.finished - before.finished, after.aborted - before.aborted) == (1, 0)
+    scraped_after = metrics(server.url)
+    route = {"route": "/v1/completions"}
+    assert metric(scraped_after, "walkserve_request_finish_total", reason="stop", **route) == metric(
+        scraped, "walkserve_request_finish_total", reason="stop", **route) + 1
+    assert metric(scraped_after, "walkserve_request_finish_total", reason="abort", **route) == metric(
+        scraped, "walkserve_request_finish_total", reason="abort", **route)

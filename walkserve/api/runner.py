@@ -24,6 +24,15 @@ class RequestRunner:
         self.engine = engine
         self.metrics = metrics
         self.sample_rate = sample_rate
+        self._stopped: set[str] = set()  # requests the frontend ended at a stop string
+
+    async def stop(self, spec: RequestSpec) -> None:
+        """The request hit a stop string: end it in the runtime as finished (call before closing its events)."""
+        self._stopped.add(spec.id)
+        try:
+            await self.engine.abort(spec.id, FinishReason.STOP)
+        except Exception:
+            log.exception("stopping %s failed", spec.id)
 
     async def events(self, spec: RequestSpec, route: str) -> AsyncIterator[Event]:
         """The request's events, ending with its RequestFinished.
@@ -55,6 +64,9 @@ class RequestRunner:
             rejected = True
             raise unavailable("the model runtime is not running", "engine_dead") from None
         finally:
+            if finished is None and spec.id in self._stopped:
+                finished = RequestFinished(spec.id, FinishReason.STOP)
+            self._stopped.discard(spec.id)
             if not rejected:
                 observer.on_finish(finished)
             await self._release(spec, stream, finished or rejected)

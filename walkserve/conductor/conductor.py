@@ -111,7 +111,7 @@ class Conductor:
             return
         run = self.runs.get(msg.request_id)
         if run is not None:
-            self.finish(run, FinishReason.ABORT)
+            self.finish(run, FinishReason.STOP if msg.reason == FinishReason.STOP.value else FinishReason.ABORT)
 
     def on_shutdown(self, msg: m.Shutdown) -> None:
         self.state, self.detail = "draining", "shutting down"

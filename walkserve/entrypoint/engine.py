@@ -356,8 +356,8 @@ class AsyncEngine(EngineClient):
             results.append((g.events, outcome))
         return results
 
-    async def abort(self, request_id: str) -> None:
-        await self.outbox.send(encode(self.spec.token, [m.Abort(request_id)]))
+    async def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
+        await self.outbox.send(encode(self.spec.token, [m.Abort(request_id, reason.value)]))
 
     def health(self) -> Health:
         s = self.status

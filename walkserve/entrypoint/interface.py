@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from walkserve.core.finish import FinishReason
 from walkserve.core.outputs import OutputEvent, RequestFinished
 from walkserve.core.request import RequestSpec
 from walkserve.models.processor import ModelCard, Processor
@@ -62,7 +63,9 @@ class EngineClient(ABC):
     def generate(self, request: RequestSpec) -> AsyncIterator[OutputEvent | RequestFinished]: ...
 
     @abstractmethod
-    async def abort(self, request_id: str) -> None: ...
+    async def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
+        """End a running request. ``FinishReason.STOP``: the caller ended it at a stop condition it
+        checks itself (a stop string), so it counts as finished, not aborted."""
 
     @abstractmethod
     def health(self) -> Health: ...

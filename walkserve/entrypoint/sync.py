@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from walkserve.core.errors import AdmissionRejected
+from walkserve.core.finish import FinishReason
 from walkserve.core.outputs import OutputEvent, RequestFinished
 from walkserve.core.request import RequestSpec
 from walkserve.entrypoint.engine import AsyncEngine
@@ -84,8 +85,8 @@ class Engine:
         finally:
             self._call(agen.aclose(), 30)
 
-    def abort(self, request_id: str) -> None:
-        self._call(self.engine.abort(request_id))
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
+        self._call(self.engine.abort(request_id, reason))
 
     def health(self) -> Health:
         return self.engine.health()

@@ -44,7 +44,10 @@ class Submit(msgspec.Struct, tag=True, array_like=True):
 
 
 class Abort(msgspec.Struct, tag=True, array_like=True):
+    """End a request now. ``reason`` "stop": the frontend found a stop string, so it finished (not aborted)."""
+
     request_id: str
+    reason: str = "abort"
 
 
 class Shutdown(msgspec.Struct, tag=True, array_like=True):

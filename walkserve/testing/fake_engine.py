@@ -136,6 +136,7 @@ class FakeEngine(EngineClient):
         self._processor = FakeProcessor(self.config.card())
         self._runs: dict[str, _Run] = {}
         self._aborts: set[str] = set()
+        self._stop_strings: set[str] = set()
         self._waiters: list[asyncio.Future] = []
         self._running = 0
         self._waiting = 0
@@ -173,8 +174,12 @@ class FakeEngine(EngineClient):
         finally:
             self._finish(run, last)
 
-    async def abort(self, request_id: str) -> None:
-        if request_id in self._runs:
+    async def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
+        if request_id not in self._runs:
+            return
+        if reason == FinishReason.STOP:
+            self._stop_strings.add(request_id)  # ended by the caller at a stop string: counted as finished
+        else:
             self._aborts.add(request_id)
 
     def health(self) -> Health:
@@ -248,12 +253,12 @@ class FakeEngine(EngineClient):
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_result(None)
-        if last is None or last.reason == FinishReason.ABORT:
-            self._counts["aborted"] += 1
-        elif last.reason == FinishReason.ERROR:
-            self._counts["failed"] += 1
-        else:
-            self._counts["finished"] += 1
+        reason = last.reason if last is not None else None
+        if reason is None and run.spec.id in self._stop_strings:
+            reason = FinishReason.STOP  # closed early by a caller that found a stop string
+        self._stop_strings.discard(run.spec.id)
+        outcome = {None: "aborted", FinishReason.ABORT: "aborted", FinishReason.ERROR: "failed"}.get(reason, "finished")
+        self._counts[outcome] += 1
 
     async def _step(self) -> None:
         delay = self.config.token_delay_s

@@ -98,7 +98,7 @@ def _final(plan: NativePlan, finished: RequestFinished | None, reason: str) -> d
 
 
 async def native_events(state: AppState, plan: NativePlan) -> AsyncIterator[dict[str, Any]]:
-    """Rendered output events, then the final event; a stop string ends (and aborts) the request."""
+    """Rendered output events, then the final event; a stop string ends the request (as finished)."""
     async with contextlib.aclosing(state.runner.events(plan.spec, ROUTE)) as events:
         async for event in events:
             if isinstance(event, RequestFinished):
@@ -108,6 +108,7 @@ async def native_events(state: AppState, plan: NativePlan) -> AsyncIterator[dict
                 return
             yield await _render(state, plan, event)
             if plan.text is not None and plan.text.stopped:
+                await state.runner.stop(plan.spec)
                 yield _final(plan, None, "stop_string")
                 return
 

@@ -192,7 +192,8 @@ def usage(trackers: list[ChoiceTracker]) -> dict[str, int]:
 async def drive_choices(
     runner: RequestRunner, specs: list[RequestSpec], trackers: list[ChoiceTracker], route: str
 ) -> AsyncIterator[ChoiceUpdate]:
-    """Every choice's updates in arrival order; a choice that hits a stop string is aborted at once."""
+    """Every choice's updates in arrival order; a choice that hits a stop string is ended at once
+    (as finished: the runtime stops it with the reason "stop")."""
     merger = EventMerger([runner.events(spec, route) for spec in specs])
     async with contextlib.aclosing(merger.items()) as items:
         async for index, event in items:
@@ -200,5 +201,6 @@ async def drive_choices(
             if update is None:
                 continue
             if update.finish_reason and not isinstance(event, RequestFinished):
+                await runner.stop(specs[index])
                 merger.close(index)
             yield update
