@@ -26,7 +26,8 @@ class SamplingParams:
 
     temperature 0 means greedy. ``seed`` makes the draws of one request
     reproducible whatever else shares its batch. ``max_tokens`` counts generated
-    tokens; ``stop_token_ids`` end generation (the stop token itself is not
+    tokens; None asks for as many as the context has room for (a model's
+    processor resolves it, ``core/context.py``); ``stop_token_ids`` end generation (the stop token itself is not
     returned); ``stop`` strings are matched by the frontend on decoded text.
     """
 
@@ -37,7 +38,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    max_tokens: int = 16
+    max_tokens: int | None = 16
     min_tokens: int = 0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
@@ -57,9 +58,11 @@ class SamplingParams:
         _finite("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         for name in ("top_k", "max_tokens", "min_tokens"):
             value = getattr(self, name)
+            if name == "max_tokens" and value is None:
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidRequest(f"{name} must be a non-negative integer", param=name)
-        if self.max_tokens < 1:
+        if self.max_tokens is not None and self.max_tokens < 1:
             raise InvalidRequest("max_tokens must be >= 1", param="max_tokens")
         if self.top_k > 1 << 30:
             raise InvalidRequest("top_k is too large", param="top_k")

@@ -5,12 +5,15 @@ Torch-free: it runs in the API server process.
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
+
+DEFAULT_MAX_TOKENS = SamplingParams.__dataclass_fields__["max_tokens"].default
 
 # Capabilities a model card may list; the API answers 400 for routes whose capability is missing.
 CAPABILITIES = ("completions", "chat", "speech", "audio_out", "image_in", "audio_in", "images", "image_edit", "generate")
@@ -50,6 +53,9 @@ class Processor(ABC):
     ``build_request`` gets a ``task`` ("completion", "chat", "speech",
     "image", "generate") and the already-parsed payload fields; it raises
     ``InvalidRequest`` (with ``param``) for anything the model cannot take.
+    It returns a spec whose ``sampling.max_tokens`` is a number: a model with
+    a context fits it there (``core.context.max_new_tokens``: None takes the
+    room left, an explicit value that does not fit is an error).
     """
 
     @abstractmethod
@@ -109,6 +115,8 @@ class TensorProcessor(Processor):
                 raise InvalidRequest(f"input {name!r} must be an array, a number, a string or a list", param=f"inputs.{name}")
             converted[name] = value
         modalities = tuple(payload.get("modalities") or ("latent",))
+        if sampling.max_tokens is None:  # no context to take the room of: SamplingParams' default bound
+            sampling = dataclasses.replace(sampling, max_tokens=DEFAULT_MAX_TOKENS)
         return RequestSpec(converted, task=task, modalities=modalities, sampling=sampling, params=dict(params))
 
 

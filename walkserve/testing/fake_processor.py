@@ -7,9 +7,11 @@ sequence. Torch-free, like every Processor.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 from typing import Any
 
 from walkserve.core.array import ArrayData
+from walkserve.core.context import max_new_tokens
 from walkserve.core.errors import InvalidRequest
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
@@ -79,6 +81,12 @@ class FakeProcessor(Processor):
             raise InvalidRequest(f"task {task!r} is not supported by {self._card.id}", param="task")
         inputs, modalities = builders[task](payload, params)
         self._check_modalities(modalities)
+        prompt = inputs.get(PROMPT_IDS)
+        if prompt is not None:
+            field = {"chat": "messages", "speech": "input", "generate": "inputs"}.get(task, "prompt")
+            length = prompt.numel if isinstance(prompt, ArrayData) else len(prompt)
+            max_tokens = max_new_tokens(length, self._card.max_context, sampling.max_tokens, field)
+            sampling = dataclasses.replace(sampling, max_tokens=max_tokens)
         return RequestSpec(inputs=inputs, task=task, modalities=modalities, sampling=sampling, params=dict(params))
 
     def _check_modalities(self, modalities: tuple[str, ...]) -> None:

@@ -134,3 +134,12 @@ def test_processor_is_torch_free():
     code = ("import sys; from walkserve.models.llama.processor import TextLMProcessor; "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_without_max_tokens_a_request_gets_the_room_left_in_the_context(llama):
+    """What most OpenAI clients send (no max_tokens): the request runs to a stop or to the end of the context."""
+    messages = [{"role": "user", "content": "hi"}]
+    spec = llama.build_request("chat", {"messages": messages}, SamplingParams(max_tokens=None), {})
+    assert spec.sampling.max_tokens == 1024 - len(spec.inputs["prompt_token_ids"].tolist())
+    spec = llama.build_request("completion", {"prompt_token_ids": [1] * 1000}, SamplingParams(max_tokens=None), {})
+    assert spec.sampling.max_tokens == 24

@@ -151,10 +151,15 @@ def test_client_sampling_and_voice_from_params(processor):
 
 
 def test_generate_task_and_context_room(processor):
+    """No max_tokens: the room left in the context; an explicit one that does not fit is refused, not shrunk."""
     payload = {"inputs": {"text": "Good morning", "voice": "mia"}, "modalities": ["audio"]}
-    spec = processor.build_request("generate", payload, processor.sampling(max_tokens=100_000), {})
+    spec = processor.build_request("generate", payload, processor.sampling(max_tokens=None), {})
     n_prompt = len(spec.inputs["prompt_token_ids"].tolist())
     assert spec.params["voice"] == "mia" and spec.sampling.max_tokens == 8192 - n_prompt
+    assert processor.build_request("generate", payload, processor.sampling(), {}).sampling.max_tokens == 2465
+    with pytest.raises(InvalidRequest) as err:
+        processor.build_request("generate", payload, processor.sampling(max_tokens=100_000), {})
+    assert (err.value.param, err.value.code) == ("max_tokens", "context_length_exceeded")
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from walkserve.api.errors import bad_request
 from walkserve.api.native.inputs import convert_inputs
 from walkserve.api.native.render import event_head, plain, raw_array, render_audio, render_image
 from walkserve.api.openai.choices import failure, token_ids
-from walkserve.api.openai.plan import build_sampling, check_stops, fit_context
+from walkserve.api.openai.plan import apply_default_max_tokens, build_sampling, check_stops
 from walkserve.api.schemas.generate import GenerateRequest
 from walkserve.api.sse import ndjson
 from walkserve.api.state import AppState
@@ -50,7 +50,7 @@ async def plan_generate(state: AppState, body: GenerateRequest) -> NativePlan:
     modalities = body.modalities or ["text"]
     payload = {"inputs": inputs, "modalities": modalities} if body.task == "generate" else {**inputs, "modalities": modalities}
     spec = await state.build_request(body.task, payload, sampling, dict(body.params))
-    fit_context(spec, state.card, bool(sampling_fields and sampling_fields.max_tokens), "inputs")
+    apply_default_max_tokens(spec, state.card, bool(sampling_fields and sampling_fields.max_tokens))
     return NativePlan(spec, body, _text_stream(state, stops, sampling_fields), time.monotonic())
 
 

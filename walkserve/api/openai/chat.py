@@ -23,11 +23,10 @@ from walkserve.api.openai.choices import (
     usage,
 )
 from walkserve.api.openai.plan import (
+    apply_default_max_tokens,
     build_sampling,
     check_n,
     check_stops,
-    default_max_tokens,
-    fit_context,
     logprob_joiner,
     prompt_length,
     unsupported,
@@ -75,7 +74,7 @@ async def plan_chat(state: AppState, body: ChatCompletionRequest) -> TextPlan:
     payload: dict[str, Any] = {"messages": await convert_messages(state, body.messages)}
     payload["modalities"] = ["text", "audio"] if audio else ["text"]
     explicit = body.max_completion_tokens or body.max_tokens
-    overrides = body.sampling_overrides() | {"max_tokens": explicit or default_max_tokens(state.card)}
+    overrides = body.sampling_overrides() | {"max_tokens": explicit}
     if body.logprobs:
         overrides["logprobs"] = body.top_logprobs or 0
     sampling = build_sampling(state.card, overrides, stops)
@@ -83,7 +82,7 @@ async def plan_chat(state: AppState, body: ChatCompletionRequest) -> TextPlan:
     specs, trackers = [], []
     for i in range(body.n):
         spec = await state.build_request("chat", payload, with_seed_offset(sampling, i), params)
-        fit_context(spec, state.card, explicit is not None, "messages")
+        apply_default_max_tokens(spec, state.card, explicit is not None)
         text = TextStream(state.processor.detokenizer(body.skip_special_tokens), stops)
         specs.append(spec)
         joiner = logprob_joiner(state, "logprobs") if body.logprobs else None

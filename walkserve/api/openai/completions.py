@@ -8,10 +8,10 @@ from typing import Any
 
 from walkserve.api.openai.choices import ChoiceTracker, TokenLogprob, drive_choices, usage
 from walkserve.api.openai.plan import (
+    apply_default_max_tokens,
     build_sampling,
     check_n,
     check_stops,
-    fit_context,
     logprob_joiner,
     prompt_length,
     unsupported,
@@ -60,7 +60,7 @@ async def plan_completion(state: AppState, body: CompletionRequest) -> TextPlan:
         echo = (prompt if isinstance(prompt, str) else state.processor.decode(prompt)) if body.echo else ""
         for i in range(body.n):
             spec = await state.build_request("completion", payload, with_seed_offset(sampling, i), {})
-            fit_context(spec, state.card, body.max_tokens is not None, "prompt")
+            apply_default_max_tokens(spec, state.card, body.max_tokens is not None)
             text = TextStream(state.processor.detokenizer(body.skip_special_tokens), stops)
             specs.append(spec)
             joiner = logprob_joiner(state, "logprobs") if body.logprobs is not None else None

@@ -20,8 +20,13 @@ _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 
 
 def build_sampling(card: ModelCard, overrides: dict[str, Any], stops: tuple[str, ...] = ()) -> SamplingParams:
-    """The model's default sampling, then the client's fields; SamplingParams validates the result."""
-    values = {k: v for k, v in card.default_sampling.items() if k in _SAMPLING_FIELDS}
+    """The model's default sampling, then the client's fields; SamplingParams validates the result.
+
+    ``max_tokens`` is the client's or None: the processor fits it to the context (None: the room
+    left) and ``apply_default_max_tokens`` then lowers it to the card's default.
+    """
+    values = {k: v for k, v in card.default_sampling.items() if k in _SAMPLING_FIELDS and k != "max_tokens"}
+    values["max_tokens"] = None
     values.update(overrides)
     if stops:
         values["stop"] = stops
@@ -59,33 +64,15 @@ def prompt_length(spec: RequestSpec) -> int | None:
     return None
 
 
-def fit_context(spec: RequestSpec, card: ModelCard, explicit: bool, prompt_param: str) -> None:
-    """Prompt + max_tokens must fit the context: 400 when the client asked for too much,
-    otherwise max_tokens shrinks to the room that is left."""
-    limit = card.max_context
-    length = prompt_length(spec)
-    max_tokens = spec.sampling.max_tokens
-    if length is None:
-        if max_tokens > limit:
-            raise bad_request(f"max_tokens {max_tokens} exceeds the model's context of {limit} tokens", "max_tokens")
+def apply_default_max_tokens(spec: RequestSpec, card: ModelCard, explicit: bool) -> None:
+    """A request without an explicit max_tokens runs to the end of the context (the room the processor
+    left, ``core/context.py``) unless the card has a default (the server's ``default_max_tokens``, else
+    the model's), which then bounds it; a model without a known prompt length takes the default as it is."""
+    default = card.default_sampling.get("max_tokens")
+    if explicit or not isinstance(default, int) or isinstance(default, bool) or default < 1:
         return
-    if length >= limit:
-        raise bad_request(f"the prompt has {length} tokens; the model's context is {limit}", prompt_param, "context_length_exceeded")
-    room = limit - length
-    if max_tokens > room:
-        if explicit:
-            raise bad_request(
-                f"prompt ({length} tokens) + max_tokens ({max_tokens}) exceeds the model's context of {limit} tokens",
-                "max_tokens",
-                "context_length_exceeded",
-            )
-        spec.sampling = dataclasses.replace(spec.sampling, max_tokens=room)
-
-
-def default_max_tokens(card: ModelCard) -> int:
-    """Chat's default when the client sets none: the model's default, else the whole context (shrunk by fit_context)."""
-    value = card.default_sampling.get("max_tokens")
-    return int(value) if isinstance(value, int) and value > 0 else card.max_context
+    room = spec.sampling.max_tokens if prompt_length(spec) is not None else None
+    spec.sampling = dataclasses.replace(spec.sampling, max_tokens=default if room is None else min(room, default))
 
 
 def logprob_joiner(state, param: str) -> LogprobJoiner:

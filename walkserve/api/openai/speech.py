@@ -13,7 +13,7 @@ import numpy as np
 from walkserve.api.audio.formats import AudioFormat
 from walkserve.api.errors import bad_request
 from walkserve.api.openai.choices import audio_samples, failure
-from walkserve.api.openai.plan import build_sampling, prompt_length
+from walkserve.api.openai.plan import apply_default_max_tokens, build_sampling, prompt_length
 from walkserve.api.schemas.speech import SpeechRequest
 from walkserve.api.sse import sse
 from walkserve.api.state import AppState
@@ -45,19 +45,14 @@ async def plan_speech(state: AppState, body: SpeechRequest) -> SpeechPlan:
     if fmt is None:
         available = ", ".join(state.audio.names)
         raise bad_request(f"response_format {name!r} is not available here; available: {available}", "response_format", "unsupported_format")
-    overrides = {k: v for k, v in (("seed", body.seed), ("max_tokens", body.max_tokens)) if v is not None}
+    chosen = (("seed", body.seed), ("max_tokens", body.max_tokens), ("min_tokens", body.min_tokens))
+    overrides = {k: v for k, v in chosen if v is not None}
     sampling = build_sampling(state.card, overrides)
     params = {"voice": voice, "speed": body.speed, **({"instructions": body.instructions} if body.instructions else {})}
     payload = {"input": body.input, "voice": voice, "speed": body.speed}
-    spec = await state.build_request("speech", payload, sampling, params)
-    length = prompt_length(spec) or 0
-    if body.max_tokens is not None and length + body.max_tokens > state.card.max_context:
-        raise bad_request(
-            f"prompt ({length} tokens) + max_tokens ({body.max_tokens}) exceeds the model's context of {state.card.max_context} tokens",
-            "max_tokens",
-            "context_length_exceeded",
-        )
-    return SpeechPlan(spec, fmt, int(state.card.sample_rate or 24000), length)
+    spec = await state.build_request("speech", payload, sampling, params)  # fits max_tokens to the context
+    apply_default_max_tokens(spec, state.card, body.max_tokens is not None)
+    return SpeechPlan(spec, fmt, int(state.card.sample_rate or 24000), prompt_length(spec) or 0)
 
 
 async def speech_samples(state: AppState, plan: SpeechPlan) -> AsyncIterator[np.ndarray]:

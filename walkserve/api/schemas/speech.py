@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from walkserve.api.schemas.common import ApiModel, Count, Float, Seed, model_field
+from walkserve.api.schemas.common import ApiModel, Count, Float, NonNegInt, Seed, model_field
 
 
 class SpeechRequest(ApiModel):
@@ -20,4 +20,7 @@ class SpeechRequest(ApiModel):
     seed: Seed | None = None
     max_tokens: Count | None = Field(
         None, description="walkserve extension: the most model tokens to generate (bounds the audio's length; Orpheus makes 7 per 85 ms frame)."
+    )
+    min_tokens: NonNegInt | None = Field(
+        None, description="walkserve extension: the fewest model tokens to generate before end-of-speech may end the audio."
     )

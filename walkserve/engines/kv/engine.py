@@ -24,6 +24,7 @@ import logging
 import torch
 from torch import nn
 
+from walkserve.core.context import context_fits
 from walkserve.engines.base import Engine, Firing, FiringResult
 from walkserve.engines.kv.block_manager import BlockManager, ContextKey
 from walkserve.engines.kv.kv_pool import KVPool, KVPoolShape, pool_blocks
@@ -90,7 +91,7 @@ class KVCacheEngine(Engine):
         ctx = self.scheduler.context(_key(firing))
         ctx.append(firing, tokens, embeds)
         capacity = self.pool.num_blocks * self.block_manager.block_size
-        if len(ctx.token_ids) > capacity:
+        if not context_fits(len(ctx.token_ids), capacity):  # the frontend's policy, against the pool
             self._fail_context(
                 ctx.key,
                 f"context {ctx.key} needs {len(ctx.token_ids)} tokens of KV cache but the pool of "

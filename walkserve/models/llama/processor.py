@@ -10,6 +10,7 @@ from typing import Any
 from jinja2 import TemplateError
 
 from walkserve.core.array import ArrayData
+from walkserve.core.context import max_new_tokens
 from walkserve.core.errors import ConfigError, InvalidRequest
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
@@ -26,6 +27,8 @@ class TextLMProcessor(Processor):
     ``generate`` is the native route's task: ``{"inputs": {"prompt": str} or
     {"prompt_token_ids": [int] or int ArrayData [N]}, "modalities": ["text"]}``.
 
+    ``sampling.max_tokens`` must fit the context with the prompt; None takes the
+    room left (``core/context.py``).
     The model's end-of-sequence ids (config.json and generation_config.json)
     are merged into ``sampling.stop_token_ids`` unless ``sampling.ignore_eos``.
     ``random_weights`` is also taken from the checkpoint's marker (tiny checkpoints).
@@ -74,13 +77,15 @@ class TextLMProcessor(Processor):
             ids, field = self._generate_ids(payload), "inputs"
         else:
             raise InvalidRequest(f"{self._card.id} does not serve task {task!r}", param="task")
-        self._check_length(ids, field, sampling)
+        if not ids:
+            raise InvalidRequest("the prompt has no tokens", param=field)
+        max_tokens = max_new_tokens(len(ids), self.config.max_position_embeddings, sampling.max_tokens, field)
         self._check_token_ids(sampling)
         return RequestSpec(
             inputs={PROMPT_INPUT: ArrayData.from_list(ids, "int64")},
             task=task,
             modalities=("text",),
-            sampling=self._with_stop_ids(sampling),
+            sampling=self._with_stop_ids(dataclasses.replace(sampling, max_tokens=max_tokens)),
             params=dict(params),
         )
 
@@ -138,18 +143,6 @@ class TextLMProcessor(Processor):
         except TemplateError as e:
             raise InvalidRequest(f"chat template: {e}", param="messages") from None
         return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def _check_length(self, ids: list[int], field: str, sampling: SamplingParams) -> None:
-        limit = self.config.max_position_embeddings
-        if not ids:
-            raise InvalidRequest("the prompt has no tokens", param=field)
-        if len(ids) >= limit:
-            raise InvalidRequest(f"the prompt has {len(ids)} tokens; the context is {limit}", param=field)
-        if len(ids) + sampling.max_tokens > limit:
-            raise InvalidRequest(
-                f"prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) exceeds the context of {limit}",
-                param="max_tokens",
-            )
 
     def _check_token_ids(self, sampling: SamplingParams) -> None:
         vocab = self.config.vocab_size

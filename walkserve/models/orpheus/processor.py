@@ -8,8 +8,10 @@ The request is ``RequestSpec(inputs={"prompt_token_ids": int64 [N]}, modalities=
 with END_OF_SPEECH and the model's end-of-sequence ids among the stop ids.
 The card's ``default_sampling`` carries the model card's suggestion
 (temperature 0.6, top_p 0.8, repetition_penalty 1.3) and a ~30 s ``max_tokens``;
-the API applies it under whatever the client sets (``sampling()`` does the
-same for in-process callers).
+the API applies it under whatever the client sets, the ~30 s bound beneath the
+room left in the context (``sampling()`` gives the same values to in-process
+callers). An explicit ``max_tokens`` must fit the context with the prompt;
+None takes the room left (``core/context.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from walkserve.core.array import ArrayData
+from walkserve.core.context import max_new_tokens
 from walkserve.core.errors import InvalidRequest
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
@@ -116,15 +119,11 @@ class OrpheusProcessor(Processor):
         return voice
 
     def _sampling_for(self, sampling: SamplingParams, prompt_len: int) -> SamplingParams:
-        """Stop ids merged in; max_tokens shrunk to what the context has room for."""
-        room = self._card.max_context - prompt_len
-        if room < 1:
-            raise InvalidRequest(
-                f"the prompt has {prompt_len} tokens; the model's context is {self._card.max_context}", param="input"
-            )
+        """Stop ids merged in; max_tokens fitted to the context (None: the room left)."""
+        max_tokens = max_new_tokens(prompt_len, self._card.max_context, sampling.max_tokens, "input")
         extra = (END_OF_SPEECH,) if sampling.ignore_eos else self.stop_ids
         stops = tuple(dict.fromkeys((*sampling.stop_token_ids, *extra)))
-        return dataclasses.replace(sampling, stop_token_ids=stops, max_tokens=min(sampling.max_tokens, room))
+        return dataclasses.replace(sampling, stop_token_ids=stops, max_tokens=max_tokens)
 
 
 def _fields(task: str, payload: dict[str, Any]) -> dict[str, Any]:
