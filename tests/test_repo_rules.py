@@ -39,3 +39,22 @@ def test_asserts_have_no_side_effects():
             if isinstance(node, ast.Assert):
                 found += [f"{path.relative_to(ROOT)}:{node.lineno}: {call}()" for call in _impure_calls(node.test)]
     assert not found, "asserts that call something (move the call out of the assert):\n" + "\n".join(found)
+
+
+def _importorskips(tree: ast.Module) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "importorskip":
+            arg = node.args[0] if node.args else None
+            found.append((node.lineno, arg.value if isinstance(arg, ast.Constant) else ast.unparse(arg)))
+    return found
+
+
+def test_only_optional_third_party_packages_are_importorskipped():
+    """A broken import of our own code must fail the run, never turn a test into a skip."""
+    own = []
+    for path, tree in _sources(ROOT / "tests"):
+        for line, name in _importorskips(tree):
+            if not str(name).split(".")[0].isidentifier() or str(name).startswith(("walkserve", "tests")):
+                own.append(f"{path.relative_to(ROOT)}:{line}: importorskip({name!r})")
+    assert not own, "import our own modules directly:\n" + "\n".join(own)

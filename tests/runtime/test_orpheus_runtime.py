@@ -27,6 +27,7 @@ from walkserve.models.base import ModelRef
 from walkserve.models.orpheus.emission import request_seed
 from walkserve.models.orpheus.tiny import write_tiny_orpheus
 from walkserve.models.registry import load_model
+from walkserve.testing import orpheus_offline as offline
 from walkserve.transport import shm
 
 PLACEMENTS = ("orpheus-colocated", "orpheus-split")
@@ -105,8 +106,8 @@ def test_shipped_placements_give_identical_audio(served, requests):
         np.testing.assert_array_equal(wave_a, wave_b, err_msg=f"{spec.id}: placements disagree")
 
 
+@pytest.mark.parity
 def test_greedy_requests_match_the_offline_loop(served, requests, orpheus_dir):
-    offline = pytest.importorskip("walkserve.testing.orpheus_offline")
     torch.set_num_threads(1)
     lm, snac = offline.load_lm(orpheus_dir / "lm"), offline.load_snac(orpheus_dir / "snac")
     greedy = [(i, spec) for i, spec in enumerate(requests) if spec.sampling.temperature == 0.0]

@@ -23,11 +23,11 @@ from walkserve.models.base import BuildContext, ModelRef
 from walkserve.models.orpheus.emission import request_seed
 from walkserve.models.orpheus.tokens import END_OF_SPEECH, allowed_ranges
 from walkserve.models.registry import load_model
+from walkserve.testing import orpheus_offline as offline
 from walkserve.testing.reference import ReferenceExecutor
 
 pytestmark = pytest.mark.parity
 torch.set_num_threads(1)
-offline = pytest.importorskip("walkserve.testing.orpheus_offline")
 CPU = BuildContext(rank=0, device="cpu", dtype="float32")
 
 
