@@ -6,6 +6,5 @@ register("llama", "walkserve.models.llama.model:build")
 register("qwen2", "walkserve.models.llama.model:build")
 register("qwen3", "walkserve.models.llama.model:build")
 register("orpheus", "walkserve.models.orpheus.model:build")
-
-# fixture families (fake components) for tests, demos of the graph and benchmarks
-import walkserve.testing.fixtures  # noqa: E402, F401
+# Other families (the fixture models of walkserve.testing among them) come from the "walkserve.models"
+# entry points (pyproject.toml), read by the registry.

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from importlib.metadata import entry_points
 
 from walkserve.core.errors import ConfigError
 from walkserve.models.base import Model, ModelRef
 
 # family -> "module:factory"; the factory takes a ModelRef and returns a Model.
 _FAMILIES: dict[str, str] = {}
+ENTRY_POINTS = "walkserve.models"  # plugin families: an entry point named FAMILY = "package.module:factory"
+_plugins_read = False
 
 
 def register(family: str, target: str) -> None:
@@ -19,6 +22,12 @@ def register(family: str, target: str) -> None:
 
 def _ensure_builtin() -> None:
     import walkserve.models.builtin  # noqa: F401  (registers the shipped families on first use)
+
+    global _plugins_read
+    if not _plugins_read:
+        _plugins_read = True
+        for entry in entry_points(group=ENTRY_POINTS):  # a shipped family keeps its name
+            _FAMILIES.setdefault(entry.name, entry.value)
 
 
 def families() -> list[str]:
