@@ -21,6 +21,7 @@ import time
 
 from walkserve.core import env
 from walkserve.core.proc import describe_exit
+from walkserve.protocol import zygote as pipe
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class Zygote:
         self.exits: dict[int, int] = {}
         self._buf = b""
         line = self._line(timeout_s)
-        if line != "ready":
+        if not isinstance(pipe.decode_line(line or ""), pipe.Ready):
             raise RuntimeError(f"the worker zygote did not start ({describe_exit(self.popen.poll())})")
 
     def _line(self, timeout_s: float) -> str | None:
@@ -121,26 +122,26 @@ class Zygote:
             line = self._line(wait_s) if (wait_s or b"\n" in self._buf or self._readable()) else None
             if line is None:
                 return
-            parts = line.split()
-            if parts[0] == "exit":
-                self.exits[int(parts[1])] = int(parts[2])
+            msg = pipe.decode_line(line)
+            if isinstance(msg, pipe.Exited):
+                self.exits[msg.pid] = msg.returncode
             wait_s = 0.0
 
     def _readable(self) -> bool:
         return bool(select.select([self.popen.stdout.fileno()], [], [], 0)[0])
 
     def fork(self, rank: int) -> int:
-        self.popen.stdin.write(f"fork {rank}\n".encode())
+        self.popen.stdin.write(pipe.encode_line(pipe.Fork(rank)))
         self.popen.stdin.flush()
         while True:
             line = self._line(30.0)
             if line is None:
                 raise RuntimeError("the worker zygote stopped answering")
-            parts = line.split()
-            if parts[0] == "forked" and int(parts[1]) == rank:
-                return int(parts[2])
-            if parts[0] == "exit":
-                self.exits[int(parts[1])] = int(parts[2])
+            msg = pipe.decode_line(line)
+            if isinstance(msg, pipe.Forked) and msg.rank == rank:
+                return msg.pid
+            if isinstance(msg, pipe.Exited):
+                self.exits[msg.pid] = msg.returncode
 
     def alive(self) -> bool:
         return self.popen.poll() is None

@@ -1,10 +1,9 @@
 """The worker zygote: one interpreter that imports torch and the model code once, then forks workers.
 
-``python -m walkserve.worker.zygote SPEC_FILE PARENT_PID`` prints ``ready``,
-then reads commands on stdin and answers on stdout, one line each:
-
-    fork <rank>        ->  forked <rank> <pid>
-    (a worker exits)   ->  exit <pid> <returncode as in subprocess: -signal or code>
+``python -m walkserve.worker.zygote SPEC_FILE PARENT_PID`` says ``ready``,
+then reads ``fork <rank>`` lines on stdin and answers ``forked <rank> <pid>``;
+a worker's end is reported as ``exit <pid> <returncode>`` (the pipe's
+messages are in ``protocol/zygote.py``).
 
 Forking a warm interpreter makes a worker start in milliseconds instead of
 seconds (importing torch dominates), and a crashed worker restarts as fast.
@@ -21,6 +20,7 @@ import sys
 
 from walkserve.core.proc import die_with_parent, set_title
 from walkserve.protocol.run import load_run_spec
+from walkserve.protocol.zygote import Exited, Fork, Forked, Ready, decode_line, encode_line
 
 
 def _warm(spec) -> None:
@@ -66,7 +66,7 @@ def _reap(out) -> None:
         if pid == 0:
             return
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        out.write(f"exit {pid} {code}\n")
+        out.write(encode_line(Exited(pid, code)))
         out.flush()
 
 
@@ -76,8 +76,8 @@ def main(argv: list[str]) -> int:
     die_with_parent(int(argv[2]), use_pdeathsig=True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _warm(spec)
-    out = sys.stdout
-    out.write("ready\n")
+    out = sys.stdout.buffer
+    out.write(encode_line(Ready()))
     out.flush()
     stdin = sys.stdin.buffer
     buf = b""
@@ -92,13 +92,12 @@ def main(argv: list[str]) -> int:
         buf += chunk
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
-            parts = line.decode().split()
-            if len(parts) == 2 and parts[0] == "fork":
-                rank = int(parts[1])
+            msg = decode_line(line)
+            if isinstance(msg, Fork):
                 pid = os.fork()
                 if pid == 0:
-                    _child(spec, rank)
-                out.write(f"forked {rank} {pid}\n")
+                    _child(spec, msg.rank)
+                out.write(encode_line(Forked(msg.rank, pid)))
                 out.flush()
 
 
