@@ -1,4 +1,4 @@
 """Shared vocabulary of every layer: ids, arrays, requests, outputs, errors.
 
-Standard library only; every other package may import it.
+The standard library and msgspec only; every other package may import it.
 """

@@ -1,1 +1,1 @@
-"""Every cross-process message (msgspec structs) and the one codec that carries them. Torch-free."""
+"""Every cross-process message (msgspec structs, and the zygote pipe's lines) and the one codec. Torch-free."""

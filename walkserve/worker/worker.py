@@ -1,9 +1,11 @@
-"""The worker: one process per rank, a heartbeat of receive -> schedule -> collect -> route.
+"""The worker: one process per rank, a heartbeat of receive -> collect -> hand over -> housekeeping -> flush.
 
-    receive   apply messages: start walks, deliveries, stream items, loop events, releases
-    schedule  each walk dataflow fires what is ready (Firing -> compute thread, with Futures)
-    collect   results from the compute thread go back into their dataflows
-    route     outputs leave: other ranks (shared memory for big tensors), the conductor
+    receive       apply messages: start walks, deliveries, stream items, loop events, releases;
+                  each walk dataflow then fires what is ready (Firings with Futures)
+    collect       results from the compute thread go back into their dataflows, which fire on
+    hand over     the turn's firings go to the compute thread together
+    housekeeping  stats to the conductor, expired early messages and finished walks dropped
+    flush         queued outputs leave: other ranks (shared memory for big tensors), the conductor
 
 A failing request becomes a Failed report for that request; nothing a
 request does unwinds this loop.

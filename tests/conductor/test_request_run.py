@@ -1,0 +1,73 @@
+"""RequestRun: the conductor's bookkeeping of one request's walks, on the fixture LM's graph."""
+
+from __future__ import annotations
+
+import pytest
+
+from walkserve.conductor.request_run import RequestRun, safe_advance
+from walkserve.core.array import ArrayData
+from walkserve.core.errors import GraphError
+from walkserve.core.finish import FinishReason
+from walkserve.core.request import RequestSpec
+from walkserve.core.sampling import SamplingParams
+from walkserve.graph import FunctionStateMachine, WalkGraph
+from walkserve.protocol.arrays import plain_value, wire_value
+from walkserve.testing.fixtures.lm import build_graph
+
+GRAPH = build_graph()
+
+
+def run_of(prompt: list[int], rank: int = 0, **params) -> RequestRun:
+    spec = RequestSpec({"prompt_ids": ArrayData.from_list(prompt)}, sampling=SamplingParams(max_tokens=5), params=params,
+                       id="r1")
+    return RequestRun(spec, GRAPH, lambda walk, node: rank)
+
+
+def test_begin_sends_the_first_walk_with_the_inputs_its_ranks_read():
+    run = run_of([5, 6, 7], rank=1, eos_at=3)
+    [(rank, start)] = run.begin()
+    assert rank == 1 and (start.request_id, start.walk, start.ranks) == ("r1", "prefill", {"lm": 1})
+    assert plain_value(start.inputs["prompt"]).tolist() == [5, 6]
+    assert run.walk == "prefill" and run.pending == {"lm"} and run.involved_ranks() == {1}
+
+
+def test_a_walk_completes_when_every_node_reported_and_every_output_arrived():
+    run = run_of([5, 6, 7])
+    run.begin()
+    assert not run.node_done("prefill", "lm", firings=1, hit_bound=False)  # output "state" still missing
+    assert run.walk_output("prefill", "state", wire_value(ArrayData.from_list([42])))
+    [(_, start)] = run.advance()
+    assert start.walk == "decode" and plain_value(start.inputs["last"]).tolist() == [7]
+    assert plain_value(start.inputs["state"]).tolist() == [42]
+    assert not run.node_done("prefill", "lm", 1, False)  # a late report of an earlier walk changes nothing
+    assert run.firings == 1 and run.walks_run == ["prefill", "decode"]
+
+
+@pytest.mark.parametrize("hit_bound, reason", [(False, FinishReason.STOP), (True, FinishReason.LENGTH)])
+def test_the_last_walk_finishes_with_stop_or_length(hit_bound, reason):
+    run = run_of([9])  # one token: straight to decode
+    [(_, start)] = run.begin()
+    assert start.walk == "decode"
+    assert run.node_done("decode", "lm", firings=5, hit_bound=hit_bound)
+    assert run.advance() == [] and run.finished == reason
+
+
+def test_outputs_are_numbered_per_modality_and_output():
+    run = run_of([9])
+    assert [run.next_index(("text", "token")) for _ in range(3)] == [0, 1, 2]
+    assert run.next_index(("text", "logprob")) == 0 and run.first_output_at is not None
+
+
+def test_a_failing_state_machine_fails_the_request_not_the_conductor():
+    def broken(req, finished=None, outputs=None):
+        raise KeyError("prompt_ids")
+
+    graph = WalkGraph("broken", list(GRAPH.walks.values()), FunctionStateMachine(broken, broken))
+    run = RequestRun(RequestSpec({}, id="r2"), graph, lambda w, n: 0)
+    messages, error = safe_advance(run, run.begin)
+    assert messages == [] and error.startswith("the model's state machine failed: KeyError")
+
+    def bad_walk():
+        raise GraphError("walk 'nope' is not in the graph")
+
+    assert safe_advance(run, bad_walk) == ([], "walk 'nope' is not in the graph")

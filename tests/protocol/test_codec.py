@@ -1,0 +1,65 @@
+"""The codec: every message survives a round trip; a wrong token, garbage or a pickle is refused."""
+
+from __future__ import annotations
+
+import pickle
+
+import msgspec
+import pytest
+
+from walkserve.core.array import ArrayData
+from walkserve.core.request import RequestSpec
+from walkserve.core.sampling import SamplingParams
+from walkserve.protocol import messages as m
+from walkserve.protocol.arrays import array_rows, event_values, plain_value, wire_value
+from walkserve.protocol.codec import BadMessage, decode, encode
+
+TENSOR = m.TensorMsg("float32", (2, 2), data=bytes(16), nbytes=16)
+ONE_OF_EACH = [
+    m.Submit(RequestSpec({"prompt": ArrayData.from_list([1, 2])}, sampling=SamplingParams(max_tokens=3), id="r1")),
+    m.Abort("r1"), m.Abort("r1", "stop"), m.Shutdown(2.5), m.StatusQuery(4),
+    m.Event("r1", "text", "decode", "lm", (0, 3), 7, 3, "token"),
+    m.Events("decode", "lm", "text", "token", ["r1", "r2"], [(1,), (2,)], [0, 1], stacked=TENSOR),
+    m.Finished("r1", "stop", None, {"firings": 3}, {"total_s": 0.5}), m.Rejected("r2", "full", 2.0, invalid=False),
+    m.Status("ready", "serving", {0: True}, {"running": 1}, 4),
+    m.StartWalk("r1", "prefill", {"lm": 0}, {"prompt": TENSOR}, {"eos_at": 3}, {"max_tokens": 3}),
+    m.Release("r1"), m.Stop(), m.StatsQuery(), m.Deliver("r1", "w", "lm", "state", (0,), TENSOR),
+    m.StreamItem("r1", "w", 0, (), 5, 9), m.StreamEnd("r1", "w", 0, (), 6), m.LoopEvent("r1", "w", "loop", (), 2, 3),
+    m.Flow("r1", "w", 0, True), m.ClientOut("r1", "w", "lm", "text", (1,), 7, "token"),
+    m.ClientOuts("w", "lm", "text", "token", ["r1"], [(1,)], values=[7]), m.WalkOut("r1", "w", "state", [1, 2]),
+    m.NodeDone("r1", "w", "lm", 4, True), m.Failed("r1", "boom"), m.Ready(0, 123, "ipc:///x", "up"),
+    m.WorkerStats(0, {"firings": 3}), m.Peers({0: "ipc:///a", 1: "tcp://127.0.0.1:5"}),
+]
+
+
+def test_every_message_kind_is_covered_and_round_trips():
+    kinds = set(m.Message.__args__)
+    assert {type(x) for x in ONE_OF_EACH} == kinds
+    assert decode(encode("tok", ONE_OF_EACH), "tok") == ONE_OF_EACH
+
+
+def test_an_abort_is_an_abort_unless_it_says_stop():
+    [plain, stop] = decode(encode("t", [m.Abort("r"), m.Abort("r", "stop")]), "t")
+    assert (plain.reason, stop.reason) == ("abort", "stop")
+
+
+@pytest.mark.parametrize("frame", [b"", b"\x00\x01garbage", pickle.dumps(m.Abort("r")),
+                                   msgspec.msgpack.encode({"token": "t", "messages": [["Nope", 1]]})])
+def test_frames_that_are_not_batches_are_refused(frame):
+    with pytest.raises(BadMessage):
+        decode(frame, "t")
+
+
+def test_a_frame_of_another_run_is_refused():
+    with pytest.raises(BadMessage, match="wrong run token"):
+        decode(encode("theirs", [m.Stop()]), "ours")
+
+
+def test_arrays_travel_inline_and_come_back():
+    a = ArrayData.from_list([1.0, 2.0, 3.0, 4.0], "float32")
+    assert plain_value(wire_value(a)) == a and wire_value(5) == 5
+    stacked = m.TensorMsg("int64", (2, 1), data=ArrayData.from_list([4, 9]).data, nbytes=16)
+    assert [r.tolist() for r in array_rows(stacked)] == [[4], [9]]
+    assert event_values(None, [1, TENSOR]) == [1, plain_value(TENSOR)]
+    with pytest.raises(ValueError, match="shared-memory"):
+        plain_value(m.TensorMsg("float32", (1,), shm="ws-x", nbytes=4))
