@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from walkserve.core.errors import ConfigError
 from walkserve.engines.base import Engine
-from walkserve.models.base import BuildContext, ComponentSpec
+
+if TYPE_CHECKING:  # engines run components through their specs; models sit above the engine boundary
+    from walkserve.models.base import BuildContext, ComponentSpec
 
 KINDS = ("stateless", "null", "kv")
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from walkserve.core.errors import ConfigError
+from walkserve.engines.base import Firing
 from walkserve.models.orpheus.emission import WindowPlan, plan_window, request_seed, window_seed
 from walkserve.models.orpheus.tokens import (
     CODEBOOK_SIZE,
@@ -33,9 +33,6 @@ from walkserve.models.orpheus.tokens import (
 )
 from walkserve.models.snac.decoder import SnacDecoder
 from walkserve.models.snac.weights import load_snac
-
-if TYPE_CHECKING:  # the engine side of the boundary: models sit below the engines that run them
-    from walkserve.engines.base import Firing
 
 INPUT_SLOT = "codes"
 OUTPUT_NAME = "audio"
