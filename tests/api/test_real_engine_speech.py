@@ -50,6 +50,7 @@ LONG_TOKENS = 561  # the `max_tokens` of streams that must still be running whil
 LONG_SAMPLES = (LONG_TOKENS // 7) * 2048
 MODEL = "orpheus-tiny-random"
 MP3_LEAD_IN = 1105  # LAME's encoder delay + the decoder's, in samples (no gapless header in a stream)
+AAC_PRIMING = 1024  # FFmpeg's AAC encoder delay, decoded as leading samples
 
 
 @dataclass
@@ -148,6 +149,9 @@ def test_every_audio_format_decodes_to_the_expected_samples(served, client):
         if fmt == "mp3":  # streamed: LAME's lead-in, the audio, padding to whole 576-sample frames
             assert len(samples) == -(-(SAMPLES + MP3_LEAD_IN) // 576) * 576, len(samples)
             samples = samples[MP3_LEAD_IN : MP3_LEAD_IN + SAMPLES]
+        if fmt == "aac":  # ADTS carries no edit list: the encoder's priming frame, the audio, whole 1024-sample frames
+            assert len(samples) == -(-(SAMPLES + AAC_PRIMING) // 1024) * 1024, len(samples)
+            samples = samples[AAC_PRIMING : AAC_PRIMING + SAMPLES]
         assert len(samples) == SAMPLES, (fmt, len(samples))
         if fmt in ("wav", "flac", "pcm"):  # lossless: the engine's audio, quantized to 16 bits
             np.testing.assert_allclose(samples, reference, atol=1.5 / 32768, err_msg=fmt)
