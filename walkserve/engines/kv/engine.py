@@ -234,6 +234,10 @@ class KVCacheEngine(Engine):
             self._check_capacity(ctx.key, ctx.length)
         elif op.kind == "query":
             reads = tuple(s.context((rid, name), firing.component) for name in op.reads)
+            blocks = sum(-(-c.length // self.block_manager.block_size) for c in {id(c): c for c in reads}.values())
+            if blocks > self.pool.num_blocks:
+                raise ValueError(f"the contexts {list(op.reads)} a query reads need {blocks} blocks together; "
+                                 f"the pool of {self.component} holds {self.pool.num_blocks}")
             s.add_query(Query(reads, PendingFiring(firing, op.num_tokens, 0, op), firing.component))
         elif op.kind == "fork":
             s.context((rid, op.source), firing.component)
