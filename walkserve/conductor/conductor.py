@@ -94,6 +94,11 @@ class Conductor:
         if self.state in ("draining", "stopped", "failed"):
             self.outbox.put(FRONTEND, m.Rejected(spec.id, f"the server is {self.state}", 5.0))
             return
+        unknown = sorted(set(spec.node_sampling) - set(self.graph.node_names()))
+        if unknown:
+            message = f"node_sampling names {unknown[0]!r}, which is no node of this model ({', '.join(self.graph.node_names())})"
+            self.outbox.put(FRONTEND, m.Rejected(spec.id, message, invalid=True))
+            return
         decision = self.admission.decide(len(self.runs))
         if decision == "reject":
             self.counters["rejected"] += 1

@@ -129,6 +129,7 @@ class Engine(ABC):
         raise NotImplementedError
 
     runs_groups = False
+    kv_contexts = False  # True: the worker binds each firing's declared context operations (Firing.kv, Group.kv)
 
     def stats(self) -> dict[str, float]:
         """Gauges and counters for /metrics (e.g. kv_blocks_used, kv_blocks_total, preemptions)."""

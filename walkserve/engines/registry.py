@@ -14,7 +14,28 @@ if TYPE_CHECKING:  # engines run components through their specs; models sit abov
 KINDS = ("stateless", "null", "kv")
 
 
-def build_engine(spec: ComponentSpec, ctx: BuildContext, overrides: Mapping[str, Any] | None = None) -> Engine:
+def build_engines(specs: list[ComponentSpec], ctx: BuildContext,
+                  overrides: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Engine]:
+    """The engines of a rank's components, by component name; a KV share group gets one engine, under each name."""
+    overrides = overrides or {}
+    engines: dict[str, Engine] = {}
+    groups: dict[str, list[ComponentSpec]] = {}
+    for spec in specs:
+        if spec.engine == "kv" and spec.kv_share:
+            groups.setdefault(spec.kv_share, []).append(spec)
+        else:
+            engines[spec.name] = build_engine(spec, ctx, overrides.get(spec.engine))
+    for members in groups.values():
+        first, rest = members[0], members[1:]
+        shared = {m.name: m.build(ctx) for m in rest}
+        engine = build_engine(first, ctx, overrides.get("kv"), shared=shared)
+        for m in members:
+            engines[m.name] = engine
+    return engines
+
+
+def build_engine(spec: ComponentSpec, ctx: BuildContext, overrides: Mapping[str, Any] | None = None,
+                 shared: Mapping[str, Any] | None = None) -> Engine:
     """Build the engine for one component on one rank, its module included."""
     overrides = dict(overrides or {})
     if spec.engine == "stateless":
@@ -29,5 +50,5 @@ def build_engine(spec: ComponentSpec, ctx: BuildContext, overrides: Mapping[str,
         from walkserve.engines.kv.engine import KVCacheEngine
 
         options = {**spec.options, **overrides}
-        return KVCacheEngine(spec.name, model=spec.build(ctx), device=ctx.device, dtype=ctx.dtype, **options)
+        return KVCacheEngine(spec.name, model=spec.build(ctx), device=ctx.device, dtype=ctx.dtype, shared=shared, **options)
     raise ConfigError(f"component {spec.name!r}: unknown engine kind {spec.engine!r} (known: {', '.join(KINDS)})")

@@ -178,6 +178,7 @@ class AsyncEngine(EngineClient):
             {c: s.weight_bytes for c, s in comps.items()},
             {c: s.state_bytes for c, s in comps.items()},
             device_free=device_free_bytes,
+            kv_shares={c: s.kv_share for c, s in comps.items() if s.kv_share},
         )
         run_id = new_run_id()
         run_dir = rundir.make_run_dir(run_id)

@@ -22,17 +22,21 @@ def check_placement(
     weight_bytes: Mapping[str, int],
     state_bytes: Mapping[str, int | StateSize],
     device_free: Callable[[str], int | None] | None = None,
+    kv_shares: Mapping[str, str] | None = None,
 ) -> None:
     """Raise PlacementError if the placement cannot serve this model.
 
     ``state_bytes``: per component a size, or a function of (device, bytes free
     there once the rank's weights are loaded) for state the engine sizes from
     the device (a KV pool). ``device_free(device)`` reads a GPU's free memory;
-    it is asked only for GPU ranks with a memory budget.
+    it is asked only for GPU ranks with a memory budget. ``kv_shares`` maps
+    components to their KV share group (components that read each other's KV
+    contexts): every node of a group must run on the same ranks.
     """
     check_hosts(placement)
     walks = walk_nodes(graph)
     placement.check_covers(walks)
+    check_kv_shares(placement, graph, walks, kv_shares or {})
     for comp, nodes in graph.components().items():
         if comp not in stateful:
             continue
@@ -53,51 +57,20 @@ def check_placement(
     check_host_memory(placement, demands, available_host_bytes())
 
 
-def rank_demands(
-    placement: Placement,
-    rank: int,
-    graph: WalkGraph,
-    walks: dict[str, list[str]],
-    weight_bytes: Mapping[str, int],
     state_bytes: Mapping[str, int | StateSize],
-    device_free: Callable[[str], int | None] | None,
-) -> list[tuple[str, int]]:
-    """[(what, bytes)] the components hosted on ``rank`` will take there."""
-    spec = placement.ranks[rank]
-    hosted = sorted({graph.plans[w].nodes[n].component for w, n in placement.nodes_on(rank, walks)})
-    weights = sum(weight_bytes.get(c, 0) for c in hosted)
-    free = None
-    if spec.device != "cpu" and spec.memory is not None and any(callable(state_bytes.get(c)) for c in hosted):
-        free = device_free(spec.device) if device_free is not None else None
-        if free is None:
-            raise PlacementError(f"{placement.source}: rank {rank} ({spec.device}): its free memory cannot be read "
-                                 f"here, so the memory budget cannot be checked")
-        free = max(0, free - weights)
-    out = []
-    for comp in hosted:
-        if weight_bytes.get(comp):
-            out.append((f"weights of {comp}", weight_bytes[comp]))
-        size = state_bytes.get(comp) or 0
-        if callable(size):
-            if spec.device != "cpu" and free is None:
-                continue  # a GPU rank without a budget: there is nothing to check its state against
-            size = size(spec.device, free)
-        if size:
-            out.append((f"state of {comp}", size))
-    return out
+    device_free: Callable[[str], int | None] | None = None,
+    kv_shares: Mapping[str, str] | None = None,
+) -> None:
+    """Raise PlacementError if the placement cannot serve this model.
 
-
-def check_hosts(placement: Placement) -> None:
-    """Every rank starts on this machine: a rank placed on another host is refused, not silently run here.
-
-    The one place to change when ranks on other hosts can be launched (through Ray).
+    ``state_bytes``: per component a size, or a function of (device, bytes free
+    there once the rank's weights are loaded) for state the engine sizes from
+    the device (a KV pool). ``device_free(device)`` reads a GPU's free memory;
+    it is asked only for GPU ranks with a memory budget. ``kv_shares`` maps
+    components to their KV share group (components that read each other's KV
+    contexts): every node of a group must run on the same ranks.
     """
-    for rank, spec in sorted(placement.ranks.items()):
-        if spec.remote:
-            raise PlacementError(
-                f"{placement.source}: rank {rank} is on host {spec.host!r}, but starting ranks on other hosts "
-                f"is not supported yet (every rank starts on this machine); remove its host or use localhost"
-            )
+    check_hosts(placement)
 
 
 def available_host_bytes() -> int | None:

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from walkserve.core.request import RequestSpec
+from walkserve.core.sampling import SamplingParams
 
 Path = tuple[int, ...]
 
@@ -116,7 +117,8 @@ class StartWalk(msgspec.Struct, tag=True, array_like=True):
     """Start ``walk`` for a request on every rank that hosts one of its nodes.
 
     ``ranks`` maps each node of the walk to the rank that runs it for this
-    request; ``inputs`` holds the walk inputs this rank's nodes read.
+    request; ``inputs`` holds the walk inputs this rank's nodes read;
+    ``sampling`` is the request's sampling, ``node_sampling`` a node's own.
     """
 
     request_id: str
@@ -124,7 +126,8 @@ class StartWalk(msgspec.Struct, tag=True, array_like=True):
     ranks: dict[str, int]
     inputs: dict[str, Wire]
     params: dict[str, Any]
-    sampling: dict[str, Any]
+    sampling: SamplingParams
+    node_sampling: dict[str, SamplingParams] = {}
 
 
 class Release(msgspec.Struct, tag=True, array_like=True):

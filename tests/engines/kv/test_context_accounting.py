@@ -26,7 +26,7 @@ def _exact(s: Scheduler) -> None:
     """Reference counts match the tables, and every table holds exactly the blocks its reserved slots need."""
     bm = s.bm
     bm.check()
-    for key in bm.keys():
+    for key in list(bm.keys()):
         assert len(bm.table(key)) == -(-bm.num_reserved(key) // bm.block_size), key
         ctx = s.contexts[key]
         assert ctx.num_computed <= bm.num_reserved(key) <= ctx.length, key

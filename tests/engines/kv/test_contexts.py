@@ -146,10 +146,10 @@ def test_cfg_three_contexts_a_fork_and_49_queries_leave_the_pool_unchanged(tiny_
     s.run([s.append("img", "gen", 8, 2, mask="full", ids=False, positions=torch.full((8,), s.running("img", "gen")))])
     s.run([s.append("img", "gen", 5, 3, pre=[("fork", ("gen", "cfg_text"))]), s.append("img", "cfg_img", 5, 3)])
     engine, bm = s.engine, s.engine.block_manager
-    used, tables = bm.num_used, {k: list(bm.table(k)) for k in bm.keys()}
+    used, tables = bm.num_used, {k: list(bm.table(k)) for k in list(bm.keys())}
     k_before, v_before = engine.pool.k.clone(), engine.pool.v.clone()
     latents = _embeds(6, d, 99)
-    for step in range(49):
+    for _ in range(49):
         firings, refs = [], []
         for name in ("gen", "cfg_text", "cfg_img"):
             position = torch.full((6,), s.running("img", name))
@@ -164,7 +164,7 @@ def test_cfg_three_contexts_a_fork_and_49_queries_leave_the_pool_unchanged(tiny_
             torch.testing.assert_close(results[f.id]["hidden"], want[-6:], **TOL)
         latents = latents - 0.02 * sum(results[f.id]["hidden"] for f in firings)  # the next step's input
         assert bm.num_used == used  # a query allocates nothing
-    assert {k: list(bm.table(k)) for k in bm.keys()} == tables
+    assert {k: list(bm.table(k)) for k in list(bm.keys())} == tables
     assert torch.equal(engine.pool.k, k_before) and torch.equal(engine.pool.v, v_before)
 
 

@@ -143,7 +143,7 @@ def test_multi_axis_positions_through_chunks_and_running_decode(mrope_lm):
     want, _ = dense(mrope_lm, [[Seg(ids, positions)]])
     torch.testing.assert_close(got, want, **TOL)
     segs = [Seg(ids, positions)]
-    for step in range(3):
+    for _ in range(3):
         token = torch.randint(3, 500, (1,), generator=gen)
         f = firing("m", kv_params(append("main")), {"tokens": token})
         got = run(engine, [f])[f.id]["hidden"]

@@ -64,6 +64,7 @@ class KVCacheEngine(Engine):
     """
 
     runs_groups = True
+    kv_contexts = True
 
     def __init__(
         self,
