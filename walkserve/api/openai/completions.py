@@ -6,7 +6,14 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from walkserve.api.openai.choices import ChoiceTracker, PromptLogprobs, TokenLogprob, drive_choices, token_ids, usage
+from walkserve.api.openai.choices import (
+    ChoiceTracker,
+    PromptLogprobs,
+    TokenLogprob,
+    drive_choices,
+    token_ids,
+    usage,
+)
 from walkserve.api.openai.plan import (
     apply_default_max_tokens,
     build_sampling,
