@@ -123,6 +123,13 @@ class ContextOpSpec:
             raise GraphError("only a query reads other contexts (reads=...)")
         if any(not isinstance(k, int) or k < 0 for k in self.capture.values()):
             raise GraphError(f"capture maps output names to layer indices >= 0, got {self.capture}")
+        simple = self.op == "append" and self.mask == "causal" and self.rows == LAST
+        object.__setattr__(self, "_tokens_only", simple and not self.capture and not self.token_inputs)
+
+    @property
+    def tokens_only(self) -> bool:
+        """A causal append of ids, last row out: what a decode step declares (bound on a fast path)."""
+        return self._tokens_only
 
     @property
     def computes(self) -> bool:
@@ -168,9 +175,16 @@ def kv_params(*ops: ContextOpSpec, **other: Any) -> dict[str, Any]:
     return {**other, KV_PARAM: tuple(ops)}
 
 
+_DEFAULTS: dict[str, tuple[ContextOpSpec, ...]] = {}
+
+
 def declared_ops(node_params: Mapping[str, Any]) -> tuple[ContextOpSpec, ...]:
     """A node's declared operations; undeclared nodes append ``tokens`` to ``params["context"]`` (default "main")."""
     ops = node_params.get(KV_PARAM)
-    if ops is None:
-        return (ContextOpSpec("append", str(node_params.get("context", DEFAULT_CONTEXT))),)
-    return tuple(ops)
+    if ops is not None:
+        return ops
+    name = str(node_params.get("context", DEFAULT_CONTEXT))
+    default = _DEFAULTS.get(name)
+    if default is None:
+        default = _DEFAULTS[name] = (ContextOpSpec("append", name),)
+    return default

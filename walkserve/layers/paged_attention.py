@@ -195,8 +195,9 @@ class TorchPagedAttention(AttentionContext):
             self.decode_blocks, mask = index.padded_blocks(decodes)  # [B * W], [B, W * bs]
             bias = torch.zeros(mask.shape, dtype=k_cache.dtype, device=device).masked_fill_(~mask, _neg(k_cache.dtype))
             self.decode_bias = bias[:, None, None, :]  # [B, 1, 1, W * bs]
+        one_row = set(decodes)
         self.others = [self._plan(batch, index, i, starts[i], starts[i + 1]) for i in range(len(batch.query_lens))
-                       if i not in set(decodes)]
+                       if i not in one_row]
 
     @staticmethod
     def _plan(batch: PagedBatch, index: PagedIndex, i: int, start: int, end: int) -> tuple:

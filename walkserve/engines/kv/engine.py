@@ -47,6 +47,7 @@ from walkserve.layers.sampling import Sampler
 log = logging.getLogger(__name__)
 
 _group_ids = itertools.count(-1, -1)
+_KNOWN = frozenset(OUTPUTS)
 
 
 class KVCacheEngine(Engine):
@@ -104,8 +105,17 @@ class KVCacheEngine(Engine):
         except (ValueError, TypeError, RuntimeError, AttributeError, KeyError) as err:  # a bad request, never a crash
             self._ready.append(FiringResult(firing, error=f"{self.component}: {err}"))
             return
-        self._queues[firing.request_id].append([firing, ops, 0])
-        self._start(firing.request_id)
+        rid = firing.request_id
+        if rid not in self._queues and len(ops) == 1 and ops[0].kind == "append":  # a decode step: no queue
+            ctx = self.scheduler.contexts.get((rid, ops[0].context))
+            if ctx is None or not ctx.readers:
+                try:
+                    self._apply(firing, ops[0])
+                except ValueError as err:
+                    self._ready.append(FiringResult(firing, error=f"{self.component}: {err}"))
+                return
+        self._queues[rid].append([firing, ops, 0])
+        self._start(rid)
 
     def step(self) -> list[FiringResult]:
         results, self._ready = self._ready, []
@@ -121,14 +131,12 @@ class KVCacheEngine(Engine):
                                    f"{self.component}: step failed: {err!r}")
             return results + self._take_ready()
         by_firing = {id(c.completes): out for c, out in zip(plan.chunks, outputs) if c.completes is not None}
-        touched = set()
         for ctx, pending in self.scheduler.finish(plan):
             out = by_firing.get(id(pending)) or {}
             if ctx is not None and "token" in out:
                 ctx.sampled.append(int(out["token"][0]))
             results.append(FiringResult(pending.firing, outputs=out))
-            touched.add(pending.firing.request_id)
-        for rid in touched | {rid for rid, q in self._queues.items() if q}:
+        for rid in [rid for rid, queue in self._queues.items() if queue]:  # operations waiting for idle contexts
             self._start(rid)
         return results + self._take_ready()
 
@@ -209,19 +217,20 @@ class KVCacheEngine(Engine):
                 self._ready.append(FiringResult(firing, outputs={}))
         self._queues.pop(rid, None)
 
+    def _idle(self, rid: str, name: str, readers_ok: bool = False) -> bool:
+        c = self.scheduler.contexts.get((rid, name))
+        return c is None or (not c.has_work and (readers_ok or not c.readers))
+
     def _ready_for(self, rid: str, op: ContextOp) -> bool:
-        ctxs = self.scheduler.contexts
-        def idle(name: str, readers_ok: bool = False) -> bool:
-            c = ctxs.get((rid, name))
-            return c is None or (not c.has_work and (readers_ok or not c.readers))
+        """Whether ``op`` may start: the contexts it reads or changes are idle (an append only needs no readers)."""
         if op.kind == "query":
-            return all(idle(name, readers_ok=True) for name in op.reads)
+            return all(self._idle(rid, name, readers_ok=True) for name in op.reads)
         if op.kind == "append":
-            c = ctxs.get((rid, op.context))
+            c = self.scheduler.contexts.get((rid, op.context))
             return c is None or not c.readers
         if op.kind == "fork":
-            return idle(op.source, readers_ok=True) and idle(op.context)
-        return idle(op.context)
+            return self._idle(rid, op.source, readers_ok=True) and self._idle(rid, op.context)
+        return self._idle(rid, op.context)
 
     def _apply(self, firing: Firing, op: ContextOp) -> None:
         rid, key = firing.request_id, (firing.request_id, op.context)
@@ -262,21 +271,26 @@ class KVCacheEngine(Engine):
 
     def _check(self, firing: Firing, ops: tuple[ContextOp, ...]) -> None:
         model = self.models.get(firing.component) or self.model
-        captures = {name for op in ops for name in op.capture}
-        unknown = set(firing.outputs) - set(OUTPUTS) - captures
+        unknown = [o for o in firing.outputs if o not in _KNOWN and not any(o in op.capture for op in ops)]
         if unknown:
             raise ValueError(f"node {firing.node!r} asks for unknown outputs {sorted(unknown)}; known: {OUTPUTS}")
         cfg = model.config
         vocab = getattr(cfg, "vocab_size", None)
         for op in ops:
             if op.token_ids is not None and vocab is not None and op.token_ids.numel():
-                lo, hi = int(op.token_ids.min()), int(op.token_ids.max())
+                if op.token_ids.numel() <= 64:  # a decode: a list is far cheaper than two reductions
+                    ids = op.token_ids.tolist()
+                    lo, hi = min(ids), max(ids)
+                else:
+                    lo, hi = int(op.token_ids.min()), int(op.token_ids.max())
                 if lo < 0 or hi >= vocab:
                     bad = [t for t in op.token_ids.tolist() if not 0 <= t < vocab]
                     raise ValueError(f"token ids {bad[:5]} of node {firing.node!r} are outside the vocabulary [0, {vocab})")
             if op.embeds is not None and op.embeds.shape[1] != cfg.hidden_size:
                 raise ValueError(f"embeddings of node {firing.node!r} have width {op.embeds.shape[1]}, the model {cfg.hidden_size}")
-            if op.capture and not self.runner.takes_capture.get(firing.component, self.runner.takes_capture[self.component]):
+            if not op.capture:
+                continue
+            if not self.runner.takes_capture.get(firing.component, self.runner.takes_capture[self.component]):
                 raise ValueError(f"node {firing.node!r} captures layer inputs, but {type(model).__name__}.forward takes no capture")
             if any(k >= cfg.num_hidden_layers for k in op.capture.values()):
                 raise ValueError(f"node {firing.node!r} captures a layer past the model's {cfg.num_hidden_layers}")

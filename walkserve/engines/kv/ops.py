@@ -12,12 +12,32 @@ that error.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from walkserve.graph.kv import ContextOpSpec, Rows, declared_ops
+from walkserve.graph.kv import LAST, ContextOpSpec, Rows, declared_ops
+
+
+
+class _Empty(Mapping):
+    """An immutable empty mapping (a shared default, so binding a decode step allocates no dicts)."""
+
+    def __getitem__(self, key: Any) -> Any:
+        raise KeyError(key)
+
+    def __iter__(self):
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __hash__(self) -> int:
+        return 0
+
+
+_NONE: Mapping[str, Any] = _Empty()
 
 
 @dataclass(slots=True)
@@ -49,10 +69,10 @@ class ContextOp:
     targets: torch.Tensor | None = None
     mask: str = "causal"
     frame: int = 0
-    rows: Rows = field(default_factory=Rows)
+    rows: Rows = LAST
     row_mask: torch.Tensor | None = None
-    capture: Mapping[str, int] = field(default_factory=dict)
-    token_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    capture: Mapping[str, int] = _NONE
+    token_inputs: Mapping[str, torch.Tensor] = _NONE
     num_tokens: int = 0
 
     @property
@@ -68,12 +88,17 @@ class ContextOp:
 
 def bind(node: str, node_params: Mapping[str, Any], inputs: Mapping[str, Any]) -> tuple[ContextOp, ...]:
     """The node's declared operations bound to ``inputs`` (ValueError naming the slot on a bad input)."""
-    return tuple(_bind_one(node, spec, inputs) for spec in declared_ops(node_params))
+    specs = declared_ops(node_params)
+    if len(specs) == 1 and specs[0].tokens_only and len(inputs) == 1:  # a decode step: ids in, nothing else
+        ids = inputs.get(specs[0].tokens)
+        if type(ids) is torch.Tensor and ids.dtype == torch.long and ids.dim() == 1 and ids.numel():
+            return (ContextOp("append", specs[0].context, token_ids=ids, num_tokens=ids.numel()),)
+    return tuple(_bind_one(node, spec, inputs) for spec in specs)
 
 
 def _bind_one(node: str, spec: ContextOpSpec, inputs: Mapping[str, Any]) -> ContextOp:
-    op = ContextOp(spec.op, spec.context, reads=spec.read_contexts if spec.op == "query" else (),
-                   source=spec.source, mask=spec.mask, frame=spec.frame, rows=spec.rows, capture=spec.capture)
+    op = ContextOp(spec.op, spec.context, spec.read_contexts if spec.op == "query" else (), spec.source,
+                   mask=spec.mask, frame=spec.frame, rows=spec.rows, capture=spec.capture or _NONE)
     if spec.op == "truncate":
         op.length = _length(node, spec, inputs)
     if spec.computes:
@@ -117,6 +142,8 @@ def _bind_chunk(node: str, spec: ContextOpSpec, inputs: Mapping[str, Any], op: C
         if mask is None or torch.as_tensor(mask).reshape(-1).numel() != t:
             raise ValueError(f"node {node!r} selects rows by input {spec.rows.slot!r}: a bool [{t}] is needed")
         op.row_mask = torch.as_tensor(mask).reshape(-1).to(torch.bool)
+    if spec.token_inputs:
+        op.token_inputs = {}
     for name in spec.token_inputs:
         value = inputs.get(name)
         if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != t:
@@ -142,6 +169,8 @@ def _num_tokens(node: str, spec: ContextOpSpec, op: ContextOp) -> int:
 def _ints(node: str, slot: str, value: Any, dims: int | None) -> torch.Tensor | None:
     if value is None:
         return None
+    if type(value) is torch.Tensor and value.dtype == torch.long and (dims is None or value.dim() == dims):
+        return value  # the common case (a decode step's token): nothing to convert
     t = torch.as_tensor(value)
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise ValueError(f"input {slot!r} of node {node!r} must be integer ids, got {t.dtype}")

@@ -50,7 +50,8 @@ class Outputs:
             offsets.append(offsets[-1] + c.num_tokens)
         for i, c in enumerate(chunks):
             p = c.pending
-            if p is not None and p.firing.outputs:
+            op = p.op if p is not None else None
+            if op is not None and (op.rows.kind != "last" or op.capture or op.targets is not None) and p.firing.outputs:
                 rows = chunk_rows(c, p)
                 if rows is not None:
                     self._row_outputs(p, rows, offsets[i], hidden, capture, c.start - p.start)

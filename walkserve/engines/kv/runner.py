@@ -74,7 +74,7 @@ class ModelRunner:
         for c in chunks:
             q_lens.append(c.num_tokens)
             if c.query is None:
-                seg = c.context.segment_at(c.start)
+                seg = c.segment
                 kv_lens.append(c.end)
                 tables.append(self.bm.table(c.context.key))
                 masks.append(seg.mask)
@@ -98,27 +98,26 @@ def _forward_groups(chunks: list[ScheduledChunk]) -> list[list[int]]:
     """Chunk indices per model call: one call per (component, position axes, token input names)."""
     groups: dict[tuple, list[int]] = {}
     for i, c in enumerate(chunks):
-        groups.setdefault((c.component, _axes(c), tuple(sorted(_token_input_names(c)))), []).append(i)
+        groups.setdefault((c.component, _axes(c), _token_input_names(c)), []).append(i)
     return list(groups.values())
 
 
 def _axes(c: ScheduledChunk) -> int:
     if c.query is None:
-        return c.context.segment_at(c.start).axes
+        return c.segment.axes
     op = c.query.pending.op
     return op.positions.shape[0] if op.positions is not None and op.positions.dim() == 2 else c.query.reads[0].axes
 
 
-def _token_input_names(c: ScheduledChunk) -> list[str]:
-    if c.query is None:
-        return list(c.context.segment_at(c.start).token_inputs)
-    return list(c.query.pending.op.token_inputs)
+def _token_input_names(c: ScheduledChunk) -> tuple[str, ...]:
+    names = c.segment.token_inputs if c.query is None else c.query.pending.op.token_inputs
+    return tuple(sorted(names)) if names else ()
 
 
 def _inputs(chunks: list[ScheduledChunk], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """input_ids [T] and positions [T] (or [A, T]) of the chunks, in order."""
     as_long = {"dtype": torch.long, "device": device}
-    segs = [c.context.segment_at(c.start) if c.query is None else None for c in chunks]
+    segs = [c.segment for c in chunks]
     if all(s is not None and s.pos_base is not None and s.axes == 1 for s in segs):  # the common case: ints only
         ids: list[int] = []
         pos: list[int] = []
@@ -166,7 +165,7 @@ def _embeds(model: nn.Module, chunks: list[ScheduledChunk], input_ids: torch.Ten
                 rows = torch.arange(c.num_tokens) if op.embed_rows is None else op.embed_rows
                 spans.append((rows + row, op.embeds))
         else:
-            seg = c.context.segment_at(c.start)
+            seg = c.segment
             if seg.embeds is not None:
                 spans.append(_segment_embeds(seg, c.start - seg.start, c.num_tokens, row))
         row += c.num_tokens
@@ -197,7 +196,7 @@ def _token_inputs(chunks: list[ScheduledChunk], device: torch.device) -> dict[st
         if c.query is not None:
             source, lo = c.query.pending.op.token_inputs, 0
         else:
-            seg = c.context.segment_at(c.start)
+            seg = c.segment
             source, lo = seg.token_inputs, c.start - seg.start
         for name in names:
             parts[name].append(source[name][lo : lo + c.num_tokens].to(device))

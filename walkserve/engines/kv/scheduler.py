@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from walkserve.engines.kv.block_manager import BlockManager, ContextKey
-from walkserve.engines.kv.sequence import Context, PendingFiring
+from walkserve.engines.kv.sequence import Context, PendingFiring, Segment
 
 
 @dataclass(frozen=True)
@@ -56,32 +56,35 @@ class Query:
 
 @dataclass
 class ScheduledChunk:
-    """Compute rows ``[start, start + num_tokens)`` of ``context`` (an append) or all of ``query``'s rows."""
+    """Compute rows ``[start, start + num_tokens)`` of ``context`` (an append) or all of ``query``'s rows.
+
+    ``pending``: the firing these rows belong to while it is unanswered (None for
+    a recomputed past); ``completes``: the firing this chunk finishes, if it does.
+    Both are fixed when the chunk is planned.
+    """
 
     context: Context | None
     start: int
     num_tokens: int
     query: Query | None = None
+    segment: Segment | None = None  # an append's segment (the chunk lies inside it)
+    pending: PendingFiring | None = None
+    completes: PendingFiring | None = None
+
+    @staticmethod
+    def of_context(ctx: Context, n: int) -> ScheduledChunk:
+        start, head = ctx.num_computed, ctx.pending[0]
+        end, live = start + n, head.firing is not None
+        return ScheduledChunk(ctx, start, n, None, ctx.segment_at(start), head if live and end > head.start else None,
+                              head if live and end == head.end else None)
+
+    @staticmethod
+    def of_query(query: Query) -> ScheduledChunk:
+        return ScheduledChunk(None, 0, query.num_tokens, query, None, query.pending, query.pending)
 
     @property
     def end(self) -> int:
         return self.start + self.num_tokens
-
-    @property
-    def pending(self) -> PendingFiring | None:
-        """The firing these rows belong to, if it is still unanswered (None for a recomputed past)."""
-        if self.query is not None:
-            return self.query.pending
-        head = self.context.pending[0]
-        return head if head.firing is not None and self.end > head.start else None
-
-    @property
-    def completes(self) -> PendingFiring | None:
-        """The pending firing this chunk finishes, if it does."""
-        if self.query is not None:
-            return self.query.pending
-        head = self.context.pending[0]
-        return head if self.end == head.end and head.firing is not None else None
 
     @property
     def component(self) -> str:
@@ -201,7 +204,7 @@ class Scheduler:
                     ctx.restore()  # recompute it first (it was preempted)
                     ready = False
             if ready and not any(c.has_work for c in query.reads):
-                plan.chunks.append(ScheduledChunk(None, 0, query.num_tokens, query))
+                plan.chunks.append(ScheduledChunk.of_query(query))
                 plan.reading.update(c.key for c in query.reads)
                 budget -= query.num_tokens
         return budget
@@ -246,14 +249,16 @@ class Scheduler:
     @staticmethod
     def _add(plan: StepPlan, ctx: Context, n: int) -> int:
         if n:
-            plan.chunks.append(ScheduledChunk(ctx, ctx.num_computed, n))
+            plan.chunks.append(ScheduledChunk.of_context(ctx, n))
         return n
 
     def _fit(self, ctx: Context, n: int) -> int:
         """``n`` cut to the slots the pool can give now, in whole units."""
         room = min(n, self.bm.max_appendable(ctx.key))
+        if room == n:
+            return n
         unit = self._unit(ctx)
-        return room if unit == 1 or room == n else room // unit * unit
+        return room if unit == 1 else room // unit * unit
 
     def _reserve_running(self, ctx: Context, n: int, plan: StepPlan) -> int:
         if n == 0:

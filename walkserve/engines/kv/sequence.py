@@ -132,6 +132,14 @@ class Context:
         """Add an append's rows (``op`` the bound ContextOp; None: plain tokens); returns its pending entry."""
         start, n = self.length, len(token_ids)
         self.token_ids.extend(token_ids)
+        last = self.segments[-1] if self.segments else None
+        if (op is None or op.plain) and last is not None and last.plain and last.end == start \
+                and last.pos_base + last.n == self.next_position and last.axes == self.axes:
+            last.n += n  # a decode step extends its plain segment (no new object)
+            self.next_position += n
+            pending = PendingFiring(firing, self.length, start, op)
+            self.pending.append(pending)
+            return pending
         seg = _segment(op, start, n, self.next_position, self.axes)
         self.axes = seg.axes
         last = self.segments[-1] if self.segments else None
