@@ -148,3 +148,12 @@ def test_lm_eval_harness_scores_a_loglikelihood_and_a_generate_until_task(server
     assert 0.0 <= acc <= 1.0 and 0.0 <= match <= 1.0  # the harness parsed a score from each kind of request
     samples = out.get("n-samples", {})
     assert samples.get("tiny_ll", {}).get("effective", 3) == 3
+
+
+def test_an_unknown_or_bad_request_parameter_is_a_400_naming_it(server):
+    body = {"inputs": {"prompt": PROMPT}, "modalities": ["text"], "params": {"bogus": 1}}
+    r = httpx.post(f"{server.url}/v1/generate", json=body, timeout=60)
+    assert r.status_code == 400 and "bogus" in r.text, r.text
+    body["params"] = {"add_generation_prompt": "maybe"}
+    r = httpx.post(f"{server.url}/v1/generate", json=body, timeout=60)
+    assert r.status_code == 400 and "add_generation_prompt" in r.text, r.text

@@ -12,6 +12,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
+import msgspec
 import zmq
 
 from walkserve.conductor.admission import Admission
@@ -283,7 +284,7 @@ class Conductor:
             self.publish_status(force=True)
 
     def on_worker_stats(self, msg: m.WorkerStats) -> None:
-        self.worker_stats[msg.rank] = msg.stats
+        self.worker_stats[msg.rank] = msgspec.to_builtins(msg.stats)  # the frontend's Status view stays plain
         if self.stats_wait is not None:
             self.stats_wait[0].discard(msg.rank)
 

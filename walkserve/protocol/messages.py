@@ -252,9 +252,27 @@ class Ready(msgspec.Struct, tag=True, array_like=True):
     detail: str = ""
 
 
+class RankStats(msgspec.Struct, kw_only=True):
+    """One rank's gauges and counters (checked on decode like every message)."""
+
+    walk_states: int = 0
+    requests: int = 0
+    engine_state: int = 0  # requests holding state in an engine (KV contexts, caches)
+    inflight: int = 0
+    cohort_members: int = 0
+    early: int = 0
+    counters: dict[str, int] = {}
+    engines: dict[str, dict[str, float]] = {}  # component -> Engine.stats()
+    nodes: dict[str, dict[str, float]] = {}
+    busy_s: dict[str, float] = {}
+    steps: dict[str, int] = {}
+    shm_sent: int = 0
+    bad_frames: int = 0
+
+
 class WorkerStats(msgspec.Struct, tag=True, array_like=True):
     rank: int
-    stats: dict[str, Any]
+    stats: RankStats
 
 
 class Peers(msgspec.Struct, tag=True, array_like=True):

@@ -397,19 +397,19 @@ class Worker:
                     "items": c.items[name],
                     "busy_s": c.busy_s[name],
                 }
-        stats = {
-            "walk_states": len(self.walks),
-            "requests": len({k[0] for k in self.walks}),
-            "engine_state": state,
-            "inflight": len(self.inflight),
-            "cohort_members": self.compute.cohort_members(),
-            "early": sum(len(v) for v in self.early.values()),
-            "counters": dict(self.counters),
-            "engines": engines,
-            "nodes": nodes,
-            "busy_s": dict(self.compute.busy_s),
-            "steps": dict(self.compute.steps),
-            "shm_sent": self.codec.shm_sent,
-            "bad_frames": self.inbox.bad_frames,
-        }
+        stats = m.RankStats(
+            walk_states=len(self.walks),
+            requests=len({k[0] for k in self.walks}),
+            engine_state=state,
+            inflight=len(self.inflight),
+            cohort_members=self.compute.cohort_members(),
+            early=sum(len(v) for v in self.early.values()),
+            counters=dict(self.counters),
+            engines=engines,
+            nodes=nodes,
+            busy_s=dict(self.compute.busy_s),
+            steps=dict(self.compute.steps),
+            shm_sent=self.codec.shm_sent,
+            bad_frames=self.inbox.bad_frames,
+        )
         self.outbox.put(CONDUCTOR, m.WorkerStats(self.rank, stats))

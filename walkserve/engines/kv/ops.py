@@ -20,7 +20,6 @@ import torch
 from walkserve.graph.kv import LAST, ContextOpSpec, Rows, declared_ops
 
 
-
 class _Empty(Mapping):
     """An immutable empty mapping (a shared default, so binding a decode step allocates no dicts)."""
 
