@@ -157,3 +157,28 @@ def test_an_unknown_or_bad_request_parameter_is_a_400_naming_it(server):
     body["params"] = {"add_generation_prompt": "maybe"}
     r = httpx.post(f"{server.url}/v1/generate", json=body, timeout=60)
     assert r.status_code == 400 and "add_generation_prompt" in r.text, r.text
+
+
+def test_node_sampling_applies_per_node_and_an_unknown_node_is_refused(server):
+    from walkserve.core.errors import InvalidRequest
+    from walkserve.core.sampling import SamplingParams
+
+    processor = server.engine.processor
+    base = SamplingParams(temperature=1.0, max_tokens=6, seed=3, ignore_eos=True)
+
+    def tokens(spec):
+        events, finished = server.run_direct(spec)
+        assert finished.error is None
+        return [t for e in events if e.modality == "text" for t in (e.data.tolist() if hasattr(e.data, "tolist") else e.data)]
+
+    spec = processor.build_request("completion", {"prompt": PROMPT}, base, {})
+    sampled = tokens(spec)
+    spec = processor.build_request("completion", {"prompt": PROMPT}, base, {})
+    spec.node_sampling = {"lm": SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)}
+    greedy = tokens(spec)
+    spec = processor.build_request("completion", {"prompt": PROMPT}, SamplingParams(temperature=0.0, max_tokens=6,
+                                                                                    ignore_eos=True), {})
+    assert greedy == tokens(spec) != sampled  # the lm node sampled with its own (greedy) params
+    spec.node_sampling = {"talker": SamplingParams()}
+    with pytest.raises(InvalidRequest, match="talker"):
+        server.run_direct(spec)
