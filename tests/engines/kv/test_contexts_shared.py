@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -83,28 +84,12 @@ def test_components_of_different_kv_geometry_cannot_share_a_pool(tiny_lm, tmp_pa
         KVCacheEngine("lm", tiny_lm, "cpu", torch.float32, num_blocks=4, shared={"other": other})
 
 
-class InterleavedMRope(RotaryEmbedding):
-    """Qwen3-Omni's interleaved MRoPE, written for this test: frequency j rotates by axis 1 (height) when
-    j % 3 == 1 and j < 3 * section[1], by axis 2 (width) when j % 3 == 2 and j < 3 * section[2], else by axis 0."""
-
-    def __init__(self, base: RotaryEmbedding, section: tuple[int, int, int]):
-        super().__init__(base.head_dim, base.rope, base.max_positions)
-        j = torch.arange(self.rotary_dim // 2)
-        axis = torch.zeros_like(j)
-        axis[(j % 3 == 1) & (j < 3 * section[1])] = 1
-        axis[(j % 3 == 2) & (j < 3 * section[2])] = 2
-        self.axis = axis
-
-    def multi_axis_cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self._table(positions)
-        pick = lambda t: t[positions].gather(0, self.axis.expand(positions.shape[1], -1)[None])[0]  # noqa: E731
-        return pick(cos), pick(sin)  # [T, Dr/2]
-
-
 @pytest.fixture(scope="module")
 def mrope_lm(tiny_lm):
+    """The tiny LM with Qwen3-Omni's interleaved MRoPE (sections [4, 2, 2] of its 8 frequencies)."""
     model = copy.deepcopy(tiny_lm)
-    model.model.rotary = InterleavedMRope(model.model.rotary, (2, 3, 3))
+    base = model.model.rotary
+    model.model.rotary = RotaryEmbedding(base.head_dim, replace(base.rope, mrope_section=(4, 2, 2), mrope_interleaved=True))
     return model
 
 
@@ -119,7 +104,7 @@ def test_interleaved_mrope_matches_transformers(mrope_lm):
 
     config = Qwen3OmniMoeTextConfig(head_dim=16, hidden_size=64, num_attention_heads=4,
                                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                     "mrope_section": [2, 3, 3], "mrope_interleaved": True})
+                                                     "mrope_section": [4, 2, 2], "mrope_interleaved": True})
     hf = Qwen3OmniMoeThinkerTextRotaryEmbedding(config)
     gen = torch.Generator().manual_seed(0)
     positions = torch.randint(0, 50, (3, 9), generator=gen)
@@ -129,6 +114,22 @@ def test_interleaved_mrope_matches_transformers(mrope_lm):
     got_q, got_k = mrope_lm.model.rotary(positions, q, k)
     torch.testing.assert_close(got_q, want_q[0].transpose(0, 1), **TOL)
     torch.testing.assert_close(got_k, want_k[0].transpose(0, 1), **TOL)
+
+
+def test_float_multi_axis_positions_pass_through(mrope_lm):
+    """Fractional video times give float positions; they reach the model as they are."""
+    engine = KVCacheEngine("lm", mrope_lm, "cpu", torch.float32, block_size=4, num_blocks=16)
+    ids = torch.randint(3, 500, (4,), generator=torch.Generator().manual_seed(8))
+    positions = torch.tensor([[0.0, 1.0, 1.5, 2.5], [0.0, 1.0, 0.0, 1.0], [0.0, 1.0, 1.0, 0.0]])
+    f = firing("v", kv_params(append("main", rows=ALL)), {"tokens": ids, "positions": positions})
+    got = run(engine, [f])[f.id]["hidden"]
+    want, _ = dense(mrope_lm, [[Seg(ids, positions)]])
+    torch.testing.assert_close(got, want, **TOL)
+    token = torch.tensor([9])
+    f = firing("v", kv_params(append("main")), {"tokens": token})
+    got = run(engine, [f])[f.id]["hidden"]
+    want, _ = dense(mrope_lm, [[Seg(ids, positions), Seg(token, torch.full((3, 1), 3.5))]])
+    torch.testing.assert_close(got, want[-1:], **TOL)
 
 
 def test_multi_axis_positions_through_chunks_and_running_decode(mrope_lm):

@@ -49,7 +49,8 @@ class ContextOp:
       - append/query: ``num_tokens`` T >= 1; ``token_ids`` int64 [T] or None
         (then ``embeds`` covers every row); ``embeds`` [N, D] replaces rows
         ``embed_rows`` (int64 [N], chunk-relative, distinct) or all rows (N == T);
-        ``positions`` int64 [T] or [A, T], or None for the running position;
+        ``positions`` int64 (or float: fractional video times) [T] or [A, T], or
+        None for the running position;
         ``row_mask`` bool [T] when ``rows.kind == "where"``; ``targets`` int64 [T]
         when prompt logprobs are asked; every ``token_inputs`` tensor has first dim T;
       - query: ``reads`` lists the contexts attended, in order (never written);
@@ -128,7 +129,7 @@ def _bind_chunk(node: str, spec: ContextOpSpec, inputs: Mapping[str, Any], op: C
         rows = op.embed_rows
         if rows.numel() != op.embeds.shape[0] or (rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= t)):
             raise ValueError(f"input {spec.embed_rows!r} of node {node!r} must hold {op.embeds.shape[0]} rows in [0, {t})")
-    op.positions = _ints(node, spec.positions, inputs.get(spec.positions), None)
+    op.positions = _positions(node, spec.positions, inputs.get(spec.positions))
     if op.positions is not None and (op.positions.dim() not in (1, 2) or op.positions.shape[-1] != t):
         raise ValueError(f"input {spec.positions!r} of node {node!r} must be [{t}] or [A, {t}], got {list(op.positions.shape)}")
     if spec.mask == "block_causal" and t % spec.frame:
@@ -163,6 +164,13 @@ def _num_tokens(node: str, spec: ContextOpSpec, op: ContextOp) -> int:
     if t == 0:
         raise ValueError(f"node {node!r} fired with an empty chunk")
     return t
+
+
+def _positions(node: str, slot: str, value: Any) -> torch.Tensor | None:
+    """int64 positions, or float ones as given (Qwen3-Omni's fractional video times)."""
+    if value is not None and torch.as_tensor(value).is_floating_point():
+        return torch.as_tensor(value)
+    return _ints(node, slot, value, None)
 
 
 def _ints(node: str, slot: str, value: Any, dims: int | None) -> torch.Tensor | None:

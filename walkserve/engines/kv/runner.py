@@ -118,7 +118,7 @@ def _inputs(chunks: list[ScheduledChunk], device: torch.device) -> tuple[torch.T
     """input_ids [T] and positions [T] (or [A, T]) of the chunks, in order."""
     as_long = {"dtype": torch.long, "device": device}
     segs = [c.segment for c in chunks]
-    if all(s is not None and s.pos_base is not None and s.axes == 1 for s in segs):  # the common case: ints only
+    if all(s is not None and type(s.pos_base) is int and s.axes == 1 for s in segs):  # the common case: ints only
         ids: list[int] = []
         pos: list[int] = []
         for c, s in zip(chunks, segs):
@@ -143,8 +143,9 @@ def _inputs(chunks: list[ScheduledChunk], device: torch.device) -> tuple[torch.T
     return torch.cat(id_parts), torch.cat(pos_parts, dim=-1)
 
 
-def _running(base: int, n: int, axes: int, device: torch.device) -> torch.Tensor:
-    pos = torch.arange(base, base + n, dtype=torch.long, device=device)  # [n]
+def _running(base: int | float, n: int, axes: int, device: torch.device) -> torch.Tensor:
+    dtype = torch.long if isinstance(base, int) else torch.float32  # a running position after float ones is float
+    pos = torch.arange(n, dtype=dtype, device=device) + base  # [n]
     return pos if axes == 1 else pos.expand(axes, n)
 
 

@@ -65,8 +65,11 @@ class Segment:
         """The smallest piece a chunk of this segment may be cut into (a full block runs whole)."""
         return self.frame if self.mask == "block_causal" else (self.n if self.mask == "full" else 1)
 
-    def max_position(self) -> int:
-        return self.pos_base + self.n - 1 if self.pos_base is not None else int(self.positions.max())
+    def max_position(self) -> int | float:
+        if self.pos_base is not None:
+            return self.pos_base + self.n - 1
+        top = self.positions.max()
+        return float(top) if self.positions.is_floating_point() else int(top)
 
 
 @dataclass
