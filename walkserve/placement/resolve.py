@@ -57,20 +57,71 @@ def check_placement(
     check_host_memory(placement, demands, available_host_bytes())
 
 
+def rank_demands(
+    placement: Placement,
+    rank: int,
+    graph: WalkGraph,
+    walks: dict[str, list[str]],
+    weight_bytes: Mapping[str, int],
     state_bytes: Mapping[str, int | StateSize],
-    device_free: Callable[[str], int | None] | None = None,
-    kv_shares: Mapping[str, str] | None = None,
-) -> None:
-    """Raise PlacementError if the placement cannot serve this model.
+    device_free: Callable[[str], int | None] | None,
+) -> list[tuple[str, int]]:
+    """[(what, bytes)] the components hosted on ``rank`` will take there."""
+    spec = placement.ranks[rank]
+    hosted = sorted({graph.plans[w].nodes[n].component for w, n in placement.nodes_on(rank, walks)})
+    weights = sum(weight_bytes.get(c, 0) for c in hosted)
+    free = None
+    if spec.device != "cpu" and spec.memory is not None and any(callable(state_bytes.get(c)) for c in hosted):
+        free = device_free(spec.device) if device_free is not None else None
+        if free is None:
+            raise PlacementError(f"{placement.source}: rank {rank} ({spec.device}): its free memory cannot be read "
+                                 f"here, so the memory budget cannot be checked")
+        free = max(0, free - weights)
+    out = []
+    for comp in hosted:
+        if weight_bytes.get(comp):
+            out.append((f"weights of {comp}", weight_bytes[comp]))
+        size = state_bytes.get(comp) or 0
+        if callable(size):
+            if spec.device != "cpu" and free is None:
+                continue  # a GPU rank without a budget: there is nothing to check its state against
+            size = size(spec.device, free)
+        if size:
+            out.append((f"state of {comp}", size))
+    return out
 
-    ``state_bytes``: per component a size, or a function of (device, bytes free
-    there once the rank's weights are loaded) for state the engine sizes from
-    the device (a KV pool). ``device_free(device)`` reads a GPU's free memory;
-    it is asked only for GPU ranks with a memory budget. ``kv_shares`` maps
-    components to their KV share group (components that read each other's KV
-    contexts): every node of a group must run on the same ranks.
+
+def check_hosts(placement: Placement) -> None:
+    """Every rank starts on this machine: a rank placed on another host is refused, not silently run here.
+
+    The one place to change when ranks on other hosts can be launched (through Ray).
     """
-    check_hosts(placement)
+    for rank, spec in sorted(placement.ranks.items()):
+        if spec.remote:
+            raise PlacementError(
+                f"{placement.source}: rank {rank} is on host {spec.host!r}, but starting ranks on other hosts "
+                f"is not supported yet (every rank starts on this machine); remove its host or use localhost"
+            )
+
+
+def check_kv_shares(placement: Placement, graph: WalkGraph, walks: Mapping[str, list[str]],
+                    kv_shares: Mapping[str, str]) -> None:
+    """Components of one KV share group read each other's contexts: refuse a placement that separates two."""
+    where: dict[str, tuple[tuple[int, ...], str, str]] = {}  # group -> (ranks, component, node in walk)
+    for w, names in walks.items():
+        for n in names:
+            comp = graph.plans[w].nodes[n].component
+            group = kv_shares.get(comp)
+            if not group:
+                continue
+            ranks = placement.ranks_for(w, n)
+            seen = where.setdefault(group, (ranks, comp, f"node {n!r} in walk {w!r}"))
+            if seen[0] != ranks:
+                raise PlacementError(
+                    f"{placement.source}: components {seen[1]!r} and {comp!r} share KV contexts (kv_share "
+                    f"{group!r}), so they must be placed on the same ranks; {seen[2]} is on ranks {list(seen[0])} "
+                    f"but node {n!r} in walk {w!r} is on ranks {list(ranks)}"
+                )
 
 
 def available_host_bytes() -> int | None:
