@@ -222,7 +222,7 @@ async def test_capabilities_and_limits() -> None:
         too_big = await client.post("/v1/chat/completions", json={**CHAT, "logit_bias": {"5": 101}})
         assert_envelope(too_big, 400, param="logit_bias")
         echo = await client.post("/v1/completions", json={"prompt": "x", "logprobs": 1, "echo": True})
-        assert_envelope(echo, 400, param="echo", code="unsupported_parameter")
+        assert_envelope(echo, 400, param="logprobs", code="unsupported_parameter")  # prompt logprobs: same capability
         assert_envelope(await client.post("/v1/chat/completions", json={**CHAT, "stop": ["x" * 300]}), 400, param="stop")
         result = (await client.post("/v1/chat/completions", json={"messages": CHAT["messages"]})).json()
         assert result["usage"]["prompt_tokens"] + result["usage"]["completion_tokens"] <= 64

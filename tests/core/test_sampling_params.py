@@ -12,7 +12,7 @@ from walkserve.core.sampling import SamplingParams
 EVERY_FIELD = SamplingParams(
     temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, repetition_penalty=1.1, presence_penalty=0.5,
     frequency_penalty=-0.5, max_tokens=33, min_tokens=2, seed=7, stop_token_ids=(3, 4), stop=("\n",),
-    ignore_eos=True, logprobs=2, logit_bias=((9, -1.5),),
+    ignore_eos=True, logprobs=2, prompt_logprobs=1, logit_bias=((9, -1.5),),
 )
 
 
@@ -24,7 +24,7 @@ def test_every_field_survives_to_dict_and_back():
 
 
 @pytest.mark.parametrize("field, value", [("temperature", -1.0), ("top_p", 0.0), ("top_k", -1), ("max_tokens", 0),
-                                          ("seed", -1), ("logprobs", 21), ("stop_token_ids", (-1,)),
+                                          ("seed", -1), ("logprobs", 21), ("prompt_logprobs", 21), ("stop_token_ids", (-1,)),
                                           ("logit_bias", ((1, 200.0),)), ("logit_bias", ((1, 1.0), (1, 2.0)))])
 def test_invalid_values_name_their_field(field, value):
     with pytest.raises(InvalidRequest) as err:

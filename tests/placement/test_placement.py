@@ -124,3 +124,21 @@ def test_a_rank_on_another_host_is_refused_when_the_run_starts():
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith("p.yaml: rank 1 is on host '10.0.0.2'") and "not supported yet" in message
+
+
+def test_a_placement_that_separates_kv_sharing_components_is_refused_naming_both():
+    from walkserve.graph import DROP, GraphEdge, GraphNode, Sequential, Walk, WalkGraph
+    from walkserve.graph.walk import FunctionStateMachine, WalkStart
+    from walkserve.placement.resolve import check_placement
+
+    walk = Walk("act", Sequential(GraphNode("vlm", ["x"], ["h"]), GraphNode("expert", ["h"], ["a"])),
+                edges=[GraphEdge("input.x", "vlm.x"), GraphEdge("vlm.h", "expert.h"), GraphEdge("expert.a", DROP)],
+                inputs=["x"])
+    graph = WalkGraph("pi", [walk], FunctionStateMachine(lambda r: WalkStart("act", {}), lambda r, w, o: None))
+    shares = {"vlm": "pi", "expert": "pi"}
+    ranks = [{"id": 0, "device": "cpu"}, {"id": 1, "device": "cpu"}]
+    together = parse_placement({"ranks": ranks, "nodes": [{"nodes": ["vlm", "expert"], "ranks": [1]}]})
+    check_placement(together, graph, {"vlm", "expert"}, {}, {}, kv_shares=shares)
+    apart = parse_placement({"ranks": ranks, "nodes": [{"nodes": ["vlm"], "ranks": [0]}, {"nodes": ["expert"], "ranks": [1]}]})
+    with pytest.raises(PlacementError, match=r"components 'vlm' and 'expert' share KV contexts"):
+        check_placement(apart, graph, {"vlm", "expert"}, {}, {}, kv_shares=shares)

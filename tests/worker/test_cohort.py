@@ -300,3 +300,25 @@ def test_the_compute_thread_runs_cohorts_and_routes_their_firings():
     for i in range(4):
         assert [v for _, v in client[f"r{i}"]] == [i + k + 1 for k in range(3 + i)]
     assert compute._cohort_firings == {}
+
+
+def test_each_node_gets_its_own_sampling_when_the_request_names_it():
+    """Per-node sampling: node a samples with its own params, node b with the request's."""
+    seen: dict[str, list] = {"a": [], "b": []}
+
+    class RecordA(AddBias):
+        def run_group(self, group: Group) -> list:
+            seen["a"] += group.sampling
+            return super().run_group(group)
+
+    class RecordB(Copy):
+        def submit(self, firing: Firing) -> None:
+            seen["b"].append(firing.sampling)
+            super().submit(firing)
+
+    cohort, _, b = _cohort(RecordA(), RecordB())
+    member = _member("r", 1, 2, 2)
+    member.sampling, member.node_sampling = "request's", {"a": "a's own"}
+    cohort.join(member)
+    _run(cohort, b)
+    assert seen == {"a": ["a's own", "a's own"], "b": ["request's", "request's"]}

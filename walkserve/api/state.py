@@ -43,8 +43,12 @@ class AppState:
         self, task: str, payload: dict[str, Any], sampling: SamplingParams, params: dict[str, Any]
     ) -> RequestSpec:
         loop = asyncio.get_running_loop()
-        build = self.processor.build_request
-        return await loop.run_in_executor(self._processor_thread, build, task, payload, sampling, dict(params))
+        processor = self.processor
+
+        def build() -> RequestSpec:  # the parameters are checked against the model's struct first
+            return processor.build_request(task, payload, sampling, processor.check_params(dict(params)))
+
+        return await loop.run_in_executor(self._processor_thread, build)
 
     @property
     def model_names(self) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
+import msgspec
 import zmq
 
 from walkserve.conductor.admission import Admission
@@ -93,6 +94,11 @@ class Conductor:
         spec = msg.request
         if self.state in ("draining", "stopped", "failed"):
             self.outbox.put(FRONTEND, m.Rejected(spec.id, f"the server is {self.state}", 5.0))
+            return
+        unknown = sorted(set(spec.node_sampling) - set(self.graph.node_names()))
+        if unknown:
+            message = f"node_sampling names {unknown[0]!r}, which is no node of this model ({', '.join(self.graph.node_names())})"
+            self.outbox.put(FRONTEND, m.Rejected(spec.id, message, invalid=True))
             return
         decision = self.admission.decide(len(self.runs))
         if decision == "reject":
@@ -278,7 +284,7 @@ class Conductor:
             self.publish_status(force=True)
 
     def on_worker_stats(self, msg: m.WorkerStats) -> None:
-        self.worker_stats[msg.rank] = msg.stats
+        self.worker_stats[msg.rank] = msgspec.to_builtins(msg.stats)  # the frontend's Status view stays plain
         if self.stats_wait is not None:
             self.stats_wait[0].discard(msg.rank)
 

@@ -74,11 +74,11 @@ class RequestRun:
                 for r in routes:
                     if isinstance(r, ToNode):
                         needs[ranks[r.node]].add(out)
-        params, sampling = request_params(self.spec), self.spec.sampling.to_dict()
+        params, sampling, per_node = request_params(self.spec), self.spec.sampling, self.spec.node_sampling
         messages = []
         for rank in sorted(set(ranks.values())):
             inputs = {name: wire_value(start.inputs[name]) for name in sorted(needs[rank])}
-            messages.append((rank, StartWalk(self.id, start.walk, ranks, inputs, params, sampling)))
+            messages.append((rank, StartWalk(self.id, start.walk, ranks, inputs, params, sampling, per_node)))
         return messages
 
     def node_done(self, walk: str, node: str, firings: int, hit_bound: bool) -> bool:

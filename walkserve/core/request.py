@@ -22,6 +22,9 @@ class RequestSpec:
     voice name ...) that the model's state machine turns into walk inputs.
     ``task`` and ``modalities`` let the state machine choose the first walk.
     ``params`` holds model-specific settings (horizon, steps, voice ...).
+    ``sampling`` is how every node samples unless ``node_sampling`` names the
+    node (Qwen3-Omni's thinker, talker and code predictor each sample their
+    own way); the processor fills both, the conductor refuses unknown nodes.
     """
 
     inputs: dict[str, Value]
@@ -29,6 +32,7 @@ class RequestSpec:
     modalities: tuple[str, ...] = ("text",)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     params: dict[str, Any] = field(default_factory=dict)
+    node_sampling: dict[str, SamplingParams] = field(default_factory=dict)
     id: RequestId = field(default_factory=new_request_id)
     arrival_time: float = field(default_factory=time.time)
 

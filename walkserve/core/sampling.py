@@ -45,6 +45,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None  # the prompt's own log-probabilities (and this many top ones per token)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), OpenAI's -100..100
 
     def __post_init__(self) -> None:
@@ -72,6 +73,8 @@ class SamplingParams:
             raise InvalidRequest(f"seed must be an integer in [0, {MAX_SEED}]", param="seed")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise InvalidRequest("logprobs must be in [0, 20]", param="logprobs")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
+            raise InvalidRequest("prompt_logprobs must be in [0, 20]", param="prompt_logprobs")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise InvalidRequest("stop_token_ids must be non-negative integers", param="stop_token_ids")
         if len(self.logit_bias) > MAX_LOGIT_BIAS:
@@ -103,6 +106,7 @@ class SamplingParams:
             "stop": list(self.stop),
             "ignore_eos": self.ignore_eos,
             "logprobs": self.logprobs,
+            "prompt_logprobs": self.prompt_logprobs,
             "logit_bias": [[t, b] for t, b in self.logit_bias],
         }
 

@@ -27,7 +27,12 @@ class Firing:
     leading context items, whether it is the flushed final chunk). ``path``
     holds the iteration index of each enclosing loop (outermost first; the
     chunk index for a per-chunk consumer). ``outputs`` are the output names
-    the graph reads; the engine must return exactly those.
+    the graph reads; the engine must return exactly those. ``sampling`` is
+    this node's sampling for the request (``RequestSpec.node_sampling[node]``,
+    else the request's). ``kv``: for a KV-cache component, the node's declared
+    context operations bound to ``inputs`` (``walkserve.engines.kv.ops``),
+    filled by the worker's compute thread once every input is resolved; None
+    lets the engine bind them itself.
     """
 
     id: int
@@ -43,6 +48,7 @@ class Firing:
     sampling: SamplingParams | None = None
     node_params: Mapping[str, Any] = field(default_factory=dict)
     spans: dict[str, Span] = field(default_factory=dict)
+    kv: tuple[Any, ...] | None = None  # tuple[walkserve.engines.kv.ops.ContextOp, ...]
 
     @property
     def iteration(self) -> int:
@@ -54,8 +60,10 @@ class Firing:
 class Group:
     """One node's firings for several requests, run as one call (a loop cohort's step; see ``Engine.run_group``).
 
-    Member ``i`` is request ``request_ids[i]`` at ``paths[i]`` with ``inputs[i]``;
-    the other fields are those of a Firing, shared by every member.
+    Member ``i`` is request ``request_ids[i]`` at ``paths[i]`` with ``inputs[i]``,
+    ``sampling[i]`` (this node's) and, for a KV-cache component, ``kv[i]`` (its
+    bound context operations; ``kv`` None: the engine binds them); the other
+    fields are those of a Firing, shared by every member.
     """
 
     walk: str
@@ -69,6 +77,7 @@ class Group:
     inputs: list[dict[str, Any]]
     params: list[Mapping[str, Any]]
     sampling: list[SamplingParams | None]
+    kv: list[tuple[Any, ...] | None] | None = None
 
 
 @dataclass(slots=True)
@@ -120,6 +129,7 @@ class Engine(ABC):
         raise NotImplementedError
 
     runs_groups = False
+    kv_contexts = False  # True: the worker binds each firing's declared context operations (Firing.kv, Group.kv)
 
     def stats(self) -> dict[str, float]:
         """Gauges and counters for /metrics (e.g. kv_blocks_used, kv_blocks_total, preemptions)."""

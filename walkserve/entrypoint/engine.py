@@ -32,6 +32,7 @@ from walkserve.core.config import RuntimeConfig
 from walkserve.core.errors import AdmissionRejected, EngineDead, InvalidRequest, WalkserveError
 from walkserve.core.finish import FinishReason
 from walkserve.core.ids import new_run_id
+from walkserve.core.options import engine_options
 from walkserve.core.outputs import OutputEvent, RequestFinished
 from walkserve.core.proc import describe_exit
 from walkserve.core.request import RequestSpec
@@ -171,6 +172,8 @@ class AsyncEngine(EngineClient):
         config = config or RuntimeConfig()
         data, source = resolve_placement(model, placement)
         comps = model.components()
+        for name, comp in comps.items():  # typed engine options: a bad one fails here, naming it
+            engine_options(comp.engine, name, comp.options, config.engine_options.get(comp.engine))
         check_placement(
             parse_placement(data, source),
             model.graph(),
@@ -178,6 +181,7 @@ class AsyncEngine(EngineClient):
             {c: s.weight_bytes for c, s in comps.items()},
             {c: s.state_bytes for c, s in comps.items()},
             device_free=device_free_bytes,
+            kv_shares={c: s.kv_share for c, s in comps.items() if s.kv_share},
         )
         run_id = new_run_id()
         run_dir = rundir.make_run_dir(run_id)

@@ -15,6 +15,13 @@ the end of each sequence, so chunks attend to their cached prefix). Both are
 planned once per step, at the first layer (which brings the softmax scale),
 and reused by every layer.
 
+Not supported yet (``supports`` says so, and the engine runs such a step on
+the PyTorch path on the same device instead): query passes (rows that read
+contexts and write nothing), and the ``full`` and ``block_causal`` chunk
+masks. FlashInfer's prefill wrapper takes a custom mask (``custom_mask``) and
+paged KV without appending, which is how the KV-context masks will map onto
+it; until then only causal appends run here.
+
 TODO(cuda-graphs): decode steps are not captured in CUDA graphs yet; that
 needs fixed-size metadata buffers (``use_cuda_graph=True`` wrappers) and a
 per-batch-size graph cache in the runner.
@@ -24,7 +31,8 @@ from __future__ import annotations
 
 import torch
 
-from walkserve.layers.attention import AttentionContext, PagedAttentionBackend, PagedBatch
+from walkserve.layers.attention import AttentionContext
+from walkserve.layers.paged_attention import PagedAttentionBackend, PagedBatch
 
 WORKSPACE_BYTES = 128 << 20
 
@@ -40,7 +48,13 @@ class FlashInferBackend(PagedAttentionBackend):
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=True)
 
+    def supports(self, batch: PagedBatch) -> bool:
+        """Causal appends only (see the module docstring)."""
+        return batch.plain
+
     def context(self, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch) -> AttentionContext:
+        if not batch.plain:
+            raise NotImplementedError("FlashInfer backend: query passes and full/block_causal masks are not supported yet")
         return FlashInferPagedAttention(self, k_cache, v_cache, batch)
 
 

@@ -51,6 +51,10 @@ class ComponentSpec:
     state sized from the device, such as a KV pool (``placement.memory``).
     ``stateful`` components keep per-request state between firings (a KV
     cache) and so cannot be split across ranks within one request.
+    Components of one ``kv_share`` name (e.g. pi0's VLM and action expert)
+    share one KV engine and pool on a rank, so one can query contexts another
+    wrote: their KV geometry (layers, KV heads, head dim) must match, and a
+    placement must put them on the same ranks.
     """
 
     name: str
@@ -60,6 +64,7 @@ class ComponentSpec:
     state_bytes: int | Callable[[str, int | None], int] = 0
     stateful: bool = False
     options: Mapping[str, Any] = field(default_factory=dict)
+    kv_share: str = ""
 
 
 class Model(ABC):

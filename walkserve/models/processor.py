@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from walkserve.core.params import Params, as_fields, parse_params
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
 
@@ -56,7 +57,19 @@ class Processor(ABC):
     It returns a spec whose ``sampling.max_tokens`` is a number: a model with
     a context fits it there (``core.context.max_new_tokens``: None takes the
     room left, an explicit value that does not fit is an error).
+    ``params_type`` is the model's request parameters struct: the API checks a
+    request's parameters against it (``check_params``) before ``build_request``
+    sees them, so an unknown or out-of-range one is a 400 naming it; None
+    passes them on unchecked (a model without declared parameters).
     """
+
+    params_type: type[Params] | None = None
+
+    def check_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The request's parameters checked against ``params_type``, every field filled (InvalidRequest naming a bad one)."""
+        if self.params_type is None:
+            return dict(params)
+        return as_fields(parse_params(self.params_type, params))
 
     @abstractmethod
     def card(self) -> ModelCard: ...

@@ -22,17 +22,21 @@ def check_placement(
     weight_bytes: Mapping[str, int],
     state_bytes: Mapping[str, int | StateSize],
     device_free: Callable[[str], int | None] | None = None,
+    kv_shares: Mapping[str, str] | None = None,
 ) -> None:
     """Raise PlacementError if the placement cannot serve this model.
 
     ``state_bytes``: per component a size, or a function of (device, bytes free
     there once the rank's weights are loaded) for state the engine sizes from
     the device (a KV pool). ``device_free(device)`` reads a GPU's free memory;
-    it is asked only for GPU ranks with a memory budget.
+    it is asked only for GPU ranks with a memory budget. ``kv_shares`` maps
+    components to their KV share group (components that read each other's KV
+    contexts): every node of a group must run on the same ranks.
     """
     check_hosts(placement)
     walks = walk_nodes(graph)
     placement.check_covers(walks)
+    check_kv_shares(placement, graph, walks, kv_shares or {})
     for comp, nodes in graph.components().items():
         if comp not in stateful:
             continue
@@ -98,6 +102,26 @@ def check_hosts(placement: Placement) -> None:
                 f"{placement.source}: rank {rank} is on host {spec.host!r}, but starting ranks on other hosts "
                 f"is not supported yet (every rank starts on this machine); remove its host or use localhost"
             )
+
+
+def check_kv_shares(placement: Placement, graph: WalkGraph, walks: Mapping[str, list[str]],
+                    kv_shares: Mapping[str, str]) -> None:
+    """Components of one KV share group read each other's contexts: refuse a placement that separates two."""
+    where: dict[str, tuple[tuple[int, ...], str, str]] = {}  # group -> (ranks, component, node in walk)
+    for w, names in walks.items():
+        for n in names:
+            comp = graph.plans[w].nodes[n].component
+            group = kv_shares.get(comp)
+            if not group:
+                continue
+            ranks = placement.ranks_for(w, n)
+            seen = where.setdefault(group, (ranks, comp, f"node {n!r} in walk {w!r}"))
+            if seen[0] != ranks:
+                raise PlacementError(
+                    f"{placement.source}: components {seen[1]!r} and {comp!r} share KV contexts (kv_share "
+                    f"{group!r}), so they must be placed on the same ranks; {seen[2]} is on ranks {list(seen[0])} "
+                    f"but node {n!r} in walk {w!r} is on ranks {list(ranks)}"
+                )
 
 
 def available_host_bytes() -> int | None:

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from walkserve.core.request import RequestSpec
+from walkserve.core.sampling import SamplingParams
 
 Path = tuple[int, ...]
 
@@ -116,7 +117,8 @@ class StartWalk(msgspec.Struct, tag=True, array_like=True):
     """Start ``walk`` for a request on every rank that hosts one of its nodes.
 
     ``ranks`` maps each node of the walk to the rank that runs it for this
-    request; ``inputs`` holds the walk inputs this rank's nodes read.
+    request; ``inputs`` holds the walk inputs this rank's nodes read;
+    ``sampling`` is the request's sampling, ``node_sampling`` a node's own.
     """
 
     request_id: str
@@ -124,7 +126,8 @@ class StartWalk(msgspec.Struct, tag=True, array_like=True):
     ranks: dict[str, int]
     inputs: dict[str, Wire]
     params: dict[str, Any]
-    sampling: dict[str, Any]
+    sampling: SamplingParams
+    node_sampling: dict[str, SamplingParams] = {}
 
 
 class Release(msgspec.Struct, tag=True, array_like=True):
@@ -249,9 +252,27 @@ class Ready(msgspec.Struct, tag=True, array_like=True):
     detail: str = ""
 
 
+class RankStats(msgspec.Struct, kw_only=True):
+    """One rank's gauges and counters (checked on decode like every message)."""
+
+    walk_states: int = 0
+    requests: int = 0
+    engine_state: int = 0  # requests holding state in an engine (KV contexts, caches)
+    inflight: int = 0
+    cohort_members: int = 0
+    early: int = 0
+    counters: dict[str, int] = {}
+    engines: dict[str, dict[str, float]] = {}  # component -> Engine.stats()
+    nodes: dict[str, dict[str, float]] = {}
+    busy_s: dict[str, float] = {}
+    steps: dict[str, int] = {}
+    shm_sent: int = 0
+    bad_frames: int = 0
+
+
 class WorkerStats(msgspec.Struct, tag=True, array_like=True):
     rank: int
-    stats: dict[str, Any]
+    stats: RankStats
 
 
 class Peers(msgspec.Struct, tag=True, array_like=True):

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from walkserve.engines.base import Engine, Firing, FiringResult, Group
+from walkserve.engines.kv.ops import bind as bind_kv
 from walkserve.worker.cohort_plan import CUR, FIXED, CohortPlan
 from walkserve.worker.future import FAILED, PENDING, Future
 
@@ -39,11 +40,14 @@ _MISSING = object()
 class Member:
     """One request's instance of the loop."""
 
-    __slots__ = ("bound", "cur", "dead", "entry", "exits", "k", "outer", "params", "prev", "request_id", "sampling")
+    __slots__ = ("bound", "cur", "dead", "entry", "exits", "k", "node_sampling", "outer", "params", "prev",
+                 "request_id", "sampling")
 
-    def __init__(self, request_id: str, outer: tuple, bound: int, params: Any, sampling: Any, entry: dict):
+    def __init__(self, request_id: str, outer: tuple, bound: int, params: Any, sampling: Any, entry: dict,
+                 node_sampling: Any = None):
         self.request_id, self.outer, self.bound = request_id, outer, bound
         self.params, self.sampling = params, sampling
+        self.node_sampling = node_sampling  # node -> SamplingParams overriding ``sampling`` (None: none)
         self.entry = entry  # (consumer, slot) -> value captured from outside the loop
         self.k = 0
         self.cur: dict[str, dict[str, Any]] = {}  # node -> its outputs of this iteration (shared: never written into)
@@ -162,12 +166,17 @@ class Cohort:
         if not alive:
             return
         engine = self.engines[spec.component]
+        if getattr(engine, "kv_contexts", False):
+            alive, inputs, kv = self._bind(node, spec.params, alive, inputs)
+            if not alive:
+                return
         self.report.firings += len(alive)
         if engine.runs_groups:
             group = Group(
                 self.plan.walk, node, spec.component, spec.op, spec.outputs, spec.params,
                 [m.request_id for m in alive], [(*m.outer, m.k) for m in alive], inputs,
-                [m.params for m in alive], [m.sampling for m in alive],
+                [m.params for m in alive], [_sampling(m, node) for m in alive],
+                kv if getattr(engine, "kv_contexts", False) else None,
             )
             try:
                 results = engine.run_group(group)
@@ -185,10 +194,23 @@ class Cohort:
         for m, inp in zip(alive, inputs, strict=True):
             firing = Firing(
                 self.firing_id(self), m.request_id, self.plan.walk, node, spec.component, spec.op,
-                (*m.outer, m.k), inp, spec.outputs, m.params, m.sampling, spec.params,
+                (*m.outer, m.k), inp, spec.outputs, m.params, _sampling(m, node), spec.params,
             )
             self.pending[firing.id] = (m, spec.component)
             engine.submit(firing)
+
+    def _bind(self, node: str, params: Any, alive: list[Member], inputs: list[dict]) -> tuple[list, list, list]:
+        """Each member's context operations bound to its inputs (a member whose inputs do not fit fails)."""
+        kept, kept_inputs, kv = [], [], []
+        for m, inp in zip(alive, inputs):
+            try:
+                kv.append(bind_kv(node, params, inp))
+            except ValueError as e:
+                self._fail(m, f"{self.plan.specs[node].component}: {e}")
+                continue
+            kept.append(m)
+            kept_inputs.append(inp)
+        return kept, kept_inputs, kv
 
     @staticmethod
     def _inputs(m: Member, slots: tuple) -> dict[str, Any]:
@@ -291,6 +313,11 @@ class Cohort:
                     self._fail(m, f"node {node!r} returned no output {out!r}, which the carry of loop {plan.scope!r} reads")
                     break
                 prev[key] = value
+
+
+def _sampling(m: Member, node: str) -> Any:
+    """The member's sampling for ``node``: its per-node entry, else the request's."""
+    return m.node_sampling.get(node, m.sampling) if m.node_sampling else m.sampling
 
 
 def _missing(m: Member, slots: tuple) -> tuple[str, str]:

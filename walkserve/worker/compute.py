@@ -21,6 +21,7 @@ import time
 from collections import defaultdict, deque
 
 from walkserve.engines.base import Engine, Firing, FiringResult
+from walkserve.engines.kv.ops import bind as bind_kv
 from walkserve.worker.cohort import Cohort, Member
 from walkserve.worker.cohort_plan import CohortPlan
 from walkserve.worker.future import FAILED, PENDING, READY, Future
@@ -189,8 +190,16 @@ class ComputeThread:
             firing.inputs = {
                 k: (v.value if isinstance(v, Future) else v) for k, v in firing.inputs.items()
             }
+            engine = self.engines[component]
+            if getattr(engine, "kv_contexts", False):
+                try:
+                    firing.kv = bind_kv(firing.node, firing.node_params, firing.inputs)
+                except ValueError as e:
+                    self._publish(component, FiringResult(firing, error=f"{component}: {e}"), futures)
+                    self._signal()
+                    continue
             self._futures[firing.id] = (firing.request_id, futures)
-            self.engines[component].submit(firing)
+            engine.submit(firing)
 
     def _cohort_firing(self, cohort: Cohort) -> int:
         fid = next(self._cohort_ids)

@@ -45,7 +45,7 @@ def build_worker(spec: RunSpec, rank: int):
     import torch
 
     import walkserve.models.builtin  # noqa: F401  (model families)
-    from walkserve.engines.registry import build_engine
+    from walkserve.engines.registry import build_engines
     from walkserve.models.base import BuildContext, ModelRef
     from walkserve.models.registry import load_model
     from walkserve.placement.plan import parse_placement
@@ -65,11 +65,9 @@ def build_worker(spec: RunSpec, rank: int):
     hosted = {graph.plans[w].nodes[n].component for w, n in placement.nodes_on(rank, walks)}
     ctx = BuildContext(rank=rank, device=device, dtype=spec.config.dtype or "")
     components = model.components()
-    engines = {}
+    engines = build_engines([components[name] for name in sorted(hosted)], ctx, spec.config.engine_options)
     for name in sorted(hosted):
-        comp = components[name]
-        engines[name] = build_engine(comp, ctx, spec.config.engine_options.get(comp.engine))
-        log.info("rank %d built component %s (%s engine) on %s", rank, name, comp.engine, device)
+        log.info("rank %d built component %s (%s engine) on %s", rank, name, components[name].engine, device)
     tcp_ranks = {r for r, s in placement.ranks.items() if s.transport == "tcp"}
     return Worker(spec, rank, graph, engines, tcp_ranks)
 

@@ -61,6 +61,7 @@ class Worker:
         self.engines = engines
         self.walks: dict[tuple[str, str], WalkState] = {}
         self.sampling: dict[str, SamplingParams] = {}
+        self.node_sampling: dict[str, dict[str, SamplingParams]] = {}  # request -> node -> its own sampling
         self.early: dict[tuple[str, str], list[tuple[float, Any]]] = defaultdict(list)
         self.released: dict[str, float] = {}
         self.inflight: dict[int, tuple[WalkState, str, tuple[int, ...], str]] = {}
@@ -144,7 +145,9 @@ class Worker:
         if rid in self.released:
             return
         if rid not in self.sampling:
-            self.sampling[rid] = SamplingParams.from_dict(msg.sampling)
+            self.sampling[rid] = msg.sampling
+            if msg.node_sampling:
+                self.node_sampling[rid] = msg.node_sampling
         plan = self.graph.plans[msg.walk]
         config = self.spec.config
         ws = WalkState(plan, rid, self.rank, msg.ranks, msg.params, self, concat, config.speculation, config.cohorts)
@@ -183,6 +186,7 @@ class Worker:
         for key in [k for k in self.early if k[0] == rid]:
             del self.early[key]
         self.sampling.pop(rid, None)
+        self.node_sampling.pop(rid, None)
         for fid in [f for f, rec in self.inflight.items() if rec[0].request_id == rid]:
             del self.inflight[fid]
         self.to_compute = [item for item in self.to_compute if item[1].request_id != rid]
@@ -230,7 +234,7 @@ class Worker:
             inputs=inputs,
             outputs=gnode.outputs,
             params=ws.params,
-            sampling=self.sampling.get(ws.request_id),
+            sampling=self._sampling(ws.request_id, node),
             node_params=gnode.params,
             spans=spans,
         )
@@ -244,7 +248,13 @@ class Worker:
     def join(self, ws: WalkState, plan: CohortPlan, outer: tuple, bound: int, entry: dict) -> None:
         """A loop instance goes to its cohort in the compute thread."""
         rid = ws.request_id
-        self.compute.join(plan, Member(rid, outer, bound, ws.params, self.sampling.get(rid), entry))
+        member = Member(rid, outer, bound, ws.params, self.sampling.get(rid), entry, self.node_sampling.get(rid))
+        self.compute.join(plan, member)
+
+    def _sampling(self, rid: str, node: str) -> SamplingParams | None:
+        """The node's own sampling for the request, else the request's."""
+        own = self.node_sampling.get(rid)
+        return own[node] if own and node in own else self.sampling.get(rid)
 
     def send(self, rank: int, kind: str, ws: WalkState, **f: Any) -> None:
         rid, walk = ws.request_id, ws.walk
@@ -365,10 +375,13 @@ class Worker:
     def _send_stats(self) -> None:
         engines = {}
         state = 0
+        counted: set[int] = set()  # a KV share group's one engine serves several components: count it once
         for name, engine in self.engines.items():
             try:
                 engines[name] = dict(engine.stats())
-                state += engine.state_count()
+                if id(engine) not in counted:
+                    state += engine.state_count()
+                    counted.add(id(engine))
             except Exception:
                 engines[name] = {}
         nodes: dict[str, dict[str, float]] = {}
@@ -384,19 +397,19 @@ class Worker:
                     "items": c.items[name],
                     "busy_s": c.busy_s[name],
                 }
-        stats = {
-            "walk_states": len(self.walks),
-            "requests": len({k[0] for k in self.walks}),
-            "engine_state": state,
-            "inflight": len(self.inflight),
-            "cohort_members": self.compute.cohort_members(),
-            "early": sum(len(v) for v in self.early.values()),
-            "counters": dict(self.counters),
-            "engines": engines,
-            "nodes": nodes,
-            "busy_s": dict(self.compute.busy_s),
-            "steps": dict(self.compute.steps),
-            "shm_sent": self.codec.shm_sent,
-            "bad_frames": self.inbox.bad_frames,
-        }
+        stats = m.RankStats(
+            walk_states=len(self.walks),
+            requests=len({k[0] for k in self.walks}),
+            engine_state=state,
+            inflight=len(self.inflight),
+            cohort_members=self.compute.cohort_members(),
+            early=sum(len(v) for v in self.early.values()),
+            counters=dict(self.counters),
+            engines=engines,
+            nodes=nodes,
+            busy_s=dict(self.compute.busy_s),
+            steps=dict(self.compute.steps),
+            shm_sent=self.codec.shm_sent,
+            bad_frames=self.inbox.bad_frames,
+        )
         self.outbox.put(CONDUCTOR, m.WorkerStats(self.rank, stats))

@@ -301,3 +301,55 @@ def test_greedy_parity_on_qwen(arch, tmp_path):
     for g in gens:
         assert g.tokens == hf_greedy(hf, g.prompt, g.max_new), g.request_id
     assert engine.stats()["preemptions"] > 0 and engine.stats()["prefix_hit_tokens"] > 0
+
+
+def test_prompt_logprobs_are_one_prefill_and_match_transformers(tiny_lm, hf_lm):
+    """rows=all + targets: the log-probability of each next prompt token, computed in the prefill's chunks."""
+    from walkserve.graph.kv import ALL, append, kv_params
+
+    prompt = _prompt(23, 21)
+    engine = _engine(tiny_lm, max_batch_tokens=8)  # the prefill runs as chunks 8 + 8 + 6
+    sampling = SamplingParams(temperature=0.0, prompt_logprobs=3)
+    f = firing("p", prompt[:-1], outputs=("prompt_logprobs", "prompt_top_logprobs", "prompt_top_logprob_ids"),
+               sampling=sampling, targets=torch.tensor(prompt[1:]))
+    f.node_params = kv_params(append(rows=ALL))
+    steps, results = 0, []
+    engine.submit(f)
+    while not results:
+        results = engine.step()
+        steps += 1
+    assert steps == 3  # one prefill: as many steps as chunks, not one per token
+    out = results[0].outputs
+    with torch.no_grad():
+        want = torch.log_softmax(hf_lm(torch.tensor([prompt])).logits[0, :-1].float(), -1)  # [N - 1, V]
+    targets = torch.tensor(prompt[1:])
+    torch.testing.assert_close(out["prompt_logprobs"], want.gather(1, targets[:, None])[:, 0], atol=1e-4, rtol=1e-4)
+    top = want.topk(3, dim=-1)
+    torch.testing.assert_close(out["prompt_top_logprobs"], top.values, atol=1e-4, rtol=1e-4)
+    assert torch.equal(out["prompt_top_logprob_ids"], top.indices)
+
+
+def test_run_group_steps_a_cohort_in_one_call_and_equals_transformers(tiny_lm, hf_lm):
+    from walkserve.engines.base import Group
+
+    prompts = [_prompt(5 + 3 * i, 30 + i) for i in range(3)]
+    engine = _engine(tiny_lm)
+    for i, p in enumerate(prompts):  # prefills as ordinary firings
+        engine.submit(firing(f"g{i}", p[:-1], outputs=()))
+    while engine.has_work():
+        engine.step()
+    last = [p[-1:] for p in prompts]
+    tokens: list[list[int]] = [[] for _ in prompts]
+    for k in range(6):
+        group = Group("decode", "lm", "lm", "forward", ("token",), {}, [f"g{i}" for i in range(3)],
+                      [(k,)] * 3, [{"tokens": torch.tensor(t)} for t in last], [{}] * 3, [GREEDY_ROW] * 3)
+        outs = engine.run_group(group)
+        assert all(isinstance(o, dict) for o in outs), outs
+        last = [o["token"].tolist() for o in outs]
+        for i, t in enumerate(last):
+            tokens[i] += t
+    for p, got in zip(prompts, tokens):
+        assert got == hf_greedy(hf_lm, p, 6)
+
+
+GREEDY_ROW = SamplingParams(temperature=0.0)

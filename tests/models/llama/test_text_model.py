@@ -126,7 +126,7 @@ def _header_bytes(path) -> int:
 def test_graph_builds_without_a_checkpoint_and_renders():
     model = load_model(ModelRef("llama"))
     graph = model.graph()
-    assert list(graph.walks) == ["prefill", "decode", "decode_logprobs"]
+    assert list(graph.walks) == ["prefill", "prefill_logprobs", "decode", "decode_logprobs"]
     assert graph.node_names() == ["lm"]
     assert "client: text" in to_mermaid(graph)
     assert model.default_placement()["nodes"] == [{"nodes": ["lm"], "ranks": [0]}]

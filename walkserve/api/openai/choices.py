@@ -51,8 +51,8 @@ class TokenLogprob:
     token_id: int
     token: str  # its text; ``bytes:\\xNN...`` when its bytes are not whole UTF-8 characters (as OpenAI writes it)
     bytes: bytes
-    logprob: float
-    top: list[tuple[int, str, bytes, float]]  # (id, text, bytes, logprob), most likely first
+    logprob: float | None  # None for a prompt's first token (nothing precedes it)
+    top: list[tuple[int, str, bytes, float]] | None  # (id, text, bytes, logprob), most likely first
 
 
 @dataclass
@@ -62,6 +62,7 @@ class ChoiceUpdate:
     audio: np.ndarray | None = None
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None  # the tokens behind ``text``, when the call asked for them
+    prompt_logprobs: list[TokenLogprob] | None = None  # the prompt's tokens (echo with logprobs), once
 
 
 class LogprobJoiner:
@@ -119,6 +120,41 @@ class LogprobJoiner:
         return name
 
 
+PROMPT_PARTS = ("prompt_logprobs", "prompt_top_logprobs", "prompt_top_logprob_ids")
+
+
+class PromptLogprobs:
+    """Collects the prefill's three prompt-logprob outputs and names each prompt token (the first gets None)."""
+
+    def __init__(self, joiner: LogprobJoiner, prompt_ids: list[int]):
+        self.joiner, self.prompt_ids = joiner, prompt_ids
+        self.parts: dict[str, object] = {}
+        self.sent = False
+
+    def first_only(self) -> list[TokenLogprob] | None:
+        """A one-token prompt has no prefill: its entry (None) goes out with the first generated token."""
+        if self.sent or len(self.prompt_ids) != 1:
+            return None
+        self.sent = True
+        return [TokenLogprob(self.prompt_ids[0], *self.joiner._name(self.prompt_ids[0]), None, None)]
+
+    def push(self, event) -> list[TokenLogprob] | None:
+        self.parts[event.output] = event.data
+        if len(self.parts) < len(PROMPT_PARTS):
+            return None
+        self.sent = True
+        lps = _floats(self.parts["prompt_logprobs"])
+        k = len(_floats(self.parts["prompt_top_logprobs"])) // max(len(lps), 1)
+        top_ids = token_ids(self.parts["prompt_top_logprob_ids"])
+        top_lps = _floats(self.parts["prompt_top_logprobs"])
+        name = self.joiner._name
+        entries = [TokenLogprob(self.prompt_ids[0], *name(self.prompt_ids[0]), None, None)]
+        for i, (t, lp) in enumerate(zip(self.prompt_ids[1:], lps, strict=False)):
+            top = [(j, *name(j), v) for j, v in zip(top_ids[i * k : (i + 1) * k], top_lps[i * k : (i + 1) * k], strict=False)]
+            entries.append(TokenLogprob(t, *name(t), lp, top))
+        return entries
+
+
 def _floats(value) -> list[float]:
     return [float(x) for x in (value.tolist() if isinstance(value, ArrayData) else value)]
 
@@ -127,7 +163,7 @@ class ChoiceTracker:
     """Also counts the tokens the client received; ``group`` marks choices that share a prompt."""
 
     def __init__(self, index: int, text: TextStream, prompt_tokens: int | None, group: int = 0,
-                 logprobs: LogprobJoiner | None = None):
+                 logprobs: LogprobJoiner | None = None, prompt: PromptLogprobs | None = None):
         self.index = index
         self.text = text
         self.prompt_tokens = prompt_tokens or 0
@@ -135,10 +171,14 @@ class ChoiceTracker:
         self.completion_tokens = 0
         self.finish_reason: str | None = None
         self.joiner = logprobs  # set when the call asked for logprobs
+        self.prompt = prompt  # set when the call asked for the prompt's logprobs (echo)
 
     def on_event(self, event: Event) -> ChoiceUpdate | None:
         if isinstance(event, RequestFinished):
             return self._finish(event)
+        if self.prompt is not None and event.modality == "logprobs" and event.output in PROMPT_PARTS:
+            entries = self.prompt.push(event)
+            return None if entries is None else ChoiceUpdate(self.index, prompt_logprobs=entries)
         if self.joiner is not None and event.modality in ("text", "logprobs"):
             return self._tokens(self.joiner.push(event))
         if event.modality == "text":
@@ -159,11 +199,14 @@ class ChoiceTracker:
             delta.append(self.text.push(ids))
             logprobs += lps or []
         lps_out = logprobs if self.joiner is not None else None
+        first = self.prompt.first_only() if self.prompt is not None else None
         if self.text.stopped:
             self.finish_reason = "stop"
-            return ChoiceUpdate(self.index, "".join(delta), finish_reason="stop", logprobs=lps_out)
+            return ChoiceUpdate(self.index, "".join(delta), finish_reason="stop", logprobs=lps_out, prompt_logprobs=first)
         text = "".join(delta)
-        return ChoiceUpdate(self.index, text, logprobs=lps_out) if text or logprobs else None
+        if text or logprobs or first:
+            return ChoiceUpdate(self.index, text, logprobs=lps_out, prompt_logprobs=first)
+        return None
 
     def _finish(self, finished: RequestFinished) -> ChoiceUpdate:
         reported = (finished.usage or {}).get("prompt_tokens")

@@ -6,7 +6,14 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from walkserve.api.openai.choices import ChoiceTracker, TokenLogprob, drive_choices, usage
+from walkserve.api.openai.choices import (
+    ChoiceTracker,
+    PromptLogprobs,
+    TokenLogprob,
+    drive_choices,
+    token_ids,
+    usage,
+)
 from walkserve.api.openai.plan import (
     apply_default_max_tokens,
     build_sampling,
@@ -36,8 +43,6 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
 
 
 def _reject_unsupported(body: CompletionRequest) -> None:
-    if body.logprobs is not None and body.echo:
-        raise unsupported("echo", "echo with logprobs (logprobs of the prompt)")
     if body.suffix:
         raise unsupported("suffix", "suffix")
     if body.best_of is not None and body.best_of != body.n:
@@ -53,6 +58,8 @@ async def plan_completion(state: AppState, body: CompletionRequest) -> TextPlan:
     overrides = body.sampling_overrides()
     if body.logprobs is not None:
         overrides["logprobs"] = body.logprobs
+        if body.echo:
+            overrides["prompt_logprobs"] = body.logprobs  # echo + logprobs: the prompt's too (one prefill)
     sampling = build_sampling(state.card, overrides, stops)
     specs, trackers, prefixes = [], [], []
     for p, prompt in enumerate(prompts):
@@ -64,7 +71,9 @@ async def plan_completion(state: AppState, body: CompletionRequest) -> TextPlan:
             text = TextStream(state.processor.detokenizer(body.skip_special_tokens), stops)
             specs.append(spec)
             joiner = logprob_joiner(state, "logprobs") if body.logprobs is not None else None
-            trackers.append(ChoiceTracker(len(trackers), text, prompt_length(spec), group=p, logprobs=joiner))
+            prompt_lps = PromptLogprobs(joiner, prompt_ids(spec)) if joiner is not None and body.echo else None
+            trackers.append(ChoiceTracker(len(trackers), text, prompt_length(spec), group=p, logprobs=joiner,
+                                          prompt=prompt_lps))
             prefixes.append(echo)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return TextPlan(body.model or state.card.id, specs, trackers, include_usage, prefixes=prefixes)
@@ -100,10 +109,20 @@ def _logprobs(entries: list[TokenLogprob], start: int, seen: bytearray) -> dict[
     for e in entries:
         out["tokens"].append(e.token)
         out["token_logprobs"].append(e.logprob)
-        out["top_logprobs"].append({text: lp for _, text, _, lp in e.top})
+        out["top_logprobs"].append(None if e.top is None else {text: lp for _, text, _, lp in e.top})
         out["text_offset"].append(start + len(seen.decode("utf-8", errors="ignore")))
         seen += e.bytes
     return out
+
+
+def prompt_ids(spec) -> list[int]:
+    return token_ids(spec.inputs["prompt_token_ids"])
+
+
+def _merged(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
+    if a is None or b is None:
+        return a or b
+    return {key: a[key] + b[key] for key in a}
 
 
 async def completion_stream(state: AppState, plan: TextPlan) -> AsyncIterator[bytes]:
@@ -117,8 +136,11 @@ async def completion_stream(state: AppState, plan: TextPlan) -> AsyncIterator[by
                 echoed.add(update.index)
                 text = plan.prefixes[update.index] + text
             logprobs = None
+            if update.prompt_logprobs:  # the echoed prompt's tokens: offsets from 0
+                logprobs = _logprobs(update.prompt_logprobs, 0, bytearray())
             if update.logprobs:
-                logprobs = _logprobs(update.logprobs, len(plan.prefixes[update.index]), seen[update.index])
+                generated = _logprobs(update.logprobs, len(plan.prefixes[update.index]), seen[update.index])
+                logprobs = _merged(logprobs, generated)
             if text or logprobs:
                 yield sse(_chunk(plan, [_choice(update.index, text, logprobs=logprobs)]))
             if update.finish_reason:
@@ -131,12 +153,17 @@ async def completion_stream(state: AppState, plan: TextPlan) -> AsyncIterator[by
 async def completion_collect(state: AppState, plan: TextPlan) -> dict[str, Any]:
     texts: list[list[str]] = [[prefix] for prefix in plan.prefixes]
     entries: list[list[TokenLogprob]] = [[] for _ in plan.prefixes]
+    prompts: list[list[TokenLogprob]] = [[] for _ in plan.prefixes]
     async with contextlib.aclosing(drive_choices(state.runner, plan.specs, plan.trackers, ROUTE)) as updates:
         async for update in updates:
             texts[update.index].append(update.text)
             entries[update.index] += update.logprobs or []
+            prompts[update.index] += update.prompt_logprobs or []
     choices = []
     for t in plan.trackers:
-        logprobs = _logprobs(entries[t.index], len(plan.prefixes[t.index]), bytearray()) if t.joiner is not None else None
+        logprobs = None
+        if t.joiner is not None:
+            generated = _logprobs(entries[t.index], len(plan.prefixes[t.index]), bytearray())
+            logprobs = _merged(_logprobs(prompts[t.index], 0, bytearray()) if t.prompt else None, generated)
         choices.append(_choice(t.index, "".join(texts[t.index]), t.finish_reason, logprobs))
     return {**_chunk(plan, choices), "usage": usage(plan.trackers)}

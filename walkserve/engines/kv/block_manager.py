@@ -54,7 +54,7 @@ class BlockManager:
         self._cached: dict[tuple[int, tuple[int, ...]], int] = {}
         self._tables: dict[ContextKey, list[int]] = {}
         self._reserved: dict[ContextKey, int] = {}
-        self._chain: dict[ContextKey, tuple[int, int]] = {}  # (full blocks registered, last block's hash)
+        self._chain: dict[ContextKey, list[int]] = {}  # hash of each leading full block registered (or attached)
         self._copies: list[tuple[int, int]] = []
 
     # ---- queries -------------------------------------------------------
@@ -124,6 +124,7 @@ class BlockManager:
         """
         assert key not in self._tables, f"context {key} already has a block table"
         table: list[int] = []
+        hashes: list[int] = []
         bs, parent = self.block_size, _NO_PARENT
         limit = min(max_tokens, len(token_ids)) // bs if self.prefix_caching else 0
         for i in range(limit):
@@ -134,8 +135,9 @@ class BlockManager:
             self._take(block_id)
             table.append(block_id)
             parent = hash(block_key)
+            hashes.append(parent)
         self._tables[key], self._reserved[key] = table, len(table) * bs
-        self._chain[key] = (len(table), parent)
+        self._chain[key] = hashes
         return len(table) * bs
 
     def append_slots(self, key: ContextKey, num_tokens: int) -> bool:
@@ -146,7 +148,7 @@ class BlockManager:
         if not self.can_append(key, num_tokens):
             return False
         table = self._tables.setdefault(key, [])
-        self._chain.setdefault(key, (0, _NO_PARENT))
+        self._chain.setdefault(key, [])
         used = self._reserved.get(key, 0)
         if used % self.block_size and num_tokens and self._blocks[table[-1]].ref > 1:
             table[-1] = self._copy_on_write(table[-1])
@@ -162,7 +164,28 @@ class BlockManager:
             self._blocks[block_id].ref += 1
         self._tables[dst] = list(self._tables[src])
         self._reserved[dst] = self._reserved[src]
-        self._chain[dst] = self._chain[src]
+        self._chain[dst] = list(self._chain[src])
+
+    def truncate(self, key: ContextKey, num_tokens: int) -> None:
+        """Keep only the first ``num_tokens`` slots of ``key``: later blocks are released.
+
+        A kept partial block that only ``key`` holds leaves the prefix cache
+        (its tail will be overwritten); a shared one is copied on the next
+        write, as after a fork.
+        """
+        table, bs = self._tables[key], self.block_size
+        num_tokens = min(num_tokens, self._reserved[key])
+        keep = _ceil_div(num_tokens, bs)
+        for block_id in reversed(table[keep:]):
+            self._release(block_id)
+        del table[keep:]
+        self._reserved[key] = num_tokens
+        del self._chain[key][num_tokens // bs :]
+        if num_tokens % bs:
+            block = self._blocks[table[-1]]
+            if block.ref == 1 and block.key is not None:
+                del self._cached[block.key]
+                block.key = None
 
     def commit(self, key: ContextKey, token_ids: Sequence[int], num_tokens: int) -> None:
         """Register for reuse every full block of ``key`` within ``token_ids[:num_tokens]``.
@@ -172,17 +195,15 @@ class BlockManager:
         """
         if not self.prefix_caching:
             return
-        table, bs = self._tables[key], self.block_size
-        done, parent = self._chain[key]
+        table, bs, chain = self._tables[key], self.block_size, self._chain[key]
         full = min(num_tokens // bs, len(table))
-        for i in range(done, full):
+        for i in range(len(chain), full):
             block = self._blocks[table[i]]
-            block_key = (parent, tuple(token_ids[i * bs : (i + 1) * bs]))
+            block_key = (chain[-1] if chain else _NO_PARENT, tuple(token_ids[i * bs : (i + 1) * bs]))
             if block.key is None and block_key not in self._cached:
                 block.key = block_key
                 self._cached[block_key] = block.id
-            parent = hash(block_key)
-        self._chain[key] = (max(done, full), parent)
+            chain.append(hash(block_key))
 
     def free(self, key: ContextKey) -> None:
         """Drop ``key``'s table; blocks nobody else references become free (or evictable if registered)."""

@@ -1,54 +1,71 @@
-"""KVCacheEngine: a causal LM over a paged KV pool, driven by firings.
+"""KVCacheEngine: transformer components over one paged KV pool, driven by firings that say what they do to which context.
 
-A firing appends ``inputs["tokens"]`` (int64 [T], T >= 1) to the context
-``(firing.request_id, firing.node_params.get("context", "main"))`` and is
-answered once every token of that context up to and including its own has
-its KV in the pool, with the outputs it names (see ``runner.OUTPUTS``; an
-empty ``outputs`` just fills the KV). Optional ``inputs["embeds"]`` (float
-[T, D]) replaces those tokens' embeddings (image or audio features); such
-positions are kept out of the prefix cache. Sampling uses
-``firing.sampling`` (greedy when None) over the context's whole history;
-``node_params["token_ranges"]``, a list of ``[lo, hi)`` id ranges or a
-function of the number of tokens sampled so far for the context returning
-one, restricts which ids may be drawn (constrained decoding).
+A firing carries its context operations (``Firing.kv``: ContextOps, see
+``ops.py`` and ``walkserve.graph.kv``): append rows to a named context, query
+contexts without writing, fork, truncate or drop one. Contexts are named
+(request, name) and live in the one pool; every component of a KV share
+group (models with the same KV geometry, e.g. pi0's VLM and action expert)
+runs in this engine and reads the same contexts. Firings of one request start
+in submission order; an operation waits until the contexts it reads or
+changes are idle (an append may queue behind appends to its own context).
 
-    step():  plan = scheduler.schedule()      which chunks of which contexts
-             outs = runner.execute(chunks)     one forward + sampling
+A firing is answered once its chunk has run, with the outputs it names
+(``outputs.OUTPUTS`` plus its capture names; an empty ``outputs`` only fills
+the KV). Sampling uses ``firing.sampling`` (greedy when None);
+``node_params["token_ranges"]`` (a list of ``[lo, hi)`` id ranges, or a
+function of the number of tokens sampled so far returning one) restricts
+which ids may be drawn. ``run_group`` runs a loop cohort's step as one call.
+
+    step():  plan = scheduler.schedule()      which chunks of which contexts, which queries
+             outs = runner.execute(chunks)     one forward per model + sampling
              done = scheduler.finish(plan)     advance, cache full blocks, answer
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+from collections import defaultdict, deque
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
 from walkserve.core.context import context_fits
-from walkserve.engines.base import Engine, Firing, FiringResult
+from walkserve.engines.base import Engine, Firing, FiringResult, Group
 from walkserve.engines.kv.block_manager import BlockManager, ContextKey
 from walkserve.engines.kv.kv_pool import KVPool, KVPoolShape, pool_blocks
-from walkserve.engines.kv.runner import OUTPUTS, ModelRunner
-from walkserve.engines.kv.scheduler import Scheduler, SchedulerConfig
-from walkserve.layers.attention import make_paged_backend
+from walkserve.engines.kv.ops import ContextOp, bind
+from walkserve.engines.kv.outputs import OUTPUTS
+from walkserve.engines.kv.runner import ModelRunner
+from walkserve.engines.kv.scheduler import Query, Scheduler, SchedulerConfig
+from walkserve.engines.kv.sequence import PendingFiring
+from walkserve.layers.paged_attention import make_paged_backend
 from walkserve.layers.sampling import Sampler
 
 log = logging.getLogger(__name__)
 
+_group_ids = itertools.count(-1, -1)
+_KNOWN = frozenset(OUTPUTS)
+
 
 class KVCacheEngine(Engine):
-    """Continuous batching, chunked prefill, prefix reuse and preemption for one causal LM.
+    """Continuous batching, chunked prefill, prefix reuse, preemption and KV contexts for one or more models.
 
-    ``model`` follows the CausalLM interface: ``forward(input_ids [T],
-    positions [T], attn, inputs_embeds=None) -> hidden [T, D]``,
-    ``compute_logits(hidden [N, D]) -> [N, V]``, and ``config`` with
-    num_hidden_layers, num_key_value_heads, head_dim, hidden_size,
-    vocab_size; firings with embeds also need ``embed(input_ids [T]) -> [T, D]``
-    (or ``get_input_embeddings()``).
-    The pool holds ``num_blocks`` blocks of ``block_size`` tokens, or as
-    many as ``kv_bytes`` allows, or a device default. The pool holds
-    ``dtype`` (a torch dtype or its name); None or "" takes the model's own.
+    ``model`` (and every model in ``shared``, components that share this
+    pool) follows the KV-cache component interface: ``forward(input_ids [T],
+    positions [T] or [A, T], attn, inputs_embeds=None, **token_inputs)`` ->
+    hidden [T, D] (``capture`` too, for firings that capture a layer's
+    input), ``compute_logits(hidden [N, D]) -> [N, V]``, ``embed(ids) -> [T, D]``
+    for embeddings in, and ``config`` with num_hidden_layers,
+    num_key_value_heads, head_dim, hidden_size (and vocab_size). The pool
+    holds ``num_blocks`` blocks of ``block_size`` tokens, or as many as
+    ``kv_bytes`` allows, or a device default, in ``dtype`` (None: the model's).
     """
+
+    runs_groups = True
+    kv_contexts = True
 
     def __init__(
         self,
@@ -64,40 +81,41 @@ class KVCacheEngine(Engine):
         attention: str = "auto",
         prefix_caching: bool = True,
         seed: int | None = None,
+        shared: Mapping[str, nn.Module] | None = None,
     ):
         self.component = component
+        self.models = {component: model, **dict(shared or {})}
         self.model = model
         self.device = torch.device(device)
-        cfg = model.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         dtype = _pool_dtype(model, dtype)
-        shape = KVPoolShape(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, block_size, dtype)
+        shape = kv_geometry(self.models, block_size, dtype)
         self.pool = KVPool(shape, pool_blocks(shape, self.device, num_blocks, kv_bytes), self.device)
         self.block_manager = BlockManager(self.pool.num_blocks, block_size, prefix_caching)
         self.scheduler = Scheduler(self.block_manager, SchedulerConfig(max_batch_tokens, max_running))
         backend = make_paged_backend(attention, self.device, dtype)
-        self.runner = ModelRunner(model, self.pool, self.block_manager, backend, Sampler(seed))
-        self.vocab_size = cfg.vocab_size
-        self.hidden_size = cfg.hidden_size
+        self.runner = ModelRunner(self.models, self.pool, self.block_manager, backend, Sampler(seed))
         self._ready: list[FiringResult] = []
+        self._queues: dict[str, deque[list]] = defaultdict(deque)  # request -> [[firing, ops, next op index]]
 
     # ---- Engine contract -------------------------------------------------
     def submit(self, firing: Firing) -> None:
         try:
-            tokens, embeds = self._parse(firing)
-        except (ValueError, TypeError, RuntimeError, AttributeError) as err:  # a bad request, never a crash
+            ops = firing.kv if firing.kv is not None else bind(firing.node, firing.node_params, firing.inputs)
+            self._check(firing, ops)
+        except (ValueError, TypeError, RuntimeError, AttributeError, KeyError) as err:  # a bad request, never a crash
             self._ready.append(FiringResult(firing, error=f"{self.component}: {err}"))
             return
-        ctx = self.scheduler.context(_key(firing))
-        ctx.append(firing, tokens, embeds)
-        capacity = self.pool.num_blocks * self.block_manager.block_size
-        if not context_fits(len(ctx.token_ids), capacity):  # the frontend's policy, against the pool
-            self._fail_context(
-                ctx.key,
-                f"context {ctx.key} needs {len(ctx.token_ids)} tokens of KV cache but the pool of "
-                f"{self.component} holds only {capacity} tokens ({self.pool.num_blocks} blocks of "
-                f"{self.block_manager.block_size})",
-            )
+        rid = firing.request_id
+        if rid not in self._queues and len(ops) == 1 and ops[0].kind == "append":  # a decode step: no queue
+            ctx = self.scheduler.contexts.get((rid, ops[0].context))
+            if ctx is None or not ctx.readers:
+                try:
+                    self._apply(firing, ops[0])
+                except ValueError as err:
+                    self._ready.append(FiringResult(firing, error=f"{self.component}: {err}"))
+                return
+        self._queues[rid].append([firing, ops, 0])
+        self._start(rid)
 
     def step(self) -> list[FiringResult]:
         results, self._ready = self._ready, []
@@ -109,20 +127,48 @@ class KVCacheEngine(Engine):
         except Exception as err:  # a failing batch fails its requests, never the worker loop
             log.exception("%s: step failed", self.component)
             for chunk in plan.chunks:
-                self._fail_context(chunk.context.key, f"{self.component}: step failed: {err!r}")
+                self._fail_request(chunk.query.reads[0].request_id if chunk.query else chunk.context.request_id,
+                                   f"{self.component}: step failed: {err!r}")
             return results + self._take_ready()
         by_firing = {id(c.completes): out for c, out in zip(plan.chunks, outputs) if c.completes is not None}
         for ctx, pending in self.scheduler.finish(plan):
             out = by_firing.get(id(pending)) or {}
-            if "token" in out:
+            if ctx is not None and "token" in out:
                 ctx.sampled.append(int(out["token"][0]))
             results.append(FiringResult(pending.firing, outputs=out))
-        return results
+        for rid in [rid for rid, queue in self._queues.items() if queue]:  # operations waiting for idle contexts
+            self._start(rid)
+        return results + self._take_ready()
+
+    def run_group(self, group: Group) -> list[dict[str, Any] | str]:
+        """Every member as a firing, stepped until all are answered (other firings' results wait for ``step``)."""
+        ids = []
+        for i, rid in enumerate(group.request_ids):
+            firing = Firing(next(_group_ids), rid, group.walk, group.node, group.component, group.op, group.paths[i],
+                            group.inputs[i], group.outputs, group.params[i], group.sampling[i], group.node_params,
+                            kv=group.kv[i] if group.kv else None)
+            ids.append(firing.id)
+            self.submit(firing)
+        answers: dict[int, dict[str, Any] | str] = {}
+        others: list[FiringResult] = []
+        while len(answers) < len(ids):
+            stepped = self.step()
+            for r in stepped:
+                if r.firing.id in answers or r.firing.id not in set(ids):
+                    others.append(r)
+                else:
+                    answers[r.firing.id] = r.outputs if r.error is None else r.error
+            if not stepped and not self.has_work():
+                break
+        self._ready = others + self._ready
+        return [answers.get(fid, f"{self.component}: the firing was never answered") for fid in ids]
 
     def has_work(self) -> bool:
-        return bool(self._ready) or any(c.has_work for c in self.scheduler.contexts.values())
+        return (bool(self._ready) or bool(self.scheduler.queries)
+                or any(c.has_work for c in self.scheduler.contexts.values()))
 
     def release(self, request_id: str) -> None:
+        self._queues.pop(request_id, None)
         self.scheduler.drop_request(request_id)
         self._ready = [r for r in self._ready if r.firing.request_id != request_id]
 
@@ -132,6 +178,7 @@ class KVCacheEngine(Engine):
             "kv_blocks_used": bm.num_used,
             "kv_blocks_total": bm.num_blocks,
             "kv_blocks_cached": bm.num_evictable,
+            "kv_contexts": len(self.scheduler.contexts),
             "preemptions": self.scheduler.preemptions,
             "prefix_hit_tokens": self.scheduler.prefix_hit_tokens,
             "running": self.scheduler.num_running(),
@@ -140,46 +187,139 @@ class KVCacheEngine(Engine):
 
     def state_count(self) -> int:
         """Requests with any context here (token history, and KV blocks unless preempted)."""
-        return len({key[0] for key in self.scheduler.contexts})
+        return len({key[0] for key in self.scheduler.contexts} | {rid for rid, q in self._queues.items() if q})
 
     def close(self) -> None:
-        for ctx in list(self.scheduler.contexts.values()):
-            self.scheduler.drop(ctx.key)
+        for key in list(self.scheduler.contexts):
+            self.scheduler.drop(key)
         self.pool.k = self.pool.v = torch.empty(0)
 
-    # ---- helpers -----------------------------------------------------------
-    def _parse(self, firing: Firing) -> tuple[list[int], torch.Tensor | None]:
-        unknown = set(firing.outputs) - set(OUTPUTS)
+    # ---- operations ------------------------------------------------------
+    def _start(self, rid: str) -> None:
+        """Apply the request's queued operations in order, as far as their contexts allow."""
+        queue = self._queues.get(rid)
+        while queue:
+            entry = queue[0]
+            firing, ops, i = entry
+            while i < len(ops) and self._ready_for(rid, ops[i]):
+                try:
+                    self._apply(firing, ops[i])
+                except ValueError as err:
+                    self._ready.append(FiringResult(firing, error=f"{self.component}: {err}"))
+                    i = len(ops) + 1
+                    break
+                i += 1
+            entry[2] = i
+            if i < len(ops):
+                return
+            queue.popleft()
+            if i == len(ops) and not any(op.computes for op in ops):
+                self._ready.append(FiringResult(firing, outputs={}))
+        self._queues.pop(rid, None)
+
+    def _idle(self, rid: str, name: str, readers_ok: bool = False) -> bool:
+        c = self.scheduler.contexts.get((rid, name))
+        return c is None or (not c.has_work and (readers_ok or not c.readers))
+
+    def _ready_for(self, rid: str, op: ContextOp) -> bool:
+        """Whether ``op`` may start: the contexts it reads or changes are idle (an append only needs no readers)."""
+        if op.kind == "query":
+            return all(self._idle(rid, name, readers_ok=True) for name in op.reads)
+        if op.kind == "append":
+            c = self.scheduler.contexts.get((rid, op.context))
+            return c is None or not c.readers
+        if op.kind == "fork":
+            return self._idle(rid, op.source, readers_ok=True) and self._idle(rid, op.context)
+        return self._idle(rid, op.context)
+
+    def _apply(self, firing: Firing, op: ContextOp) -> None:
+        rid, key = firing.request_id, (firing.request_id, op.context)
+        s = self.scheduler
+        if op.kind == "append":
+            ctx = s.context(key, firing.component)
+            ids = op.token_ids.tolist() if op.token_ids is not None else [0] * op.num_tokens
+            if ctx.axes != 1 and op.positions is not None and op.positions.dim() == 1 and ctx.length:
+                raise ValueError(f"context {op.context!r} holds {ctx.axes}-axis positions; got 1-D positions")
+            ctx.append(firing, ids, op)
+            self._check_capacity(ctx.key, ctx.length)
+        elif op.kind == "query":
+            reads = tuple(s.context((rid, name), firing.component) for name in op.reads)
+            blocks = sum(-(-c.length // self.block_manager.block_size) for c in {id(c): c for c in reads}.values())
+            if blocks > self.pool.num_blocks:
+                raise ValueError(f"the contexts {list(op.reads)} a query reads need {blocks} blocks together; "
+                                 f"the pool of {self.component} holds {self.pool.num_blocks}")
+            s.add_query(Query(reads, PendingFiring(firing, op.num_tokens, 0, op), firing.component))
+        elif op.kind == "fork":
+            s.context((rid, op.source), firing.component)
+            s.fork((rid, op.source), key)
+        elif op.kind == "truncate":
+            ctx = s.context(key, firing.component)
+            if op.length < ctx.length:
+                seg = ctx.segment_at(op.length)
+                if (op.length - seg.start) % seg.unit():
+                    raise ValueError(f"truncate of {op.context!r} to {op.length} cuts a {seg.mask} block")
+            s.truncate(key, op.length)
+        else:
+            s.drop(key)
+
+    def _check_capacity(self, key: ContextKey, length: int) -> None:
+        capacity = self.pool.num_blocks * self.block_manager.block_size
+        if not context_fits(length, capacity):  # the frontend's policy, against the pool
+            self._fail_request(key[0], f"context {key} needs {length} tokens of KV cache but the pool of "
+                               f"{self.component} holds only {capacity} tokens ({self.pool.num_blocks} blocks of "
+                               f"{self.block_manager.block_size})")
+
+    def _check(self, firing: Firing, ops: tuple[ContextOp, ...]) -> None:
+        model = self.models.get(firing.component) or self.model
+        unknown = [o for o in firing.outputs if o not in _KNOWN and not any(o in op.capture for op in ops)]
         if unknown:
             raise ValueError(f"node {firing.node!r} asks for unknown outputs {sorted(unknown)}; known: {OUTPUTS}")
-        raw = firing.inputs.get("tokens")
-        if raw is None:
-            raise ValueError(f"node {firing.node!r} fired without input 'tokens'")
-        tokens_t = torch.as_tensor(raw)
-        if tokens_t.is_floating_point() or tokens_t.is_complex() or tokens_t.dtype == torch.bool:
-            raise ValueError(f"input 'tokens' of node {firing.node!r} must be integer ids, got {tokens_t.dtype}")
-        tokens = tokens_t.reshape(-1).tolist()
-        if not tokens:
-            raise ValueError(f"input 'tokens' of node {firing.node!r} is empty")
-        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"token ids {bad[:5]} of node {firing.node!r} are outside the vocabulary [0, {self.vocab_size})")
-        embeds = firing.inputs.get("embeds")
-        if embeds is not None and tuple(embeds.shape) != (len(tokens), self.hidden_size):
-            raise ValueError(
-                f"input 'embeds' of node {firing.node!r} has shape {tuple(embeds.shape)}, "
-                f"expected {(len(tokens), self.hidden_size)}"
-            )
-        return tokens, embeds
+        cfg = model.config
+        vocab = getattr(cfg, "vocab_size", None)
+        for op in ops:
+            if op.token_ids is not None and vocab is not None and op.token_ids.numel():
+                if op.token_ids.numel() <= 64:  # a decode: a list is far cheaper than two reductions
+                    ids = op.token_ids.tolist()
+                    lo, hi = min(ids), max(ids)
+                else:
+                    lo, hi = int(op.token_ids.min()), int(op.token_ids.max())
+                if lo < 0 or hi >= vocab:
+                    bad = [t for t in op.token_ids.tolist() if not 0 <= t < vocab]
+                    raise ValueError(f"token ids {bad[:5]} of node {firing.node!r} are outside the vocabulary [0, {vocab})")
+            if op.embeds is not None and op.embeds.shape[1] != cfg.hidden_size:
+                raise ValueError(f"embeddings of node {firing.node!r} have width {op.embeds.shape[1]}, the model {cfg.hidden_size}")
+            if not op.capture:
+                continue
+            if not self.runner.takes_capture.get(firing.component, self.runner.takes_capture[self.component]):
+                raise ValueError(f"node {firing.node!r} captures layer inputs, but {type(model).__name__}.forward takes no capture")
+            if any(k >= cfg.num_hidden_layers for k in op.capture.values()):
+                raise ValueError(f"node {firing.node!r} captures a layer past the model's {cfg.num_hidden_layers}")
 
-    def _fail_context(self, key: ContextKey, message: str) -> None:
-        ctx = self.scheduler.drop(key)
-        for pending in ctx.pending if ctx else ():
-            self._ready.append(FiringResult(pending.firing, error=message))
+    def _fail_request(self, rid: str, message: str) -> None:
+        failed = [q.pending.firing for q in self.scheduler.queries if q.reads[0].request_id == rid]
+        failed += [p.firing for c in self.scheduler.drop_request(rid) if c for p in c.pending if p.firing is not None]
+        failed += [entry[0] for entry in self._queues.pop(rid, ())]
+        for firing in {id(f): f for f in failed}.values():
+            self._ready.append(FiringResult(firing, error=message))
 
     def _take_ready(self) -> list[FiringResult]:
         ready, self._ready = self._ready, []
         return ready
+
+
+def kv_geometry(models: Mapping[str, nn.Module], block_size: int, dtype: torch.dtype) -> KVPoolShape:
+    """The pool shape the models share; ValueError naming two whose layers, KV heads or head dim differ."""
+    shapes = {}
+    for name, model in models.items():
+        cfg = model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        shapes[name] = (cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim)
+    first, geometry = next(iter(shapes.items()))
+    for name, other in shapes.items():
+        if other != geometry:
+            raise ValueError(f"components {first!r} and {name!r} cannot share a KV pool: (layers, KV heads, head dim) "
+                             f"{geometry} != {other}")
+    return KVPoolShape(*geometry, block_size, dtype)
 
 
 def _pool_dtype(model: nn.Module, dtype: torch.dtype | str | None) -> torch.dtype:
@@ -193,7 +333,3 @@ def _pool_dtype(model: nn.Module, dtype: torch.dtype | str | None) -> torch.dtyp
         return resolved
     param = next(model.parameters(), None)
     return param.dtype if param is not None else torch.float32
-
-
-def _key(firing: Firing) -> ContextKey:
-    return (firing.request_id, str(firing.node_params.get("context", "main")))

@@ -1,158 +1,213 @@
-"""Runs one planned step on the model: inputs, paged attention context, forward, outputs.
+"""Runs one planned step: per model, its chunks' inputs, the paged attention context, the forward, the outputs.
 
 The runner reads contexts and block tables but changes neither; the engine
-books the step afterwards. Outputs per completed firing (only those named in
-``firing.outputs``):
-
-    token          int64 [1]     sampled id (CPU)
-    logits         float32 [V]   last position (model device)
-    hidden         float32 [1, D] last position, final-normed (model device)
-    logprob        float32 [1]   log-probability of the sampled token (CPU)
-    top_logprobs   float32 [K]   the K = sampling.logprobs best log-probabilities (CPU)
-    top_logprob_ids int64 [K]    their ids (CPU)
+books the step afterwards. A step's chunks are cut into forward groups that
+one model call can take together (the same component, position axes and
+extra token inputs); usually that is one group. Outputs: see ``outputs``.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import replace
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-from walkserve.core.sampling import SamplingParams
 from walkserve.engines.kv.block_manager import BlockManager
 from walkserve.engines.kv.kv_pool import KVPool
+from walkserve.engines.kv.outputs import OUTPUTS, Outputs
 from walkserve.engines.kv.scheduler import ScheduledChunk
-from walkserve.layers.attention import PagedAttentionBackend, PagedBatch
-from walkserve.layers.sampling import Sampler, SamplerOutput, SampleRow
+from walkserve.engines.kv.sequence import Segment
+from walkserve.layers.paged_attention import PagedAttentionBackend, PagedBatch, TorchPagedBackend
+from walkserve.layers.sampling import Sampler
 
-OUTPUTS = ("token", "logits", "hidden", "logprob", "top_logprobs", "top_logprob_ids")
-_NEED_LOGITS = {"token", "logits", "logprob", "top_logprobs", "top_logprob_ids"}
-_NEED_SAMPLE = {"token", "logprob", "top_logprobs", "top_logprob_ids"}
-GREEDY = SamplingParams(temperature=0.0)
+__all__ = ["OUTPUTS", "ModelRunner"]
 
 
 class ModelRunner:
-    """Turns a list of scheduled chunks into one model call and the completed firings' outputs."""
+    """Turns a list of scheduled chunks into model calls and the answered firings' outputs."""
 
-    def __init__(
-        self, model: nn.Module, pool: KVPool, block_manager: BlockManager, backend: PagedAttentionBackend, sampler: Sampler
-    ):
-        self.model, self.pool, self.bm, self.backend, self.sampler = model, pool, block_manager, backend, sampler
+    def __init__(self, models: Mapping[str, nn.Module] | nn.Module, pool: KVPool, block_manager: BlockManager,
+                 backend: PagedAttentionBackend, sampler: Sampler):
+        if isinstance(models, nn.Module):
+            models = {"": models}
+        self.models = dict(models)
+        self.pool, self.bm, self.backend = pool, block_manager, backend
+        self.fallback = backend if isinstance(backend, TorchPagedBackend) else TorchPagedBackend()
         self.device = pool.device
-        # models whose compute_logits takes per-row allowed ranges compute only those (CausalLM does)
-        self._row_ranges = "allowed" in inspect.signature(model.compute_logits).parameters
+        self.outputs = {name: Outputs(model, sampler) for name, model in self.models.items()}
+        self.takes_capture = {name: "capture" in inspect.signature(m.forward).parameters for name, m in self.models.items()}
 
     @torch.inference_mode()
     def execute(self, chunks: list[ScheduledChunk]) -> list[dict[str, Any] | None]:
-        """Run the chunks as one forward; returns, per chunk, the outputs of the firing it completes (or None)."""
+        """Run the chunks; returns, per chunk, the outputs of the firing it completes (or None)."""
         self.pool.copy_blocks(self.bm.take_copies())
-        input_ids, positions = self._inputs(chunks)  # [T], [T]
-        batch = PagedBatch(
-            query_lens=[c.num_tokens for c in chunks],
-            kv_lens=[c.end for c in chunks],
-            block_tables=[self.bm.table(c.context.key) for c in chunks],
-            block_size=self.bm.block_size,
-        )
-        attn = self.backend.context(self.pool.k, self.pool.v, batch)
-        hidden = self.model(input_ids, positions, attn, inputs_embeds=self._embeds(chunks, input_ids))  # [T, D]
-        return self._outputs(chunks, hidden)
-
-    def _inputs(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor]:
-        ids: list[int] = []
-        pos: list[int] = []
-        for c in chunks:
-            ids.extend(c.context.token_ids[c.start : c.end])
-            pos.extend(range(c.start, c.end))
-        as_long = {"dtype": torch.long, "device": self.device}
-        return torch.tensor(ids, **as_long), torch.tensor(pos, **as_long)
-
-    def _embeds(self, chunks: list[ScheduledChunk], input_ids: torch.Tensor) -> torch.Tensor | None:
-        """Token embeddings with the firings' ``embeds`` spliced in; None when no chunk carries any."""
-        spans = []
-        row = 0
-        for c in chunks:
-            for start, part in c.context.embeds.items():
-                lo, hi = max(start, c.start), min(start + part.shape[0], c.end)
-                if lo < hi:
-                    spans.append((row + lo - c.start, part[lo - start : hi - start]))
-            row += c.num_tokens
-        if not spans:
-            return None
-        embed = getattr(self.model, "embed", None) or self.model.get_input_embeddings()
-        embeds = embed(input_ids)  # [T, D]
-        for at, part in spans:
-            embeds[at : at + part.shape[0]] = part.to(embeds.device, embeds.dtype)
-        return embeds
-
-    def _outputs(self, chunks: list[ScheduledChunk], hidden: torch.Tensor) -> list[dict[str, Any] | None]:
         results: list[dict[str, Any] | None] = [None] * len(chunks)
-        done = [i for i, c in enumerate(chunks) if c.completes is not None and c.completes.firing.outputs]
-        if not done:
-            return results
-        ends = torch.cumsum(torch.tensor([c.num_tokens for c in chunks]), 0) - 1
-        last = hidden[ends[done].to(hidden.device)]  # [N, D]: the last position of each completing chunk
-        names = [set(chunks[i].completes.firing.outputs) for i in done]
-        outs = [{"hidden": last[j : j + 1].to(torch.float32, copy=True)} if "hidden" in n else {} for j, n in enumerate(names)]
-        need = [j for j, n in enumerate(names) if n & _NEED_LOGITS]
-        if need:
-            self._logit_outputs([chunks[done[j]] for j in need], [names[j] for j in need], last[need], [outs[j] for j in need])
-        for i, out in zip(done, outs):
-            results[i] = out
+        for rows in _forward_groups(chunks):
+            part = [chunks[i] for i in rows]
+            for i, out in zip(rows, self._run(part)):
+                results[i] = out
         return results
 
-    def _logit_outputs(self, chunks: list[ScheduledChunk], names: list[set[str]], last: torch.Tensor, outs: list[dict]):
-        """Fill logits and sampled outputs of chunks whose last hidden states are ``last`` [M, D]."""
-        sample = [m for m, n in enumerate(names) if n & _NEED_SAMPLE]
-        rows = [_sample_row(chunks[m], names[m]) for m in sample]
-        logits = self._logits(last, names, sample, rows)  # [M, V]
-        for m, out in enumerate(outs):
-            if "logits" in names[m]:
-                out["logits"] = logits[m].clone()
-        if not sample:
-            return
-        drawn = _on_cpu(self.sampler(logits if len(sample) == len(names) else logits[sample], rows))
-        for r, m in enumerate(sample):
-            outs[m].update(_sampled(drawn, r, rows[r].params, names[m]))
+    def _model(self, chunk: ScheduledChunk) -> str:
+        name = chunk.component
+        return name if name in self.models else next(iter(self.models))
 
-    def _logits(self, last: torch.Tensor, names: list[set[str]], sample: list[int], rows: list[SampleRow]) -> torch.Tensor:
-        """float32 [M, V]; a sampled row with allowed ranges (and no ``logits`` output) gets only those computed."""
-        allowed: list[list[tuple[int, int]] | None] = [None] * len(names)
-        for m, row in zip(sample, rows):
-            if row.allowed is not None and "logits" not in names[m]:
-                allowed[m] = row.allowed
-        if self._row_ranges and any(a is not None for a in allowed):
-            return self.model.compute_logits(last, allowed=allowed).float()
-        return self.model.compute_logits(last).float()
+    def _run(self, chunks: list[ScheduledChunk]) -> list[dict[str, Any] | None]:
+        name = self._model(chunks[0])
+        model = self.models[name]
+        input_ids, positions = _inputs(chunks, self.device)  # [T], [T] or [A, T]
+        batch = self._batch(chunks)
+        backend = self.backend if self.backend.supports(batch) else self.fallback
+        attn = backend.context(self.pool.k, self.pool.v, batch)
+        kwargs: dict[str, Any] = _token_inputs(chunks, self.device)
+        capture = {k: None for k in _capture_layers(chunks)}
+        if capture:
+            kwargs["capture"] = capture
+        hidden = model(input_ids, positions, attn, inputs_embeds=_embeds(model, chunks, input_ids), **kwargs)  # [T, D]
+        return self.outputs[name](chunks, hidden, capture)
+
+    def _batch(self, chunks: list[ScheduledChunk]) -> PagedBatch:
+        q_lens, kv_lens, tables, masks, frames, reads = [], [], [], [], [], []
+        for c in chunks:
+            q_lens.append(c.num_tokens)
+            if c.query is None:
+                seg = c.segment
+                kv_lens.append(c.end)
+                tables.append(self.bm.table(c.context.key))
+                masks.append(seg.mask)
+                frames.append(seg.frame)
+                reads.append(None)
+                continue
+            op = c.query.pending.op
+            read = [(self.bm.table(ctx.key) if ctx.length else [], ctx.length) for ctx in c.query.reads]
+            kv_lens.append(sum(n for _, n in read))
+            tables.append([])
+            masks.append(op.mask)
+            frames.append(op.frame)
+            reads.append(read)
+        plain = all(m == "causal" for m in masks)
+        queries = any(r is not None for r in reads)
+        return PagedBatch(q_lens, kv_lens, tables, self.bm.block_size, None if plain else masks,
+                          None if plain else frames, reads if queries else None)
 
 
-def _sample_row(chunk: ScheduledChunk, names: set[str]) -> SampleRow:
-    ctx = chunk.context
-    params = chunk.completes.firing.sampling or GREEDY
-    if params.logprobs is None and names & {"logprob", "top_logprobs", "top_logprob_ids"}:
-        params = replace(params, logprobs=0)
-    history = ctx.token_ids[: chunk.end] + ctx.sampled if params.repetition_penalty != 1.0 else []
-    ranges = chunk.completes.firing.node_params.get("token_ranges")  # constrained decoding (e.g. Orpheus)
-    allowed = list(ranges(len(ctx.sampled)) if callable(ranges) else ranges) if ranges is not None else None
-    return SampleRow(params=params, prompt_and_output=history, output=ctx.sampled, allowed=allowed)
+def _forward_groups(chunks: list[ScheduledChunk]) -> list[list[int]]:
+    """Chunk indices per model call: one call per (component, position axes, token input names)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, c in enumerate(chunks):
+        groups.setdefault((c.component, _axes(c), _token_input_names(c)), []).append(i)
+    return list(groups.values())
 
 
-def _on_cpu(out: SamplerOutput) -> SamplerOutput:
-    move = lambda t: None if t is None else t.cpu()  # noqa: E731
-    return SamplerOutput(move(out.token_ids), move(out.logprobs), move(out.top_ids), move(out.top_logprobs))
+def _axes(c: ScheduledChunk) -> int:
+    if c.query is None:
+        return c.segment.axes
+    op = c.query.pending.op
+    return op.positions.shape[0] if op.positions is not None and op.positions.dim() == 2 else c.query.reads[0].axes
 
 
-def _sampled(drawn: SamplerOutput, r: int, params: SamplingParams, names: set[str]) -> dict[str, torch.Tensor]:
-    out = {}
-    if "token" in names:
-        out["token"] = drawn.token_ids[r : r + 1].clone()
-    if drawn.logprobs is not None and "logprob" in names:
-        out["logprob"] = drawn.logprobs[r : r + 1].clone()
-    k = params.logprobs or 0
-    if drawn.top_logprobs is not None and "top_logprobs" in names:
-        out["top_logprobs"] = drawn.top_logprobs[r, :k].clone()
-    if drawn.top_ids is not None and "top_logprob_ids" in names:
-        out["top_logprob_ids"] = drawn.top_ids[r, :k].clone()
-    return out
+def _token_input_names(c: ScheduledChunk) -> tuple[str, ...]:
+    names = c.segment.token_inputs if c.query is None else c.query.pending.op.token_inputs
+    return tuple(sorted(names)) if names else ()
+
+
+def _inputs(chunks: list[ScheduledChunk], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids [T] and positions [T] (or [A, T]) of the chunks, in order."""
+    as_long = {"dtype": torch.long, "device": device}
+    segs = [c.segment for c in chunks]
+    if all(s is not None and type(s.pos_base) is int and s.axes == 1 for s in segs):  # the common case: ints only
+        ids: list[int] = []
+        pos: list[int] = []
+        for c, s in zip(chunks, segs):
+            ids.extend(c.context.token_ids[c.start : c.end])
+            base = s.pos_base + c.start - s.start
+            pos.extend(range(base, base + c.num_tokens))
+        return torch.tensor(ids, **as_long), torch.tensor(pos, **as_long)
+    axes = _axes(chunks[0])
+    id_parts, pos_parts = [], []
+    for c, s in zip(chunks, segs):
+        if s is not None:
+            id_parts.append(torch.tensor(c.context.token_ids[c.start : c.end], **as_long))
+            pos_parts.append(_segment_positions(s, c.start - s.start, c.num_tokens, axes, device))
+            continue
+        op = c.query.pending.op
+        n = c.num_tokens
+        id_parts.append(op.token_ids.to(device) if op.token_ids is not None else torch.zeros(n, **as_long))
+        if op.positions is not None:
+            pos_parts.append(op.positions.to(device))
+        else:
+            pos_parts.append(_running(c.query.reads[0].next_position, n, axes, device))
+    return torch.cat(id_parts), torch.cat(pos_parts, dim=-1)
+
+
+def _running(base: int | float, n: int, axes: int, device: torch.device) -> torch.Tensor:
+    dtype = torch.long if isinstance(base, int) else torch.float32  # a running position after float ones is float
+    pos = torch.arange(n, dtype=dtype, device=device) + base  # [n]
+    return pos if axes == 1 else pos.expand(axes, n)
+
+
+def _segment_positions(seg: Segment, lo: int, n: int, axes: int, device: torch.device) -> torch.Tensor:
+    if seg.pos_base is not None:
+        return _running(seg.pos_base + lo, n, axes, device)
+    return seg.positions[..., lo : lo + n].to(device)
+
+
+def _embeds(model: nn.Module, chunks: list[ScheduledChunk], input_ids: torch.Tensor) -> torch.Tensor | None:
+    """Token embeddings with the chunks' input embeddings spliced in; None when no chunk carries any."""
+    spans = []  # (batch rows [n], embeddings [n, D])
+    row = 0
+    for c in chunks:
+        if c.query is not None:
+            op = c.query.pending.op
+            if op.embeds is not None:
+                rows = torch.arange(c.num_tokens) if op.embed_rows is None else op.embed_rows
+                spans.append((rows + row, op.embeds))
+        else:
+            seg = c.segment
+            if seg.embeds is not None:
+                spans.append(_segment_embeds(seg, c.start - seg.start, c.num_tokens, row))
+        row += c.num_tokens
+    if not spans:
+        return None
+    embed = getattr(model, "embed", None) or model.get_input_embeddings()
+    embeds = embed(input_ids)  # [T, D]
+    for rows, part in spans:
+        if rows.numel():
+            embeds[rows.to(embeds.device)] = part.to(embeds.device, embeds.dtype)
+    return embeds
+
+
+def _segment_embeds(seg: Segment, lo: int, n: int, row: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if seg.embed_rows is None:
+        return torch.arange(n) + row, seg.embeds[lo : lo + n]
+    keep = (seg.embed_rows >= lo) & (seg.embed_rows < lo + n)
+    return seg.embed_rows[keep] - lo + row, seg.embeds[keep]
+
+
+def _token_inputs(chunks: list[ScheduledChunk], device: torch.device) -> dict[str, torch.Tensor]:
+    """The extra per-token inputs of a forward group, concatenated in batch order ([T, ...] each)."""
+    names = _token_input_names(chunks[0])
+    if not names:
+        return {}
+    parts: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+    for c in chunks:
+        if c.query is not None:
+            source, lo = c.query.pending.op.token_inputs, 0
+        else:
+            seg = c.segment
+            source, lo = seg.token_inputs, c.start - seg.start
+        for name in names:
+            parts[name].append(source[name][lo : lo + c.num_tokens].to(device))
+    return {name: torch.cat(p) for name, p in parts.items()}
+
+
+def _capture_layers(chunks: list[ScheduledChunk]) -> list[int]:
+    layers: set[int] = set()
+    for c in chunks:
+        p = c.pending
+        if p is not None and p.op is not None and p.op.capture:
+            layers.update(k for name, k in p.op.capture.items() if name in p.firing.outputs)
+    return sorted(layers)

@@ -1,26 +1,32 @@
-"""Which tokens of which contexts run in the next step (plain ints, no tensors).
+"""Which rows of which contexts run in the next step, and which queries (plain ints, no tensors).
 
 Each step fills a token budget:
   1. contexts that hold blocks and have work: decodes first, then prefill
      chunks, each in admission order; a context short of blocks preempts
-     idle contexts (holding blocks without work, latest first), then later-
-     admitted contexts not yet in this step (latest first), then shrinks
-     its chunk to what fits, and preempts itself when nothing fits;
-  2. waiting contexts (work, no blocks) in admission order: attach their
+     idle contexts (holding blocks without work and read by no waiting
+     query, latest first), then later-admitted contexts not yet in this step
+     (latest first), then shrinks its chunk to what fits, and preempts itself
+     when nothing fits;
+  2. queries whose contexts are all in the pool and idle, whole (a query is
+     never split: its rows attend to each other and are kept nowhere);
+  3. waiting contexts (work, no blocks) in admission order: attach their
      cached prefix, then take a chunk of what the budget and pool allow; a
      waiting context preempts idle ones only when nothing else runs this step,
      so progress is guaranteed without thrashing running work.
+A chunk lies inside one segment and never runs past the end of the context's
+oldest pending firing; a ``full`` segment runs whole and a ``block_causal``
+one in whole frames. A unit larger than the budget runs alone in a step.
 Preemption frees a context's blocks (its full blocks stay in the prefix cache)
-and recomputes it later from its token history. A chunk never runs past the
-end of the context's oldest pending firing, whose result is due there.
+and recomputes it later from its segments.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from walkserve.engines.kv.block_manager import BlockManager, ContextKey
-from walkserve.engines.kv.sequence import Context, PendingFiring
+from walkserve.engines.kv.sequence import Context, PendingFiring, Segment
 
 
 @dataclass(frozen=True)
@@ -36,64 +42,128 @@ class SchedulerConfig:
 
 
 @dataclass
-class ScheduledChunk:
-    """Compute tokens ``[start, start + num_tokens)`` of ``context`` in this step."""
+class Query:
+    """A submitted query: ``pending.op`` attends to ``reads`` (in order) and writes nothing."""
 
-    context: Context
+    reads: tuple[Context, ...]
+    pending: PendingFiring
+    component: str = ""
+
+    @property
+    def num_tokens(self) -> int:
+        return self.pending.end
+
+
+@dataclass
+class ScheduledChunk:
+    """Compute rows ``[start, start + num_tokens)`` of ``context`` (an append) or all of ``query``'s rows.
+
+    ``pending``: the firing these rows belong to while it is unanswered (None for
+    a recomputed past); ``completes``: the firing this chunk finishes, if it does.
+    Both are fixed when the chunk is planned.
+    """
+
+    context: Context | None
     start: int
     num_tokens: int
+    query: Query | None = None
+    segment: Segment | None = None  # an append's segment (the chunk lies inside it)
+    pending: PendingFiring | None = None
+    completes: PendingFiring | None = None
+
+    @staticmethod
+    def of_context(ctx: Context, n: int) -> ScheduledChunk:
+        start, head = ctx.num_computed, ctx.pending[0]
+        end, live = start + n, head.firing is not None
+        return ScheduledChunk(ctx, start, n, None, ctx.segment_at(start), head if live and end > head.start else None,
+                              head if live and end == head.end else None)
+
+    @staticmethod
+    def of_query(query: Query) -> ScheduledChunk:
+        return ScheduledChunk(None, 0, query.num_tokens, query, None, query.pending, query.pending)
 
     @property
     def end(self) -> int:
         return self.start + self.num_tokens
 
     @property
-    def completes(self) -> PendingFiring | None:
-        """The pending firing this chunk finishes, if it does."""
-        return self.context.pending[0] if self.end == self.context.target else None
+    def component(self) -> str:
+        return self.query.component if self.query is not None else self.context.component
 
 
 @dataclass
 class StepPlan:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     preempted: list[ContextKey] = field(default_factory=list)
+    reading: set[ContextKey] = field(default_factory=set)  # contexts this step's queries read
 
     @property
     def num_tokens(self) -> int:
         return sum(c.num_tokens for c in self.chunks)
 
     def scheduled(self) -> set[ContextKey]:
-        return {c.context.key for c in self.chunks}
+        return {c.context.key for c in self.chunks if c.context is not None} | self.reading
 
 
 class Scheduler:
-    """Owns the contexts and the block manager; plans steps and books their completion."""
+    """Owns the contexts, the queries and the block manager; plans steps and books their completion."""
 
     def __init__(self, block_manager: BlockManager, config: SchedulerConfig):
         self.bm = block_manager
         self.config = config
         self.contexts: dict[ContextKey, Context] = {}
+        self.queries: list[Query] = []
         self.preemptions = 0
         self.prefix_hit_tokens = 0
         self._next_order = 0
 
     # ---- contexts ------------------------------------------------------
-    def context(self, key: ContextKey) -> Context:
+    def context(self, key: ContextKey, component: str = "") -> Context:
         """The context of ``key``, created empty on first use."""
         if key not in self.contexts:
-            self.contexts[key] = Context(key, self._next_order)
-            self._next_order += 1
+            self.contexts[key] = Context(key, self._take_order(), component)
         return self.contexts[key]
+
+    def _take_order(self) -> int:
+        self._next_order += 1
+        return self._next_order - 1
 
     def drop(self, key: ContextKey) -> Context | None:
         self.bm.free(key)
         return self.contexts.pop(key, None)
 
     def drop_request(self, request_id: str) -> list[Context]:
+        self.queries = [q for q in self.queries if q.reads[0].request_id != request_id]
         return [self.drop(k) for k in [k for k in self.contexts if k[0] == request_id]]
 
+    def fork(self, src: ContextKey, dst: ContextKey) -> Context:
+        """``dst`` becomes a snapshot of ``src`` (idle), sharing its blocks when it holds any."""
+        source = self.contexts[src]
+        assert not source.has_work, f"fork of busy context {src}"
+        self.drop(dst)
+        copy = source.snapshot(dst, self._take_order())
+        self.contexts[dst] = copy
+        if self.bm.has(src):
+            self.bm.fork(src, dst)
+        else:
+            copy.num_computed = 0
+        return copy
+
+    def truncate(self, key: ContextKey, length: int) -> None:
+        ctx = self.contexts[key]
+        assert not ctx.has_work, f"truncate of busy context {key}"
+        ctx.truncate(length)
+        if self.bm.has(key):
+            self.bm.truncate(key, ctx.length)
+
+    def add_query(self, query: Query) -> None:
+        for ctx in query.reads:
+            ctx.readers += 1
+        self.queries.append(query)
+
     def num_running(self) -> int:
-        return sum(1 for c in self.contexts.values() if c.has_work and self.bm.has(c.key))
+        held = sum(1 for c in self.contexts.values() if c.has_work and self.bm.has(c.key))
+        return held + len(self.queries)
 
     def num_waiting(self) -> int:
         return sum(1 for c in self.contexts.values() if c.has_work and not self.bm.has(c.key))
@@ -105,13 +175,14 @@ class Scheduler:
         budget = self.config.max_batch_tokens
         held = [c for c in self.contexts.values() if c.has_work and self.bm.has(c.key)]
         for ctx in sorted(held, key=lambda c: (c.remaining > 1, c.order)):
-            if budget == 0 or len(plan.chunks) == self.config.max_running:
+            if budget <= 0 or len(plan.chunks) == self.config.max_running:
                 return plan
             if self.bm.has(ctx.key):  # not preempted earlier in this loop
-                budget -= self._add(plan, ctx, self._reserve_running(ctx, min(ctx.remaining, budget), plan))
+                budget -= self._add(plan, ctx, self._reserve_running(ctx, self._chunk(ctx, budget, plan), plan))
+        budget = self._schedule_queries(plan, budget)
         waiting = [c for c in self.contexts.values() if c.has_work and not self.bm.has(c.key)]
         for ctx in sorted(waiting, key=lambda c: c.order):
-            if budget == 0 or len(plan.chunks) == self.config.max_running:
+            if budget <= 0 or len(plan.chunks) == self.config.max_running:
                 break
             if ctx.key in plan.preempted:
                 continue
@@ -121,25 +192,77 @@ class Scheduler:
             budget -= self._add(plan, ctx, n)
         return plan
 
-    def finish(self, plan: StepPlan) -> list[tuple[Context, PendingFiring]]:
+    def _schedule_queries(self, plan: StepPlan, budget: int) -> int:
+        for query in self.queries:
+            if len(plan.chunks) == self.config.max_running:
+                break
+            if query.num_tokens > budget and plan.chunks:
+                continue
+            ready = True
+            for ctx in query.reads:
+                if ctx.length and (not self.bm.has(ctx.key) or ctx.num_computed < ctx.length):
+                    ctx.restore()  # recompute it first (it was preempted)
+                    ready = False
+            if ready and not any(c.has_work for c in query.reads):
+                plan.chunks.append(ScheduledChunk.of_query(query))
+                plan.reading.update(c.key for c in query.reads)
+                budget -= query.num_tokens
+        return budget
+
+    def finish(self, plan: StepPlan) -> list[tuple[Context | None, PendingFiring]]:
         """Book a step that ran: advance contexts, register full blocks, pop the answered firings."""
-        done = []
+        done: list[tuple[Context | None, PendingFiring]] = []
         for chunk in plan.chunks:
+            if chunk.query is not None:
+                self._end_query(chunk.query)
+                done.append((None, chunk.query.pending))
+                continue
             ctx = chunk.context
             ctx.num_computed = chunk.end
             self.bm.commit(ctx.key, ctx.token_ids, min(ctx.num_computed, ctx.cacheable))
             if ctx.num_computed == ctx.target:
-                done.append((ctx, ctx.pending.popleft()))
+                pending = ctx.pending.popleft()
+                if pending.firing is not None:
+                    done.append((ctx, pending))
         return done
 
+    def _end_query(self, query: Query) -> None:
+        self.queries.remove(query)
+        for ctx in query.reads:
+            ctx.readers -= 1
+
     # ---- internals -----------------------------------------------------
+    def _chunk(self, ctx: Context, budget: int, plan: StepPlan) -> int:
+        """The chunk's length: inside its segment, whole units, within ``budget`` unless it runs alone."""
+        seg = ctx.segment_at(ctx.num_computed)
+        n = min(ctx.target, seg.end) - ctx.num_computed
+        unit = seg.unit()
+        if n <= budget or unit == 1:
+            return min(n, budget)
+        fit = budget // unit * unit
+        return fit if fit else (unit if not plan.chunks else 0)
+
+    @staticmethod
+    def _unit(ctx: Context) -> int:
+        return ctx.segment_at(ctx.num_computed).unit()
+
     @staticmethod
     def _add(plan: StepPlan, ctx: Context, n: int) -> int:
         if n:
-            plan.chunks.append(ScheduledChunk(ctx, ctx.num_computed, n))
+            plan.chunks.append(ScheduledChunk.of_context(ctx, n))
         return n
 
+    def _fit(self, ctx: Context, n: int) -> int:
+        """``n`` cut to the slots the pool can give now, in whole units."""
+        room = min(n, self.bm.max_appendable(ctx.key))
+        if room == n:
+            return n
+        unit = self._unit(ctx)
+        return room if unit == 1 else room // unit * unit
+
     def _reserve_running(self, ctx: Context, n: int, plan: StepPlan) -> int:
+        if n == 0:
+            return 0
         protected: set[ContextKey] | None = None  # built only when a victim is needed (rare)
         while not self.bm.can_append(ctx.key, n):
             protected = protected or plan.scheduled() | {ctx.key}
@@ -147,7 +270,7 @@ class Scheduler:
             if victim is None:
                 break
             self._preempt(victim, plan)
-        n = min(n, self.bm.max_appendable(ctx.key))
+        n = self._fit(ctx, n)
         if n == 0:
             self._preempt(ctx, plan)
             return 0
@@ -157,14 +280,14 @@ class Scheduler:
     def _admit(self, ctx: Context, budget: int, plan: StepPlan) -> int:
         hits = self.bm.attach_prefix(ctx.key, ctx.token_ids, min(ctx.cacheable, ctx.target - 1))
         ctx.num_computed = hits
-        n = min(ctx.remaining, budget)
-        protected = {ctx.key}  # the loop runs only while nothing else is scheduled
-        while not plan.chunks and not self.bm.can_append(ctx.key, n):
+        n = self._chunk(ctx, budget, plan)
+        protected = plan.scheduled() | {ctx.key}  # the loop runs only while nothing else is scheduled
+        while not plan.chunks and n and not self.bm.can_append(ctx.key, n):
             victim = self._victim(ctx, protected, running_too=False)
             if victim is None:
                 break
             self._preempt(victim, plan)
-        n = min(n, self.bm.max_appendable(ctx.key))
+        n = self._fit(ctx, n) if n else 0
         if n == 0:
             self.bm.free(ctx.key)
             ctx.num_computed = 0
@@ -179,8 +302,8 @@ class Scheduler:
             raise RuntimeError(f"context {ctx.key}: {n} slots did not fit although the pool said they would")
 
     def _victim(self, ctx: Context, protected: set[ContextKey], running_too: bool) -> Context | None:
-        """Idle holders first, then (if allowed) later-admitted running ones; latest admitted first."""
-        holders = [c for c in self.contexts.values() if self.bm.has(c.key) and c.key not in protected]
+        """Idle holders no waiting query reads first, then (if allowed) later-admitted running ones; latest first."""
+        holders = [c for c in self.contexts.values() if self.bm.has(c.key) and c.key not in protected and not c.readers]
         idle = [c for c in holders if not c.has_work]
         if idle:
             return max(idle, key=lambda c: c.order)
@@ -192,3 +315,8 @@ class Scheduler:
         ctx.num_computed = 0
         plan.preempted.append(ctx.key)
         self.preemptions += 1
+
+
+def describe(plan: StepPlan) -> list[tuple[Any, int, int]]:
+    """The plan as (context key or "query", start, n), for logs and tests."""
+    return [(c.context.key if c.context is not None else "query", c.start, c.num_tokens) for c in plan.chunks]

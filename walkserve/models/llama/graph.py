@@ -7,10 +7,15 @@
     decode_logprobs: the same loop, and each token's log-probabilities to the client
               lm.logprob, lm.top_logprobs, lm.top_logprob_ids -> client:logprobs
               (chosen instead of ``decode`` when the request's sampling asks for logprobs)
+    prefill_logprobs: prefill that also returns the prompt's own log-probabilities (one prefill)
+              input.prompt -> lm.tokens, input.targets (the prompt shifted by one) -> lm.targets
+              lm.prompt_logprobs, lm.prompt_top_logprobs, lm.prompt_top_logprob_ids -> client:logprobs
+              (chosen instead of ``prefill`` when the sampling asks for prompt_logprobs)
 
-The KV engine appends each firing's ``tokens`` to the request's context, so
-prefill (prompt minus its last token) and decode (the last prompt token, then
-each sampled token) build one history. A one-token prompt skips prefill. The
+Every LM node declares its KV operation: append ``tokens`` to the request's
+``main`` context (``walkserve.graph.kv``), so prefill (prompt minus its last
+token) and decode (the last prompt token, then each sampled token) build one
+history. A one-token prompt skips prefill. The
 stop token itself is never exposed (not streamed, not fed to a consumer).
 Orpheus reuses these pieces with its own decode walk (``models/orpheus/graph.py``).
 """
@@ -34,9 +39,13 @@ from walkserve.graph import (
     WalkGraph,
     WalkStart,
 )
+from walkserve.graph.kv import ALL, append, kv_params
 from walkserve.graph.stop import scalar
 
 LOGPROB_OUTPUTS = ("logprob", "top_logprobs", "top_logprob_ids")
+PROMPT_LOGPROB_OUTPUTS = ("prompt_logprobs", "prompt_top_logprobs", "prompt_top_logprob_ids")
+PROMPT_LOGPROBS_WALK = "prefill_logprobs"
+CONTEXT = "main"
 PROMPT_INPUT = "prompt_token_ids"  # RequestSpec.inputs key: int64 [N] (the key the API reads prompt lengths from)
 LM = "lm"
 LOOP = "decode_loop"
@@ -69,16 +78,28 @@ def stop_rule(always: tuple[int, ...] = ()) -> StopWhen:
     return StopWhen(f"{LM}.token", StopTokens(tuple(always)), include_stopping=False, label=label)
 
 
-def prefill_walk() -> Walk:
-    """``input.prompt`` (every prompt token but the last) into the LM's KV cache."""
-    return Walk("prefill", GraphNode(LM, inputs=["tokens"]), edges=[GraphEdge("input.prompt", f"{LM}.tokens")],
-                inputs=["prompt"])
+def prefill_walk(logprobs: bool = False) -> Walk:
+    """``input.prompt`` (every prompt token but the last) into the LM's KV cache.
+
+    With ``logprobs`` (the ``prefill_logprobs`` walk) the same append returns,
+    for every prompt row, the log-probability of the next prompt token
+    (``input.targets``) and its top-k, in the same single prefill.
+    """
+    if not logprobs:
+        node = GraphNode(LM, inputs=["tokens"], params=kv_params(append(CONTEXT)))
+        return Walk("prefill", node, edges=[GraphEdge("input.prompt", f"{LM}.tokens")], inputs=["prompt"])
+    node = GraphNode(LM, inputs=["tokens", "targets"], outputs=PROMPT_LOGPROB_OUTPUTS,
+                     params=kv_params(append(CONTEXT, rows=ALL)))
+    edges = [GraphEdge("input.prompt", f"{LM}.tokens"), GraphEdge("input.targets", f"{LM}.targets")]
+    edges += [GraphEdge(f"{LM}.{out}", Client("logprobs")) for out in PROMPT_LOGPROB_OUTPUTS]
+    return Walk(PROMPT_LOGPROBS_WALK, node, edges=edges, inputs=["prompt", "targets"])
 
 
 def decode_loop(node_params: Mapping[str, Any] | None = None, always_stop: tuple[int, ...] = (),
                 extra_outputs: tuple[str, ...] = ()) -> DynamicLoop:
     """The sampling loop: one token per iteration, fed back as the next iteration's input."""
-    node = GraphNode(LM, inputs=["tokens"], outputs=["token", *extra_outputs], params=dict(node_params or {}))
+    params = {**dict(node_params or {}), **kv_params(append(CONTEXT))}
+    node = GraphNode(LM, inputs=["tokens"], outputs=["token", *extra_outputs], params=params)
     return DynamicLoop(node, stop=stop_rule(always_stop), max_iterations="max_tokens",
                        carry={f"{LM}.token": f"{LM}.tokens"}, name=LOOP)
 
@@ -104,7 +125,8 @@ class PromptThenDecode(StateMachine):
     """prefill (when the prompt has more than one token), then decode, then done.
 
     With ``logprobs`` set, a request whose sampling asks for logprobs decodes
-    through the ``decode_logprobs`` walk instead.
+    through the ``decode_logprobs`` walk instead, and one that asks for
+    prompt_logprobs prefills through ``prefill_logprobs``.
     """
 
     def __init__(self, logprobs: bool = False):
@@ -117,10 +139,13 @@ class PromptThenDecode(StateMachine):
         ids = prompt_ids(request)
         if len(ids) == 1:
             return WalkStart(self._decode(request), {"last": ArrayData.from_list(ids, "int64")})
-        return WalkStart("prefill", {"prompt": ArrayData.from_list(ids[:-1], "int64")})
+        prompt = ArrayData.from_list(ids[:-1], "int64")
+        if self.logprobs and request.sampling.prompt_logprobs is not None:
+            return WalkStart(PROMPT_LOGPROBS_WALK, {"prompt": prompt, "targets": ArrayData.from_list(ids[1:], "int64")})
+        return WalkStart("prefill", {"prompt": prompt})
 
     def next(self, request: RequestSpec, finished: str, outputs: Mapping[str, Value]) -> WalkStart | None:
-        if finished == "prefill":
+        if finished in ("prefill", PROMPT_LOGPROBS_WALK):
             return WalkStart(self._decode(request), {"last": ArrayData.from_list(prompt_ids(request)[-1:], "int64")})
         return None
 
@@ -132,4 +157,5 @@ def prompt_state_machine(logprobs: bool = False) -> PromptThenDecode:
 
 def build_graph(name: str = "llama") -> WalkGraph:
     """The text LM's walk graph (prefill + decode, text and, when asked for, logprobs to the client)."""
-    return WalkGraph(name, [prefill_walk(), text_decode_walk(), text_decode_walk(logprobs=True)], prompt_state_machine(True))
+    walks = [prefill_walk(), prefill_walk(logprobs=True), text_decode_walk(), text_decode_walk(logprobs=True)]
+    return WalkGraph(name, walks, prompt_state_machine(True))

@@ -87,10 +87,13 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope, config.max_position_embeddings)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: AttentionContext,
+                capture: dict[int, torch.Tensor | None] | None = None) -> torch.Tensor:
         cos, sin = self.rotary.cos_sin(positions)  # [T, Dr/2] float32, shared by all layers
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            if capture is not None and i in capture:
+                capture[i] = x  # [T, D]: the input of layer i
             x = layer(x, cos, sin, attn)  # [T, D]
         return self.norm(x)  # [T, D]
 
@@ -130,15 +133,18 @@ class CausalLM(nn.Module):
         positions: torch.Tensor,
         attn: AttentionContext,
         inputs_embeds: torch.Tensor | None = None,
+        capture: dict[int, torch.Tensor | None] | None = None,
     ) -> torch.Tensor:
         """Hidden states after the final norm, [T, D].
 
         ``input_ids`` [T] and ``positions`` [T] cover every token of the batch
         (ragged); ``inputs_embeds`` [T, D], when given, replaces the embedding
-        lookup (multimodal prompts splice encoder outputs in).
+        lookup (multimodal prompts splice encoder outputs in). ``capture``:
+        for every layer index already a key, the input of that layer [T, D]
+        is stored under it.
         """
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds  # [T, D]
-        return self.model(x, positions, attn)
+        return self.model(x, positions, attn, capture)
 
     def compute_logits(
         self, hidden: torch.Tensor, allowed: Sequence[Sequence[tuple[int, int]] | None] | None = None

@@ -12,6 +12,7 @@ from jinja2 import TemplateError
 from walkserve.core.array import ArrayData
 from walkserve.core.context import max_new_tokens
 from walkserve.core.errors import ConfigError, InvalidRequest
+from walkserve.core.params import Params
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
 from walkserve.models.detokenizer import IncrementalDetokenizer
@@ -19,6 +20,12 @@ from walkserve.models.llama.config import LMConfig
 from walkserve.models.llama.graph import PROMPT_INPUT
 from walkserve.models.processor import ModelCard, Processor
 from walkserve.models.tokenizer import Tokenizer
+
+
+class TextParams(Params, frozen=True):
+    """A text LM's request parameters."""
+
+    add_generation_prompt: bool = True  # chat: end the rendered template with the assistant's turn opening
 
 
 class TextLMProcessor(Processor):
@@ -33,6 +40,8 @@ class TextLMProcessor(Processor):
     are merged into ``sampling.stop_token_ids`` unless ``sampling.ignore_eos``.
     ``random_weights`` is also taken from the checkpoint's marker (tiny checkpoints).
     """
+
+    params_type = TextParams
 
     def __init__(
         self,

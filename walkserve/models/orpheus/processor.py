@@ -20,11 +20,14 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
 
 from walkserve.core.array import ArrayData
 from walkserve.core.context import max_new_tokens
 from walkserve.core.errors import InvalidRequest
+from walkserve.core.params import Params
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
 from walkserve.models.llama.config import LMConfig
@@ -57,8 +60,18 @@ DEFAULT_SAMPLING = {
 TASKS = ("speech", "generate")
 
 
+class SpeechParams(Params, frozen=True):
+    """Orpheus's request parameters (the speech route fills them from its body)."""
+
+    voice: str | None = None
+    speed: Annotated[float, msgspec.Meta(ge=0.25, le=4.0)] = 1.0  # OpenAI's range; Orpheus speaks only at 1.0
+    instructions: str | None = None
+
+
 class OrpheusProcessor(Processor):
     """Builds Orpheus speech requests from text and a voice."""
+
+    params_type = SpeechParams
 
     def __init__(
         self,

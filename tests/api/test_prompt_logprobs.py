@@ -1,0 +1,184 @@
+"""Prompt logprobs on /v1/completions (echo + logprobs, OpenAI's legacy format) and lm-evaluation-harness against them.
+
+One server per module: a tiny random-weight Llama on the real runtime. The
+prompt's log-probabilities are checked against transformers' log_softmax on
+the same checkpoint; lm-eval's ``local-completions`` model then scores a
+loglikelihood task and a generate_until task defined here from local files.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import httpx
+import pytest
+import torch
+
+from tests.api.real_server import in_thread_server
+from walkserve.core.config import RuntimeConfig
+from walkserve.models.llama.tiny import write_tiny
+
+pytestmark = pytest.mark.slow
+PROMPT = "The river flows past the old mill"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_tiny("llama", tmp_path_factory.mktemp("plp") / "tiny-llama", seed=5, init_std=0.1)
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint):
+    with in_thread_server("llama", checkpoint, RuntimeConfig(max_running=8)) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def oracle(checkpoint):
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
+    return model, tokenizer
+
+
+def _completion(server, **body) -> dict:
+    body = {"model": "tiny-llama", "prompt": PROMPT, "max_tokens": 3, "temperature": 0, **body}
+    r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_echo_with_logprobs_returns_the_prompt_logprobs_of_transformers(server, oracle):
+    model, tokenizer = oracle
+    ids = tokenizer(PROMPT).input_ids
+    with torch.no_grad():
+        want = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)  # [N, V]
+    choice = _completion(server, echo=True, logprobs=2)["choices"][0]
+    lp = choice["logprobs"]
+    n = len(ids)
+    assert choice["text"].startswith(PROMPT)
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == n + 3
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None  # nothing precedes the first token
+    for i in range(1, n):
+        assert abs(lp["token_logprobs"][i] - float(want[i - 1, ids[i]])) <= 1e-4, i
+        top = sorted(lp["top_logprobs"][i].values(), reverse=True)
+        torch.testing.assert_close(torch.tensor(top), want[i - 1].topk(2).values, atol=1e-4, rtol=1e-4)
+    assert lp["text_offset"][0] == 0 and lp["text_offset"][n] == len(PROMPT)
+    greedy = int(want[-1].argmax())  # the first generated token continues from the prompt's last row
+    assert lp["token_logprobs"][n] == pytest.approx(float(want[-1, greedy]), abs=1e-4)
+
+
+def test_streamed_echo_logprobs_equal_the_collected_ones(server):
+    whole = _completion(server, echo=True, logprobs=1)["choices"][0]["logprobs"]
+    body = {"model": "tiny-llama", "prompt": PROMPT, "max_tokens": 3, "temperature": 0, "echo": True, "logprobs": 1,
+            "stream": True}
+    tokens, values = [], []
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                lp = json.loads(line[6:])["choices"][0]["logprobs"] if json.loads(line[6:])["choices"] else None
+                if lp:
+                    tokens += lp["tokens"]
+                    values += lp["token_logprobs"]
+    assert tokens == whole["tokens"]
+    assert values[0] is None and values[1:] == pytest.approx(whole["token_logprobs"][1:], abs=1e-6)
+
+
+TASKS = {
+    "tiny_ll": """
+        task: tiny_ll
+        dataset_path: json
+        dataset_kwargs:
+          data_files:
+            test: {data}
+        test_split: test
+        output_type: multiple_choice
+        doc_to_text: "{{{{question}}}}"
+        doc_to_choice: choices
+        doc_to_target: label
+        metric_list:
+          - metric: acc
+    """,
+    "tiny_gen": """
+        task: tiny_gen
+        dataset_path: json
+        dataset_kwargs:
+          data_files:
+            test: {data}
+        test_split: test
+        output_type: generate_until
+        doc_to_text: "{{{{question}}}}"
+        doc_to_target: "{{{{answer}}}}"
+        generation_kwargs:
+          until: ["\\n"]
+          max_gen_toks: 4
+          do_sample: false
+        metric_list:
+          - metric: exact_match
+    """,
+}
+DOCS = {
+    "tiny_ll": [{"question": "Water is", "choices": [" wet", " dry"], "label": 0},
+                {"question": "The sky is", "choices": [" blue", " green", " loud"], "label": 0},
+                {"question": "Fire is", "choices": [" cold", " hot"], "label": 1}],
+    "tiny_gen": [{"question": "One two", "answer": " three"}, {"question": "A B", "answer": " C"}],
+}
+
+
+def test_lm_eval_harness_scores_a_loglikelihood_and_a_generate_until_task(server, checkpoint, tmp_path, monkeypatch):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for name, yaml in TASKS.items():
+        data = tmp_path / f"{name}.jsonl"
+        data.write_text("".join(json.dumps(d) + "\n" for d in DOCS[name]))
+        (tmp_path / f"{name}.yaml").write_text(textwrap.dedent(yaml).format(data=data))
+    model_args = (f"base_url={server.url}/v1/completions,model=tiny-llama,tokenizer={checkpoint},"
+                  "tokenizer_backend=huggingface,tokenized_requests=True,max_retries=1,num_concurrent=2")
+    out = lm_eval.simple_evaluate(model="local-completions", model_args=model_args, tasks=list(TASKS),
+                                  task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False),
+                                  cache_requests=False,
+                                  log_samples=False, verbosity="WARNING")
+    results = out["results"]
+    acc, match = results["tiny_ll"]["acc,none"], results["tiny_gen"]["exact_match,none"]
+    assert 0.0 <= acc <= 1.0 and 0.0 <= match <= 1.0  # the harness parsed a score from each kind of request
+    samples = out.get("n-samples", {})
+    assert samples.get("tiny_ll", {}).get("effective", 3) == 3
+
+
+def test_an_unknown_or_bad_request_parameter_is_a_400_naming_it(server):
+    body = {"inputs": {"prompt": PROMPT}, "modalities": ["text"], "params": {"bogus": 1}}
+    r = httpx.post(f"{server.url}/v1/generate", json=body, timeout=60)
+    assert r.status_code == 400 and "bogus" in r.text, r.text
+    body["params"] = {"add_generation_prompt": "maybe"}
+    r = httpx.post(f"{server.url}/v1/generate", json=body, timeout=60)
+    assert r.status_code == 400 and "add_generation_prompt" in r.text, r.text
+
+
+def test_node_sampling_applies_per_node_and_an_unknown_node_is_refused(server):
+    from walkserve.core.errors import InvalidRequest
+    from walkserve.core.sampling import SamplingParams
+
+    processor = server.engine.processor
+    base = SamplingParams(temperature=1.0, max_tokens=6, seed=3, ignore_eos=True)
+
+    def tokens(spec):
+        events, finished = server.run_direct(spec)
+        assert finished.error is None
+        return [t for e in events if e.modality == "text" for t in (e.data.tolist() if hasattr(e.data, "tolist") else e.data)]
+
+    spec = processor.build_request("completion", {"prompt": PROMPT}, base, {})
+    sampled = tokens(spec)
+    spec = processor.build_request("completion", {"prompt": PROMPT}, base, {})
+    spec.node_sampling = {"lm": SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)}
+    greedy = tokens(spec)
+    spec = processor.build_request("completion", {"prompt": PROMPT}, SamplingParams(temperature=0.0, max_tokens=6,
+                                                                                    ignore_eos=True), {})
+    assert greedy == tokens(spec) != sampled  # the lm node sampled with its own (greedy) params
+    spec.node_sampling = {"talker": SamplingParams()}
+    with pytest.raises(InvalidRequest, match="talker"):
+        server.run_direct(spec)

@@ -1,0 +1,190 @@
+"""What a KV-cache node does to its request's KV contexts, declared in the graph (torch-free).
+
+A model declares, per node, an ordered list of context operations in the
+node's params (``GraphNode(..., params=kv_params(...))``); the worker binds
+each declaration to the firing's input tensors (``engines.kv.ops.bind``) and
+the KV engine carries it out.
+
+    gen       ━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━  append("gen", ...)   writes, attends to its prefix + itself
+    cfg_text  ┗━ fork("gen", into="cfg_text")   shares gen's blocks; copies a block only on its next write
+    query     ░░░  query("gen")                  attends to gen (+ itself), writes nothing, allocates nothing
+
+Operations (``op``):
+  append    write the chunk's K/V into ``context`` (created empty on first use),
+            attending to its cached prefix plus the chunk under ``mask``;
+  query     attend to ``reads`` (default: ``context``), concatenated in order, plus
+            the chunk under ``mask``; nothing is written;
+  fork      ``context`` becomes a copy-on-write snapshot of ``source`` (an existing
+            ``context`` is dropped first);
+  truncate  roll ``context`` back to ``length`` tokens (an int, or an input slot);
+  drop      free ``context``.
+
+Masks, per chunk (the cached prefix is always visible in full):
+  causal        row i sees the chunk's rows 0..i
+  full          every row sees the whole chunk (image blocks, pi0's prefix and suffix)
+  block_causal  frames of ``frame`` rows: a row sees its own and earlier frames (V-JEPA 2-AC)
+
+Inputs, by slot name (``tokens``/``embeds``/``embed_rows``/``positions``/``targets``):
+  tokens      int ids [T]; optional when ``embeds`` covers every row
+  embeds      float [N, D] replacing the embeddings of rows ``embed_rows`` (int [N]) or, without
+              ``embed_rows``, of every row (N == T)
+  positions   int [T] or [A, T] (multi-axis rope); absent = the context's running position
+              (one past the largest position appended so far) + 0..T-1
+  targets     int [T]: the next token of each row, for ``prompt_logprobs``
+  token_inputs  the named slots are passed to the model's forward as extra per-token tensors [T, ...]
+
+Outputs (the node's declared outputs the engine fills):
+  token, logprob, top_logprobs, top_logprob_ids   sampled from the chunk's last row
+  logits, hidden        the chosen ``rows`` (last: logits [V], hidden [1, D]; otherwise [N, V], [N, D])
+  <name> in capture     the *input* of layer k at the chosen rows ([1, D] or [N, D])
+  prompt_logprobs, prompt_top_logprobs, prompt_top_logprob_ids   log p(targets[i] | rows ..i) at the chosen rows
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from walkserve.core.errors import GraphError
+
+OPS = ("append", "query", "fork", "truncate", "drop")
+MASKS = ("causal", "full", "block_causal")
+ROW_KINDS = ("last", "all", "range", "where")
+KV_PARAM = "kv"  # GraphNode.params key holding the node's tuple of ContextOpSpec
+DEFAULT_CONTEXT = "main"
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Which rows of a chunk come out: the last, all, ``[start, stop)`` (chunk-relative), or where slot ``slot`` (bool [T]) is true."""
+
+    kind: str = "last"
+    start: int = 0
+    stop: int | None = None
+    slot: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ROW_KINDS:
+            raise GraphError(f"rows kind {self.kind!r} is not one of {', '.join(ROW_KINDS)}")
+        if self.kind == "where" and not self.slot:
+            raise GraphError("rows 'where' needs the input slot holding the bool row mask")
+        if self.kind == "range" and (self.start < 0 or (self.stop is not None and self.stop <= self.start)):
+            raise GraphError(f"rows range [{self.start}, {self.stop}) is empty or negative")
+
+    @staticmethod
+    def range(start: int, stop: int | None = None) -> Rows:
+        return Rows("range", start, stop)
+
+    @staticmethod
+    def where(slot: str) -> Rows:
+        """The rows a per-token bool input marks (a modality's positions)."""
+        return Rows("where", slot=slot)
+
+
+LAST, ALL = Rows("last"), Rows("all")
+
+
+@dataclass(frozen=True)
+class ContextOpSpec:
+    """One declared context operation (see the module docstring). Filled by model graph code; validated here."""
+
+    op: str
+    context: str = DEFAULT_CONTEXT
+    reads: tuple[str, ...] = ()
+    source: str = ""
+    length: int | str | None = None
+    mask: str = "causal"
+    frame: int = 0
+    rows: Rows = LAST
+    capture: Mapping[str, int] = field(default_factory=dict)
+    token_inputs: tuple[str, ...] = ()
+    tokens: str = "tokens"
+    embeds: str = "embeds"
+    embed_rows: str = "embed_rows"
+    positions: str = "positions"
+    targets: str = "targets"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reads", tuple(self.reads))
+        object.__setattr__(self, "token_inputs", tuple(self.token_inputs))
+        object.__setattr__(self, "capture", dict(self.capture))
+        if self.op not in OPS:
+            raise GraphError(f"context op {self.op!r} is not one of {', '.join(OPS)}")
+        if self.mask not in MASKS:
+            raise GraphError(f"mask {self.mask!r} is not one of {', '.join(MASKS)}")
+        if (self.mask == "block_causal") != (self.frame > 0):
+            raise GraphError("mask 'block_causal' needs frame > 0 (tokens per frame), and only it takes a frame")
+        if self.op == "fork" and not self.source:
+            raise GraphError(f"fork into {self.context!r} needs a source context")
+        if self.op == "truncate" and self.length is None:
+            raise GraphError(f"truncate of {self.context!r} needs a length (an int or an input slot)")
+        if self.reads and self.op != "query":
+            raise GraphError("only a query reads other contexts (reads=...)")
+        if any(not isinstance(k, int) or k < 0 for k in self.capture.values()):
+            raise GraphError(f"capture maps output names to layer indices >= 0, got {self.capture}")
+        simple = self.op == "append" and self.mask == "causal" and self.rows == LAST
+        object.__setattr__(self, "_tokens_only", simple and not self.capture and not self.token_inputs)
+
+    @property
+    def tokens_only(self) -> bool:
+        """A causal append of ids, last row out: what a decode step declares (bound on a fast path)."""
+        return self._tokens_only
+
+    @property
+    def computes(self) -> bool:
+        """True for append and query (a forward runs); fork, truncate and drop are bookkeeping."""
+        return self.op in ("append", "query")
+
+    @property
+    def read_contexts(self) -> tuple[str, ...]:
+        return self.reads or (self.context,)
+
+
+def append(context: str = DEFAULT_CONTEXT, **fields: Any) -> ContextOpSpec:
+    """Write the chunk into ``context`` (mask, rows, capture, token_inputs, slot names: see ContextOpSpec)."""
+    return ContextOpSpec("append", context, **fields)
+
+
+def query(*reads: str, **fields: Any) -> ContextOpSpec:
+    """Attend to ``reads`` (in order) plus the chunk, writing nothing."""
+    reads = reads or (DEFAULT_CONTEXT,)
+    return ContextOpSpec("query", reads[0], reads=reads, **fields)
+
+
+def fork(source: str, into: str) -> ContextOpSpec:
+    """``into`` becomes a copy-on-write snapshot of ``source``."""
+    return ContextOpSpec("fork", into, source=source)
+
+
+def truncate(context: str, length: int | str) -> ContextOpSpec:
+    """Roll ``context`` back to ``length`` tokens (an int, or the input slot holding it)."""
+    return ContextOpSpec("truncate", context, length=length)
+
+
+def drop(context: str) -> ContextOpSpec:
+    return ContextOpSpec("drop", context)
+
+
+def kv_params(*ops: ContextOpSpec, **other: Any) -> dict[str, Any]:
+    """GraphNode params declaring the node's context operations, in order (at most one append or query)."""
+    if not ops:
+        raise GraphError("kv_params needs at least one context operation")
+    if sum(op.computes for op in ops) > 1:
+        raise GraphError("a firing runs at most one forward: give at most one append or query")
+    return {**other, KV_PARAM: tuple(ops)}
+
+
+_DEFAULTS: dict[str, tuple[ContextOpSpec, ...]] = {}
+
+
+def declared_ops(node_params: Mapping[str, Any]) -> tuple[ContextOpSpec, ...]:
+    """A node's declared operations; undeclared nodes append ``tokens`` to ``params["context"]`` (default "main")."""
+    ops = node_params.get(KV_PARAM)
+    if ops is not None:
+        return ops
+    name = str(node_params.get("context", DEFAULT_CONTEXT))
+    default = _DEFAULTS.get(name)
+    if default is None:
+        default = _DEFAULTS[name] = (ContextOpSpec("append", name),)
+    return default

@@ -1,0 +1,366 @@
+"""Paged attention: keys and values live in a block pool shared by many sequences.
+
+One model call computes a ragged batch of sequences. Sequence ``i`` brings
+``query_lens[i]`` rows and is either
+
+    an append:  its rows are written to ``block_tables[i]`` at positions
+                kv_lens[i] - q .. kv_lens[i] - 1 and attend to the cached prefix
+                (every key before them) plus the chunk under its mask;
+    a query:    ``reads[i]`` lists (block table, length) of each context it reads,
+                in order; its rows attend to all of them plus the chunk under its
+                mask, and nothing is written.
+
+    keys seen by a chunk row:   | cached prefix (all visible) | chunk rows (mask) |
+    mask:  causal        row r sees chunk rows 0..r
+           full          row r sees every chunk row
+           block_causal  row r sees chunk rows of frames <= r // frame
+
+Padding (a block's unwritten tail, the blocks of shorter sequences) is hidden
+by a finite large negative bias or a False in a bool mask, never -inf, so no
+row is ever NaN: every row sees at least itself.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from walkserve.core.errors import ConfigError
+from walkserve.layers.attention import AttentionContext
+
+MASKS = ("causal", "full", "block_causal")
+
+Read = tuple[list[int], int]  # (block table, tokens) of one context a query reads
+
+
+@dataclass(frozen=True)
+class PagedBatch:
+    """Which rows of which sequences one model call computes (plain ints, built per step).
+
+    ``kv_lens[i]``: an append's tokens after the step (its prefix is
+    ``kv_lens[i] - query_lens[i]``); a query's cached keys (the sum of its
+    reads). ``block_tables[i]``: an append's table (``position // block_size``
+    indexes it); ``[]`` for a query. ``masks``/``frames``: per sequence (None =
+    all causal). ``reads``: per sequence, None for an append, the contexts read
+    for a query (None = no queries at all).
+    """
+
+    query_lens: list[int]
+    kv_lens: list[int]
+    block_tables: list[list[int]]
+    block_size: int
+    masks: list[str] | None = None
+    frames: list[int] | None = None
+    reads: list[list[Read] | None] | None = None
+
+    def __post_init__(self) -> None:
+        assert len(self.query_lens) == len(self.kv_lens) == len(self.block_tables)
+        for i, (q_len, kv_len, table) in enumerate(zip(self.query_lens, self.kv_lens, self.block_tables)):
+            if self.is_query(i):
+                assert sum(n for _, n in self.reads[i]) == kv_len and q_len >= 1, f"query {i}: kv_len {kv_len}"
+                for t, n in self.reads[i]:
+                    assert len(t) * self.block_size >= n, f"block table too short for {n} tokens"
+                continue
+            assert 1 <= q_len <= kv_len, f"query_len {q_len} must be in [1, kv_len {kv_len}]"
+            assert len(table) * self.block_size >= kv_len, f"block table too short for {kv_len} tokens"
+        if self.masks is not None:
+            assert all(m in MASKS for m in self.masks) and len(self.masks) == len(self.query_lens)
+            assert self.frames is not None and all(f > 0 for m, f in zip(self.masks, self.frames) if m == "block_causal")
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+    def is_query(self, i: int) -> bool:
+        return self.reads is not None and self.reads[i] is not None
+
+    def mask(self, i: int) -> str:
+        return "causal" if self.masks is None else self.masks[i]
+
+    @property
+    def plain(self) -> bool:
+        """Only causal appends (what every backend serves)."""
+        return self.reads is None and (self.masks is None or all(m == "causal" for m in self.masks))
+
+    def tensors(self, device: torch.device) -> PagedIndex:
+        """The batch as index tensors on ``device`` (computed once per step, shared by all layers)."""
+        return PagedIndex.build(self, device)
+
+
+@dataclass(frozen=True)
+class PagedIndex:
+    """Index tensors of a PagedBatch.
+
+    tables:   [S, max_blocks]  block ids, padded with 0 (a query's row is all 0)
+    kv_lens:  [S]              tokens in each append's KV after the step (a query's cached keys)
+    slots:    [W]              pool slot each written row goes to (the appends' rows, in batch order)
+    written:  [W] or None      batch rows that are written (None: every row)
+    """
+
+    batch: PagedBatch
+    tables: torch.Tensor
+    kv_lens: torch.Tensor
+    slots: torch.Tensor
+    written: torch.Tensor | None
+
+    @staticmethod
+    def build(batch: PagedBatch, device: torch.device) -> PagedIndex:
+        width = max(max((len(t) for t in batch.block_tables), default=1), 1)
+        tables = torch.tensor([t + [0] * (width - len(t)) for t in batch.block_tables], dtype=torch.long)  # [S, W]
+        q_lens = torch.tensor(batch.query_lens, dtype=torch.long)
+        kv_lens = torch.tensor(batch.kv_lens, dtype=torch.long)
+        seq_of = torch.repeat_interleave(torch.arange(len(q_lens)), q_lens)  # [T]
+        first_new = torch.cumsum(q_lens, 0) - q_lens  # [S] batch row of each sequence's first new token
+        positions = kv_lens[seq_of] - q_lens[seq_of] + torch.arange(len(seq_of)) - first_new[seq_of]  # [T]
+        written = None
+        if batch.reads is not None:
+            keep = torch.tensor([not batch.is_query(i) for i in range(len(q_lens))])[seq_of]  # [T]
+            written = keep.nonzero().reshape(-1)
+            seq_of, positions = seq_of[written], positions[written]
+            written = written.to(device)
+        slots = _slots(tables, seq_of, positions, batch.block_size)
+        return PagedIndex(batch, tables.to(device), kv_lens.to(device), slots.to(device), written)
+
+    def padded_blocks(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Blocks of append sequences ``rows``, padded to the longest: ids [B * W] (padding reads block 0), key mask [B, W * bs]."""
+        bs = self.batch.block_size
+        width = max(-(-self.batch.kv_lens[i] // bs) for i in rows)
+        blocks = self.tables[rows, :width]  # [B, W]
+        positions = torch.arange(width * bs, device=self.tables.device)  # [W * bs]
+        mask = positions[None, :] < self.kv_lens[rows][:, None]  # [B, W * bs]
+        return blocks.reshape(-1), mask
+
+
+def _slots(tables: torch.Tensor, seqs: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Pool slot of ``positions`` of sequences ``seqs`` (same shapes) through block ``tables`` [S, W]."""
+    return tables[seqs, positions // block_size] * block_size + positions % block_size
+
+
+def chunk_mask(kind: str, n: int, frame: int, device: torch.device) -> torch.Tensor | None:
+    """bool [n, n] among a chunk's rows (True = may attend); None for full."""
+    if kind == "full":
+        return None
+    if kind == "block_causal":
+        f = torch.arange(n, device=device) // frame
+        return f[:, None] >= f[None, :]
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril()
+
+
+def _neg(dtype: torch.dtype) -> float:
+    """A finite bias that hides a key in ``dtype`` without overflowing when added to a score."""
+    return torch.finfo(dtype).min / 2
+
+
+class PagedAttentionBackend(ABC):
+    """Makes the attention context of one model call over a paged pool. One per engine."""
+
+    @abstractmethod
+    def context(self, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch) -> AttentionContext:
+        """k_cache, v_cache: [L, N, block_size, Hkv, Dh]; ``batch`` describes the step's tokens."""
+
+    def supports(self, batch: PagedBatch) -> bool:
+        """Whether this backend computes ``batch`` itself (the engine falls back to the PyTorch path otherwise)."""
+        return True
+
+
+class TorchPagedAttention(AttentionContext):
+    """Paged attention in plain PyTorch: correct for any block tables, masks and mix of appends and queries.
+
+    Every layer writes the appended rows' k/v to their slots, then gathers
+    each sequence's blocks (whole blocks, indices precomputed once per step)
+    into scratch buffers reused by every layer. One-row appends run as one
+    padded SDPA call with an additive key bias and the query heads of each KV
+    head folded into the query axis (no K/V expansion for GQA); every other
+    sequence runs in its own SDPA call with a bool mask (prefix visible, the
+    chunk under its mask kind). A batch of decodes only skips every row scatter.
+    """
+
+    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch, scratch: Scratch):
+        self.k_cache, self.v_cache, self.scratch = k_cache, v_cache, scratch
+        device = k_cache.device
+        index = batch.tensors(device)
+        self.slot_mapping, self.written = index.slots, index.written  # [W], [W] or None
+        starts = [0]
+        for q_len in batch.query_lens:
+            starts.append(starts[-1] + q_len)
+        decodes = [i for i, q_len in enumerate(batch.query_lens) if q_len == 1 and not batch.is_query(i)]
+        self.only_decodes = len(decodes) == len(batch.query_lens)
+        self.decode_rows = torch.tensor([starts[i] for i in decodes], dtype=torch.long, device=device)
+        self.decode_blocks = self.decode_bias = None
+        if decodes:
+            self.decode_blocks, mask = index.padded_blocks(decodes)  # [B * W], [B, W * bs]
+            bias = torch.zeros(mask.shape, dtype=k_cache.dtype, device=device).masked_fill_(~mask, _neg(k_cache.dtype))
+            self.decode_bias = bias[:, None, None, :]  # [B, 1, 1, W * bs]
+        one_row = set(decodes)
+        self.others = [self._plan(batch, index, i, starts[i], starts[i + 1]) for i in range(len(batch.query_lens))
+                       if i not in one_row]
+
+    @staticmethod
+    def _plan(batch: PagedBatch, index: PagedIndex, i: int, start: int, end: int) -> tuple:
+        """(rows, blocks to gather, key mask or None, whether the chunk's own k/v come from the pool)."""
+        n, device = end - start, index.tables.device
+        inner = chunk_mask(batch.mask(i), n, batch.frames[i] if batch.frames else 0, device)  # [n, n] or None
+        if not batch.is_query(i):
+            blocks, valid = index.padded_blocks([i])  # [W], [1, W * bs]
+            prefix = batch.kv_lens[i] - n
+            if inner is not None and batch.mask(i) == "causal" and prefix == 0:
+                return start, end, blocks[: -(-n // batch.block_size)], "causal", True
+            keys = valid.shape[1]
+            allowed = torch.zeros(n, keys, dtype=torch.bool, device=device)
+            allowed[:, :prefix] = True
+            allowed[:, prefix : prefix + n] = True if inner is None else inner
+            return start, end, blocks, allowed, True
+        bs = batch.block_size
+        ids, valid = [], []
+        for table, length in batch.reads[i]:
+            width = -(-length // bs)
+            ids.extend(table[:width])
+            valid.append(torch.arange(width * bs, device=device) < length)
+        blocks = torch.tensor(ids, dtype=torch.long, device=device)
+        cached = torch.cat(valid) if valid else torch.zeros(0, dtype=torch.bool, device=device)  # [P]
+        own = torch.ones(n, n, dtype=torch.bool, device=device) if inner is None else inner
+        allowed = torch.cat([cached[None, :].expand(n, -1), own], dim=1)  # [n, P + n]
+        return start, end, blocks, allowed, False
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        hkv, dh = k.shape[1], k.shape[2]
+        k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]  # [N, bs, Hkv, Dh]
+        k_new, v_new = (k, v) if self.written is None else (k[self.written], v[self.written])
+        k_cache.view(-1, hkv, dh).index_copy_(0, self.slot_mapping, k_new.to(k_cache.dtype))
+        v_cache.view(-1, hkv, dh).index_copy_(0, self.slot_mapping, v_new.to(v_cache.dtype))
+        if self.only_decodes:
+            keys, values = self._gather(k_cache, v_cache, self.decode_blocks, len(self.decode_rows))
+            return _decode(q, keys, values, self.decode_bias, scale)
+        out = torch.empty_like(q)  # [T, Hq, Dh]
+        if self.decode_blocks is not None:
+            keys, values = self._gather(k_cache, v_cache, self.decode_blocks, len(self.decode_rows))
+            out[self.decode_rows] = _decode(q[self.decode_rows], keys, values, self.decode_bias, scale)
+        for start, end, blocks, allowed, from_pool in self.others:
+            keys, values = self._gather(k_cache, v_cache, blocks, 1)  # [1, W * bs, Hkv, Dh]
+            keys, values = keys[0], values[0]
+            if not from_pool:  # a query: its own rows' k/v are not in the pool
+                keys = torch.cat([keys, k[start:end].to(keys.dtype)])  # [P + n, Hkv, Dh]
+                values = torch.cat([values, v[start:end].to(values.dtype)])
+            elif isinstance(allowed, str):  # causal, no prefix
+                keys, values = keys[: end - start], values[: end - start]
+            out[start:end] = _attend(q[start:end], keys, values, allowed, scale)
+        return out
+
+    def _gather(self, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor, rows: int):
+        """K and V of ``blocks`` [B * W] as [B, W * bs, Hkv, Dh] views of the scratch buffers."""
+        n, bs, hkv, dh = k_cache.shape
+        shape = (rows, blocks.numel() // rows * bs, hkv, dh)
+        keys = self.scratch.get("k", shape, k_cache.dtype, k_cache.device)
+        values = self.scratch.get("v", shape, v_cache.dtype, v_cache.device)
+        torch.index_select(k_cache.view(n, -1), 0, blocks, out=keys.view(blocks.numel(), -1))
+        torch.index_select(v_cache.view(n, -1), 0, blocks, out=values.view(blocks.numel(), -1))
+        return keys, values
+
+
+class Scratch:
+    """Named buffers reused across layers and steps (a fresh large allocation costs more than the copy)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        numel = math.prod(shape)
+        buf = self._buffers.get(name)
+        if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != device:
+            buf = torch.empty(numel, dtype=dtype, device=device)
+            self._buffers[name] = buf
+        return buf[:numel].view(shape)
+
+
+def _decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
+    """One query per sequence: q [B, Hq, Dh] over keys, values [B, L, Hkv, Dh] with additive key mask [B, 1, 1, L]."""
+    b, hq, dh = q.shape
+    hkv = keys.shape[2]
+    out = F.scaled_dot_product_attention(
+        q.reshape(b, hkv, hq // hkv, dh).to(keys.dtype),  # [B, Hkv, G, Dh]: query head h uses KV head h // G
+        keys.transpose(1, 2),  # [B, Hkv, L, Dh]
+        values.transpose(1, 2),
+        attn_mask=bias,
+        scale=scale,
+    )
+    return out.reshape(b, hq, dh).to(q.dtype)  # [B, Hq, Dh]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | str, scale: float) -> torch.Tensor:
+    """q [n, Hq, Dh] over k, v [L, Hkv, Dh] under ``allowed`` (bool [n, L]) or "causal" (L == n).
+
+    The inputs go to SDPA as 4-D tensors: PyTorch's CPU flash kernel takes only
+    those (3-D ones fall back to the unfused math path, ~5x slower here).
+    """
+    causal = isinstance(allowed, str)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None].to(k.dtype),  # [1, Hq, n, Dh]
+        k.transpose(0, 1)[None],  # [1, Hkv, L, Dh]
+        v.transpose(0, 1)[None],
+        attn_mask=None if causal else allowed,
+        is_causal=causal,
+        scale=scale,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
+    return out[0].transpose(0, 1).to(q.dtype)  # [n, Hq, Dh]
+
+
+class TorchPagedBackend(PagedAttentionBackend):
+    """The pure-PyTorch backend (CPU, or any device as a reference); owns the gather scratch buffers."""
+
+    def __init__(self) -> None:
+        self.scratch = Scratch()
+
+    def context(self, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch) -> AttentionContext:
+        return TorchPagedAttention(k_cache, v_cache, batch, self.scratch)
+
+
+def _make_torch(device: torch.device) -> PagedAttentionBackend:
+    return TorchPagedBackend()
+
+
+def _make_flashinfer(device: torch.device) -> PagedAttentionBackend:
+    from walkserve.layers.flashinfer_attention import FlashInferBackend  # lazy: CUDA installs only
+
+    return FlashInferBackend(device)
+
+
+PAGED_BACKENDS = {"torch": _make_torch, "flashinfer": _make_flashinfer}
+
+
+FLASHINFER_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def flashinfer_available(device: torch.device, dtype: torch.dtype | None = None) -> bool:
+    """True when FlashInfer can serve a pool of ``dtype`` on ``device`` (CUDA, fp16/bf16, package importable)."""
+    if device.type != "cuda" or (dtype is not None and dtype not in FLASHINFER_DTYPES):
+        return False
+    try:
+        import flashinfer  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def make_paged_backend(name: str, device: torch.device | str, dtype: torch.dtype | None = None) -> PagedAttentionBackend:
+    """Pick a paged-attention backend: ``"torch"``, ``"flashinfer"`` or ``"auto"``.
+
+    ``auto`` takes FlashInfer when the device is CUDA, the pool ``dtype`` is
+    fp16/bf16 and ``flashinfer`` imports, else the PyTorch path. Heavy
+    backends are imported only here.
+    """
+    device = torch.device(device)
+    if name == "auto":
+        name = "flashinfer" if flashinfer_available(device, dtype) else "torch"
+    if name not in PAGED_BACKENDS:
+        raise ConfigError(f"unknown attention backend {name!r}; choose one of {sorted(PAGED_BACKENDS)} or 'auto'")
+    if name == "flashinfer" and not flashinfer_available(device, dtype):
+        raise ConfigError(
+            f"attention backend 'flashinfer' needs a CUDA device, an fp16/bf16 KV pool and the flashinfer "
+            f"package (device {device}, dtype {dtype})"
+        )
+    return PAGED_BACKENDS[name](device)
