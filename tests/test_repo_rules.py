@@ -10,7 +10,8 @@ PACKAGE = ROOT / "walkserve"
 
 # Calls an assert may make: builtins and read-only methods (nothing that changes state).
 PURE_FUNCTIONS = {"len", "isinstance", "issubclass", "all", "any", "bool", "set", "frozenset", "sorted", "min", "max",
-                  "sum", "tuple", "list", "hasattr", "callable", "type", "id", "abs", "int", "float", "str", "repr"}
+                  "sum", "tuple", "list", "hasattr", "callable", "type", "id", "abs", "int", "float", "str", "repr",
+                  "zip", "range", "enumerate"}
 PURE_METHODS = {"all", "any", "keys", "values", "items", "get", "isdisjoint", "issubset", "issuperset", "startswith",
                 "endswith", "numel", "dim", "size"}
 

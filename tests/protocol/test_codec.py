@@ -22,13 +22,13 @@ ONE_OF_EACH = [
     m.Events("decode", "lm", "text", "token", ["r1", "r2"], [(1,), (2,)], [0, 1], stacked=TENSOR),
     m.Finished("r1", "stop", None, {"firings": 3}, {"total_s": 0.5}), m.Rejected("r2", "full", 2.0, invalid=False),
     m.Status("ready", "serving", {0: True}, {"running": 1}, 4),
-    m.StartWalk("r1", "prefill", {"lm": 0}, {"prompt": TENSOR}, {"eos_at": 3}, {"max_tokens": 3}),
+    m.StartWalk("r1", "prefill", {"lm": 0}, {"prompt": TENSOR}, {"eos_at": 3}, SamplingParams(max_tokens=3)),
     m.Release("r1"), m.Stop(), m.StatsQuery(), m.Deliver("r1", "w", "lm", "state", (0,), TENSOR),
     m.StreamItem("r1", "w", 0, (), 5, 9), m.StreamEnd("r1", "w", 0, (), 6), m.LoopEvent("r1", "w", "loop", (), 2, 3),
     m.Flow("r1", "w", 0, True), m.ClientOut("r1", "w", "lm", "text", (1,), 7, "token"),
     m.ClientOuts("w", "lm", "text", "token", ["r1"], [(1,)], values=[7]), m.WalkOut("r1", "w", "state", [1, 2]),
     m.NodeDone("r1", "w", "lm", 4, True), m.Failed("r1", "boom"), m.Ready(0, 123, "ipc:///x", "up"),
-    m.WorkerStats(0, {"firings": 3}), m.Peers({0: "ipc:///a", 1: "tcp://127.0.0.1:5"}),
+    m.WorkerStats(0, m.RankStats(requests=2, counters={"firings": 3})), m.Peers({0: "ipc:///a", 1: "tcp://127.0.0.1:5"}),
 ]
 
 
