@@ -140,7 +140,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--hosts", type=int, default=1, choices=(1, 2),
+                   help="2: ranks on two Ray nodes of a local cluster against one host (needs walkserve[ray])")
+    p.add_argument("--payload-mib", type=float, default=8.0, help="with --hosts 2: the tensor a sends b per step")
     args = p.parse_args(argv)
+    if args.hosts == 2:
+        from benchmarks.runtime_hosts import report
+
+        return report(args.quick, args.steps, args.threads, args.payload_mib)
     steps = 30 if args.quick else args.steps
     batches = (1, 16) if args.quick else (1, 16, 64)
     rows = []

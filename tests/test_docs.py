@@ -56,9 +56,12 @@ def test_the_cohort_lookahead_is_the_one_the_compute_thread_uses():
 
 
 def test_tcp_ranks_bind_what_the_doc_says():
-    bind = re.search(r'"tcp://([0-9.]+):0"', (ROOT / "walkserve" / "worker" / "worker.py").read_text()).group(1)
+    bind = re.search(r'"tcp://([0-9.]+):0"', (ROOT / "walkserve" / "worker" / "main.py").read_text()).group(1)
     claim = re.search(r"`transport: tcp` binds a port on ([0-9.]+)", RUNTIME)
     assert claim and claim.group(1) == bind and "or its host" not in RUNTIME
+    host = (ROOT / "walkserve" / "conductor" / "ray_host.py").read_text()
+    assert 'f"tcp://{host}:0"' in host and "host, node = ray.util.get_node_ip_address()" in host
+    assert "a rank started through Ray a port on its node's\n  IP as Ray reports it (`ray.util.get_node_ip_address()`)" in RUNTIME
 
 
 def test_the_heartbeat_is_the_one_worker_run_beats():

@@ -111,19 +111,47 @@ def _with_host(host: str | None) -> dict:
     return {"ranks": [{"id": 0, "device": "cpu"}, rank], "nodes": [{"nodes": ["lm"], "ranks": [0, 1]}]}
 
 
-def test_a_rank_on_another_host_is_refused_when_the_run_starts():
-    """Every rank starts on this machine until multi-host start-up exists: a remote ``host`` is an error
-    at start, in one line naming the file, the rank and the host, never silently ignored."""
+def test_a_rank_on_another_host_passes_the_model_checks_and_goes_through_ray():
+    """A remote ``host`` is launched (through Ray), so loading no longer refuses it; its RAM is not this host's."""
     from walkserve.placement.resolve import check_placement
     from walkserve.testing.fixtures.lm import build_graph
 
     graph = build_graph()
-    check_placement(parse_placement(_with_host("localhost"), "p.yaml"), graph, set(), {}, {})  # this host: fine
-    with pytest.raises(PlacementError) as err:
-        check_placement(parse_placement(_with_host("10.0.0.2"), "p.yaml"), graph, set(), {}, {})
-    message = str(err.value)
-    assert "\n" not in message
-    assert message.startswith("p.yaml: rank 1 is on host '10.0.0.2'") and "not supported yet" in message
+    for host in ("localhost", "10.0.0.2"):
+        placement = parse_placement(_with_host(host), "p.yaml")
+        check_placement(placement, graph, set(), {}, {})
+        assert placement.launcher == ("local" if host == "localhost" else "ray")
+
+
+def test_a_rank_on_another_host_or_with_node_labels_makes_the_placement_start_through_ray():
+    ranks = [{"id": 0, "device": "cpu"}, {"id": 1, "device": "cuda", "host": "10.0.0.7"}]
+    p = parse_placement({"ranks": ranks, "nodes": [{"nodes": ["lm"], "ranks": [0, 1]}]}, "p.yaml")
+    assert p.launcher == "ray" and p.ray_reason() == "ranks[1] is on host 10.0.0.7"
+    assert [s.transport for s in p.ranks.values()] == ["tcp", "tcp"]  # Ray ranks talk TCP, even the local one
+    labelled = [{"id": 0, "device": "cpu", "node_labels": {"zone": "a", "size": 2}}]
+    q = parse_placement({"ranks": labelled, "nodes": [{"nodes": ["lm"], "ranks": [0]}]}, "q.yaml")
+    assert q.launcher == "ray" and q.ranks[0].node_labels == (("size", "2"), ("zone", "a"))
+    local = parse_placement({"ranks": [{"id": 0, "device": "cpu"}], "nodes": [{"nodes": ["lm"], "ranks": [0]}]})
+    assert local.launcher == "local" and local.ranks[0].transport == "ipc" and local.ray_reason() == ""
+    explicit = parse_placement({"launcher": "ray", "ranks": [{"id": 0, "device": "cpu"}], "nodes": [{"nodes": ["lm"], "ranks": [0]}]})
+    assert explicit.launcher == "ray" and explicit.ray_reason() == "it says launcher: ray"
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        ({"launcher": "slurm"}, r"p.yaml: launcher 'slurm' is not local or ray"),
+        ({"launcher": "local", "host": "10.0.0.7"}, r"p.yaml: ranks\[0\] is on another host .* only launcher: ray"),
+        ({"launcher": "ray", "transport": "ipc"}, r"ranks\[0\]: rank 0 is started through Ray, whose ranks talk TCP"),
+        ({"node_labels": ["a"]}, r"ranks\[0\]: node_labels must map label names to values"),
+        ({"host": 7}, r"ranks\[0\]: host must be a node's IP address as a string"),
+    ],
+)
+def test_launcher_errors_name_the_file_and_the_rank(data, match):
+    top = {k: v for k, v in data.items() if k == "launcher"}
+    rank = {"id": 0, "device": "cpu", **{k: v for k, v in data.items() if k != "launcher"}}
+    with pytest.raises(PlacementError, match=match):
+        parse_placement({**top, "ranks": [rank], "nodes": [{"nodes": ["lm"], "ranks": [0]}]}, "p.yaml")
 
 
 def test_a_placement_that_separates_kv_sharing_components_is_refused_naming_both():

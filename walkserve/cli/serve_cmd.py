@@ -103,6 +103,9 @@ def _runtime_args(g: argparse._ArgumentGroup) -> None:
                    "in a loop cohort (see docs/runtime.md)")
     g.add_argument("--start-timeout", type=float, default=None, metavar="SECONDS", help="seconds the workers may take to load "
                    "(default: $WALKSERVE_START_TIMEOUT_S)")
+    g.add_argument("--ray-address", default=None, metavar="ADDRESS", help="the running Ray cluster a placement with ranks on "
+                   "other hosts (or launcher: ray) joins: auto (the one this machine is a node of) or HOST:PORT of its head; "
+                   "default: $RAY_ADDRESS, else auto. See docs/multi-host.md")
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -119,6 +122,8 @@ def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
     options = {"engine_options": {"kv": {"num_blocks": args.kv_blocks}}} if args.kv_blocks is not None else {}
     if args.start_timeout is not None:  # else RuntimeConfig reads $WALKSERVE_START_TIMEOUT_S
         options["start_timeout_s"] = args.start_timeout
+    if args.ray_address:
+        options["ray_address"] = args.ray_address
     return RuntimeConfig(max_running=args.max_running, max_waiting=args.max_waiting, dtype=args.dtype,
                          speculation=not args.no_speculation, cohorts=not args.no_cohorts, **options)
 

@@ -18,6 +18,7 @@ import zmq
 from walkserve.conductor.admission import Admission
 from walkserve.conductor.request_run import RequestRun, safe_advance
 from walkserve.conductor.supervisor import Supervisor
+from walkserve.core.errors import WalkserveError
 from walkserve.core.finish import FinishReason
 from walkserve.core.request import RequestSpec
 from walkserve.graph.walk import WalkGraph
@@ -39,11 +40,14 @@ class Conductor:
         self.inbox = Inbox(self.ctx, spec.conductor_address, spec.token)
         self.outbox = Outbox(self.ctx, spec.token)
         self.outbox.connect(FRONTEND, spec.frontend_address)
-        self.supervisor = Supervisor(spec.address_path("spec.msgpack"), sorted(placement.ranks), spec.config.start_timeout_s)
+        self.supervisor = make_supervisor(spec, placement, self.inbox)
         self.admission = Admission(spec.config.max_running, spec.config.max_waiting)
         self.runs: dict[str, RequestRun] = {}
         self.ready: dict[int, bool] = {r: False for r in placement.ranks}
         self.addresses: dict[int, str] = {}
+        self.nodes: dict[int, str] = {}  # rank -> its node (from Ready): same node, shared memory
+        self.hosts: dict[int, str] = {}  # rank -> its node's IP (from Ready)
+        self.down: dict[int, str] = {}  # ranks that cannot be restarted for now -> why
         self.load: dict[int, int] = defaultdict(int)
         self.state, self.detail = "starting", "starting workers"
         self.counters: dict[str, int] = defaultdict(int)
@@ -59,8 +63,7 @@ class Conductor:
         shm.sweep()
         for rank in self.placement.ranks:
             self.connect_rank(rank)
-        self.supervisor.start_all()
-        self.publish_status(force=True)
+        self.start_workers()
         try:
             while not self.stopping:
                 self.poll()
@@ -74,6 +77,20 @@ class Conductor:
                 self.outbox.flush()
         finally:
             self.shutdown_workers()
+
+    def start_workers(self) -> None:
+        """Start every rank; a placement the cluster cannot meet fails the start with the reason."""
+        if self.placement.launcher == "ray":
+            self.detail = "reserving every rank's resources in the Ray cluster"
+            self.publish_status(force=True)
+        try:
+            self.supervisor.start_all()
+        except Exception as e:  # a placement the cluster cannot meet, no cluster, no zygote, ...
+            log.error("the workers could not start: %s", e)
+            self.state, self.detail = "failed", str(e) if isinstance(e, WalkserveError) else f"{type(e).__name__}: {e}"
+        else:
+            self.detail = "starting workers"
+        self.publish_status(force=True)
 
     def poll(self) -> None:
         poller = zmq.Poller()
@@ -99,6 +116,10 @@ class Conductor:
         if unknown:
             message = f"node_sampling names {unknown[0]!r}, which is no node of this model ({', '.join(self.graph.node_names())})"
             self.outbox.put(FRONTEND, m.Rejected(spec.id, message, invalid=True))
+            return
+        if self.down:
+            self.counters["failed"] += 1
+            self.outbox.put(FRONTEND, m.Finished(spec.id, FinishReason.ERROR.value, error=self.down_message()))
             return
         decision = self.admission.decide(len(self.runs))
         if decision == "reject":
@@ -246,12 +267,14 @@ class Conductor:
     def on_ready(self, msg: m.Ready) -> None:
         self.ready[msg.rank] = True
         self.addresses[msg.rank] = msg.address
+        self.nodes[msg.rank], self.hosts[msg.rank] = msg.node, msg.host
+        self.down.pop(msg.rank, None)
         if self.placement.ranks[msg.rank].transport == "tcp":
             self.outbox.connect(("rank", msg.rank), msg.address)
-        log.info("rank %d ready (pid %d)", msg.rank, msg.pid)
+        log.info("rank %d ready (pid %d, %s)", msg.rank, msg.pid, msg.address)
         if all(self.ready.values()):
             for rank in self.placement.ranks:
-                self.outbox.put(("rank", rank), m.Peers(dict(self.addresses)))
+                self.outbox.put(("rank", rank), m.Peers(dict(self.addresses), dict(self.nodes)))
             if self.state in ("starting", "degraded"):
                 self.state, self.detail = "ready", "serving"
             self.started_once = True
@@ -282,6 +305,23 @@ class Conductor:
                 self.supervisor.forget(rank)
                 self.state, self.detail = "degraded", message
             self.publish_status(force=True)
+        for rank, why in self.supervisor.lost():
+            self.rank_down(rank, why)
+
+    def rank_down(self, rank: int, why: str) -> None:
+        """A rank that cannot come back for now (its node is gone): degraded, and requests fail instead of waiting."""
+        self.down[rank] = f"worker rank {rank} {why}"
+        log.error(self.down[rank])
+        self.state = "failed" if not self.started_once else "degraded"
+        self.detail = self.down_message()
+        for spec, _ in list(self.admission.queue):
+            self.admission.remove(spec.id)
+            self.counters["failed"] += 1
+            self.outbox.put(FRONTEND, m.Finished(spec.id, FinishReason.ERROR.value, error=self.detail))
+        self.publish_status(force=True)
+
+    def down_message(self) -> str:
+        return "; ".join(self.down[r] for r in sorted(self.down))
 
     def on_worker_stats(self, msg: m.WorkerStats) -> None:
         self.worker_stats[msg.rank] = msgspec.to_builtins(msg.stats)  # the frontend's Status view stays plain
@@ -321,9 +361,14 @@ class Conductor:
             "counters": dict(self.counters),
             "workers": self.worker_stats,
             "restarts": dict(self.supervisor.restarts),
-            "pids": {r: c.pid for r, c in self.supervisor.procs.items()},
+            "pids": self.supervisor.pids(),
             "zygote_pid": self.supervisor.zygote.popen.pid if self.supervisor.zygote else None,
+            "hosts": dict(self.hosts),
+            "nodes": dict(self.nodes),
+            "launcher": self.placement.launcher,
         }
+        if self.placement.launcher == "ray":
+            stats["ray"] = self.supervisor.describe()
         alive = {r: bool(self.ready.get(r)) for r in self.placement.ranks}
         self.outbox.put(FRONTEND, m.Status(self.state, self.detail, alive, stats, query_id))
 
@@ -340,3 +385,12 @@ class Conductor:
         m.Ready: on_ready,
         m.WorkerStats: on_worker_stats,
     }
+
+
+def make_supervisor(spec: RunSpec, placement: Placement, inbox: Inbox):
+    """Local workers (forked from a zygote on this host), or Ray actors for a ``launcher: ray`` placement."""
+    if placement.launcher == "ray":
+        from walkserve.conductor.ray_supervisor import RaySupervisor
+
+        return RaySupervisor(spec, placement, inbox)
+    return Supervisor(spec.address_path("spec.msgpack"), sorted(placement.ranks), spec.config.start_timeout_s)

@@ -196,6 +196,16 @@ class Supervisor:
     def dead(self) -> list[tuple[int, str]]:
         return [(r, f"pid {c.pid} {describe_exit(c.exitcode)}") for r, c in self.procs.items() if c.exitcode is not None]
 
+    def lost(self) -> list[tuple[int, str]]:
+        """Ranks that could not be restarted where they belong (never, on this host)."""
+        return []
+
+    def pids(self) -> dict[int, int]:
+        return {r: c.pid for r, c in self.procs.items()}
+
+    def describe(self) -> dict:
+        return {}
+
     def restart(self, rank: int) -> None:
         self.forget(rank)
         self.restarts[rank] += 1

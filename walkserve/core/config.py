@@ -21,6 +21,10 @@ class RuntimeConfig:
     docs/engines.md); off, each iteration is its own firing.
     ``engine_options`` override per-engine-kind options, e.g.
     ``{"kv": {"num_blocks": 64}, "stateless": {"max_batch": 16}}``.
+    ``ray_address`` is the running Ray cluster a placement with ``launcher:
+    ray`` joins (``auto``: the one this machine is a node of; ``HOST:PORT``);
+    None reads ``$RAY_ADDRESS``, else ``auto``. ``placement_timeout_s`` bounds the wait
+    for Ray to reserve every rank's resources (and to place a restarted rank).
     """
 
     max_running: int = 256
@@ -33,6 +37,8 @@ class RuntimeConfig:
     restart_workers: bool = True
     dtype: str | None = None  # override the model's dtype on every rank ("float32", "bfloat16", "float16")
     engine_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    ray_address: str | None = None
+    placement_timeout_s: float = field(default_factory=env.WALKSERVE_PLACEMENT_TIMEOUT_S.get)
 
     def __post_init__(self) -> None:
         if self.max_running < 1:
@@ -43,3 +49,5 @@ class RuntimeConfig:
             raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.start_timeout_s <= 0:
             raise ConfigError("start_timeout_s must be > 0")
+        if self.placement_timeout_s <= 0:
+            raise ConfigError("placement_timeout_s must be > 0")

@@ -77,6 +77,12 @@ WALKSERVE_START_TIMEOUT_S = _knob(
     float,
     "How long the runtime waits for its worker processes to load their components.",
 )
+WALKSERVE_PLACEMENT_TIMEOUT_S = _knob(
+    "WALKSERVE_PLACEMENT_TIMEOUT_S",
+    30.0,
+    float,
+    "How long a Ray placement waits for the cluster to reserve every rank's resources before it fails, naming what is missing.",
+)
 WALKSERVE_LOG_LEVEL = _knob("WALKSERVE_LOG_LEVEL", "INFO", str, "Log level of every walkserve process.")
 WALKSERVE_ZYGOTE = _knob(
     "WALKSERVE_ZYGOTE",

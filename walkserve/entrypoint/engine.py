@@ -27,6 +27,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from walkserve.conductor.ray_cluster import require_ray
 from walkserve.conductor.supervisor import Child
 from walkserve.core.config import RuntimeConfig
 from walkserve.core.errors import AdmissionRejected, EngineDead, InvalidRequest, WalkserveError
@@ -174,8 +175,10 @@ class AsyncEngine(EngineClient):
         comps = model.components()
         for name, comp in comps.items():  # typed engine options: a bad one fails here, naming it
             engine_options(comp.engine, name, comp.options, config.engine_options.get(comp.engine))
+        parsed = parse_placement(data, source)
+        require_ray(parsed)
         check_placement(
-            parse_placement(data, source),
+            parsed,
             model.graph(),
             {c for c, s in comps.items() if s.stateful},
             {c: s.weight_bytes for c, s in comps.items()},

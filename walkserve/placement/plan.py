@@ -1,11 +1,14 @@
 """The placement file and the validated plan built from it.
 
+    launcher: ray               # optional: local (every rank on this host) or ray; default: ray
+                                # when a rank names another host or node labels, else local
     ranks:                      # one worker process per rank
       - id: 0
         device: cpu             # cpu | cuda | cuda:N
-        memory: 16GiB           # optional budget for the memory check
-        host: 127.0.0.1         # optional; another host is refused at start (resolve.check_hosts) for now
-        transport: tcp          # optional: ipc (default on this host) or tcp (default for other hosts)
+        memory: 16GiB           # optional budget for the memory check (and Ray's reservation)
+        host: 10.0.0.7          # optional: the Ray node (by IP) this rank runs on
+        node_labels: {zone: a}  # optional: or any Ray node with these labels
+        transport: tcp          # optional: ipc (default on this host) or tcp (other hosts, Ray)
       - id: 1
         device: cuda:0
     nodes:                      # node groups -> ranks
@@ -49,17 +52,23 @@ def parse_bytes(value: Any, where: str) -> int:
     return int(float(m.group(1)) * _UNITS[(m.group(2) or "B").lower()])
 
 
+LOCAL_HOSTS = (None, "localhost", "127.0.0.1", "::1")
+LAUNCHERS = ("local", "ray")
+
+
 @dataclass(frozen=True)
 class RankSpec:
     id: int
     device: str
     host: str | None = None
     memory: int | None = None  # bytes
-    transport: str = "ipc"  # "ipc": unix sockets + shared memory; "tcp": tensors travel inside TCP frames
+    transport: str = "ipc"  # "ipc": unix sockets + shared memory; "tcp": control over TCP, tensors by node
+    node_labels: tuple[tuple[str, str], ...] = ()  # Ray node labels the rank's node must carry
+    index: int = 0  # position in the file's ranks list, for messages (``ranks[2]``)
 
     @property
     def remote(self) -> bool:
-        return self.host not in (None, "localhost", "127.0.0.1", "::1")
+        return self.host not in LOCAL_HOSTS
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,18 @@ class Placement:
     ranks: dict[int, RankSpec]
     # (walk, node) -> ranks; walk None = every walk not listed explicitly
     entries: dict[tuple[str | None, str], tuple[int, ...]] = field(default_factory=dict)
+    launcher: str = "local"  # "local": forked on this host; "ray": Ray actors in one placement group
+
+    def ray_reason(self) -> str:
+        """Why this placement starts its ranks through Ray (for messages); '' when it does not."""
+        if self.launcher != "ray":
+            return ""
+        for spec in sorted(self.ranks.values(), key=lambda s: s.index):
+            if spec.remote:
+                return f"ranks[{spec.index}] is on host {spec.host}"
+            if spec.node_labels:
+                return f"ranks[{spec.index}] asks for node labels"
+        return "it says launcher: ray"
 
     def ranks_for(self, walk: str, node: str) -> tuple[int, ...]:
         ranks = self.entries.get((walk, node)) or self.entries.get((None, node))
@@ -107,11 +128,37 @@ class Placement:
                 )
 
 
-def _rank(entry: Any, i: int, source: str) -> RankSpec:
+def _wants_ray(entry: Any) -> bool:
+    return isinstance(entry, dict) and (entry.get("host") not in LOCAL_HOSTS or bool(entry.get("node_labels")))
+
+
+def _labels(value: Any, where: str) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, (str, int, float)) for k, v in value.items()):
+        raise PlacementError(f"{where}: node_labels must map label names to values, e.g. {{zone: a}}")
+    return tuple(sorted((k, str(v)) for k, v in value.items()))
+
+
+def _launcher(data: dict, source: str) -> str:
+    launcher = data.get("launcher")
+    wants = [i for i, r in enumerate(data.get("ranks") or []) if _wants_ray(r)] if isinstance(data.get("ranks"), list) else []
+    if launcher is None:
+        return "ray" if wants else "local"
+    if launcher not in LAUNCHERS:
+        raise PlacementError(f"{source}: launcher {launcher!r} is not local or ray")
+    if launcher == "local" and wants:
+        raise PlacementError(
+            f"{source}: ranks[{wants[0]}] is on another host or asks for node labels, which only launcher: ray can start"
+        )
+    return launcher
+
+
+def _rank(entry: Any, i: int, source: str, ray: bool = False) -> RankSpec:
     where = f"{source}: ranks[{i}]"
     if not isinstance(entry, dict):
         raise PlacementError(f"{where}: must be a mapping with id and device")
-    unknown = set(entry) - {"id", "device", "host", "memory", "transport"}
+    unknown = set(entry) - {"id", "device", "host", "memory", "transport", "node_labels"}
     if unknown:
         raise PlacementError(f"{where}: unknown field(s) {sorted(unknown)}")
     rid = entry.get("id", i)
@@ -124,13 +171,18 @@ def _rank(entry: Any, i: int, source: str) -> RankSpec:
         raise PlacementError(f"{where}: device {device!r} is not cpu, cuda or cuda:N")
     memory = parse_bytes(entry["memory"], where) if entry.get("memory") is not None else None
     host = entry.get("host")
-    remote = host not in (None, "localhost", "127.0.0.1", "::1")
-    transport = entry.get("transport", "tcp" if remote else "ipc")
+    if host is not None and not isinstance(host, str):
+        raise PlacementError(f"{where}: host must be a node's IP address as a string, got {host!r}")
+    remote = host not in LOCAL_HOSTS
+    transport = entry.get("transport", "tcp" if remote or ray else "ipc")
     if transport not in ("ipc", "tcp"):
         raise PlacementError(f"{where}: transport {transport!r} is not ipc or tcp")
     if remote and transport == "ipc":
         raise PlacementError(f"{where}: rank {rid} is on host {host!r}, which IPC cannot reach; use transport: tcp")
-    return RankSpec(rid, device, host, memory, transport)
+    if ray and transport == "ipc":
+        raise PlacementError(f"{where}: rank {rid} is started through Ray, whose ranks talk TCP; remove transport: ipc")
+    labels = _labels(entry.get("node_labels"), where)
+    return RankSpec(rid, device, host, memory, transport, labels, i)
 
 
 def _names(value: Any, where: str, what: str) -> list:
@@ -145,12 +197,13 @@ def parse_placement(data: Any, source: str = "<placement>") -> Placement:
     """Validate a placement mapping (as loaded from YAML); errors name ``source`` and the entry."""
     if not isinstance(data, dict):
         raise PlacementError(f"{source}: must be a mapping with 'ranks' and 'nodes'")
-    unknown = set(data) - {"ranks", "nodes"}
+    unknown = set(data) - {"ranks", "nodes", "launcher"}
     if unknown:
         raise PlacementError(f"{source}: unknown top-level field(s) {sorted(unknown)}")
+    launcher = _launcher(data, source)
     ranks: dict[int, RankSpec] = {}
     for i, r in enumerate(_names(data.get("ranks"), source, "ranks")):
-        spec = _rank(r, i, source)
+        spec = _rank(r, i, source, ray=launcher == "ray")
         if spec.id in ranks:
             raise PlacementError(f"{source}: ranks[{i}]: duplicate rank id {spec.id}")
         ranks[spec.id] = spec
@@ -177,7 +230,7 @@ def parse_placement(data: Any, source: str = "<placement>") -> Placement:
                     scope = f"walk {walk!r}" if walk else "all walks"
                     raise PlacementError(f"{where}: node {node!r} is already placed for {scope} (conflicting entries)")
                 entries[key] = tuple(rank_ids)
-    return Placement(source, ranks, entries)
+    return Placement(source, ranks, entries, launcher)
 
 
 def load_placement(path: str | Path) -> Placement:

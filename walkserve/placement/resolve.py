@@ -29,11 +29,11 @@ def check_placement(
     ``state_bytes``: per component a size, or a function of (device, bytes free
     there once the rank's weights are loaded) for state the engine sizes from
     the device (a KV pool). ``device_free(device)`` reads a GPU's free memory;
-    it is asked only for GPU ranks with a memory budget. ``kv_shares`` maps
+    it is asked only for GPU ranks with a memory budget, and never under Ray,
+    where the rank's budget stands for the memory of the GPU Ray will pick. ``kv_shares`` maps
     components to their KV share group (components that read each other's KV
     contexts): every node of a group must run on the same ranks.
     """
-    check_hosts(placement)
     walks = walk_nodes(graph)
     placement.check_covers(walks)
     check_kv_shares(placement, graph, walks, kv_shares or {})
@@ -72,7 +72,10 @@ def rank_demands(
     weights = sum(weight_bytes.get(c, 0) for c in hosted)
     free = None
     if spec.device != "cpu" and spec.memory is not None and any(callable(state_bytes.get(c)) for c in hosted):
-        free = device_free(spec.device) if device_free is not None else None
+        if placement.launcher == "ray":  # Ray picks the GPU, maybe on another node: the budget stands for its memory
+            free = spec.memory
+        else:
+            free = device_free(spec.device) if device_free is not None else None
         if free is None:
             raise PlacementError(f"{placement.source}: rank {rank} ({spec.device}): its free memory cannot be read "
                                  f"here, so the memory budget cannot be checked")
@@ -89,19 +92,6 @@ def rank_demands(
         if size:
             out.append((f"state of {comp}", size))
     return out
-
-
-def check_hosts(placement: Placement) -> None:
-    """Every rank starts on this machine: a rank placed on another host is refused, not silently run here.
-
-    The one place to change when ranks on other hosts can be launched (through Ray).
-    """
-    for rank, spec in sorted(placement.ranks.items()):
-        if spec.remote:
-            raise PlacementError(
-                f"{placement.source}: rank {rank} is on host {spec.host!r}, but starting ranks on other hosts "
-                f"is not supported yet (every rank starts on this machine); remove its host or use localhost"
-            )
 
 
 def check_kv_shares(placement: Placement, graph: WalkGraph, walks: Mapping[str, list[str]],

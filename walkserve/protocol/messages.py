@@ -246,10 +246,14 @@ class Failed(msgspec.Struct, tag=True, array_like=True):
 
 
 class Ready(msgspec.Struct, tag=True, array_like=True):
+    """A worker built its components and listens on ``address``; ``node``/``host``: its RankSite's."""
+
     rank: int
     pid: int
     address: str
     detail: str = ""
+    node: str = ""
+    host: str = ""
 
 
 class RankStats(msgspec.Struct, kw_only=True):
@@ -267,6 +271,11 @@ class RankStats(msgspec.Struct, kw_only=True):
     busy_s: dict[str, float] = {}
     steps: dict[str, int] = {}
     shm_sent: int = 0
+    shm_to: dict[int, int] = {}  # tensors sent through shared memory, per destination rank
+    inline_to: dict[int, int] = {}  # tensors sent inside frames, per destination rank
+    address: str = ""  # the inbox it bound
+    node: str = ""  # its RankSite's node and host
+    host: str = ""
     bad_frames: int = 0
 
 
@@ -276,9 +285,14 @@ class WorkerStats(msgspec.Struct, tag=True, array_like=True):
 
 
 class Peers(msgspec.Struct, tag=True, array_like=True):
-    """Conductor -> workers: every rank's inbox address (sent after start and after a restart)."""
+    """Conductor -> workers: every rank's inbox address and node (sent after start and after a restart).
+
+    Ranks on the same node pass big tensors through shared memory; to a rank
+    on another node (or of unknown node) tensors travel inside the frames.
+    """
 
     addresses: dict[int, str]
+    nodes: dict[int, str] = {}
 
 
 Message = (

@@ -1,9 +1,17 @@
-"""RunSpec: everything a conductor or worker process needs to join a run (handed over at process start)."""
+"""RunSpec: everything a conductor or worker process needs to join a run (handed over at process start).
+
+A worker on this host reads the spec from the run's private directory; a rank
+started through Ray gets a ``RankLaunch`` as msgpack bytes on its stdin
+instead (no file crosses hosts), which adds the ``RankSite``: where it binds,
+where the conductor listens, and which node it is on.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from walkserve.core.config import RuntimeConfig
 
@@ -36,19 +44,52 @@ class RunSpec:
         return self.address("conductor")
 
 
+class RankSite(msgspec.Struct, frozen=True):
+    """Where one worker sits in the run; filled by whoever starts it (the supervisor, or its Ray actor).
+
+    ``inbox``: the address it binds (an IPC path, or ``tcp://<its node's IP>:0``);
+    ``conductor``: the conductor's inbox; ``node``: its node's identity (ranks
+    with the same node exchange tensors through shared memory, others inline
+    in their frames); ``host``: its node's IP as the cluster reports it;
+    ``device``: overrides the placement's device (under Ray a CUDA rank uses
+    the one GPU Ray gave it, ``cuda``); ``shm_id``: the run id its shared-memory
+    segments carry (on another node: one whose leading pid is alive there for
+    as long as the rank is, so a sweep on that node keeps them).
+    """
+
+    inbox: str
+    conductor: str
+    node: str
+    host: str = ""
+    device: str = ""
+    shm_id: str = ""
+
+
+class RankLaunch(msgspec.Struct, frozen=True):
+    """What a rank started through a cluster launcher reads from its stdin (msgpack)."""
+
+    spec: RunSpec
+    rank: int
+    site: RankSite
+
+
+def encode_run_spec(spec: RunSpec) -> bytes:
+    return msgspec.msgpack.encode(spec)
+
+
+def decode_run_spec(data: bytes) -> RunSpec:
+    return msgspec.msgpack.decode(data, type=RunSpec)
+
+
 def save_run_spec(spec: RunSpec, path: str) -> None:
     """Write the spec for child processes (msgpack; the file sits in the run's 0700 directory)."""
     import os
 
-    import msgspec
-
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
-        f.write(msgspec.msgpack.encode(spec))
+        f.write(encode_run_spec(spec))
 
 
 def load_run_spec(path: str) -> RunSpec:
-    import msgspec
-
     with open(path, "rb") as f:
-        return msgspec.msgpack.decode(f.read(), type=RunSpec)
+        return decode_run_spec(f.read())

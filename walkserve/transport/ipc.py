@@ -1,7 +1,8 @@
 """ZeroMQ endpoints: each process binds one PULL inbox and pushes to its peers' inboxes.
 
-Addresses are IPC paths in the run's 0700 directory, or 127.0.0.1 TCP ports
-for ranks configured to use TCP. Every frame is a codec Batch carrying the
+Addresses are IPC paths in the run's 0700 directory, or TCP ports on
+127.0.0.1 (ranks configured to use TCP) or on a node's IP (ranks started
+through Ray; the conductor then listens on its node's IP too). Every frame is a codec Batch carrying the
 run token; frames with another token or that do not decode are dropped and
 counted, never executed.
 """
@@ -27,13 +28,15 @@ class Inbox:
         self.socket = ctx.socket(zmq.PULL)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.RCVHWM, 0)
-        if address.startswith("tcp://") and address.endswith(":0"):
-            self.socket.bind(address)
-            self.address = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
-        else:
-            self.socket.bind(address)
-            self.address = address
+        self.address = self.bind(address)
         self.bad_frames = 0
+
+    def bind(self, address: str) -> str:
+        """Listen on ``address`` too (``tcp://HOST:0`` picks a free port); returns the bound address."""
+        self.socket.bind(address)
+        if address.startswith("tcp://") and address.endswith(":0"):
+            return self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        return address
 
     def poll(self, timeout_ms: float) -> bool:
         return bool(self.socket.poll(timeout_ms))

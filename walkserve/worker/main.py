@@ -1,4 +1,9 @@
-"""Worker process entry: ``python -m walkserve.worker.main SPEC_FILE RANK PARENT_PID``."""
+"""Worker process entry: ``python -m walkserve.worker.main SPEC_FILE RANK PARENT_PID``.
+
+``python -m walkserve.worker.main - PARENT_PID`` reads a msgpack ``RankLaunch``
+(spec, rank, site) from stdin instead: how a Ray actor on another
+node starts its rank, with no spec file on that node.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import sys
 import traceback
 
 from walkserve.core.proc import die_with_parent, set_title, setup_logging
-from walkserve.protocol.run import RunSpec, load_run_spec
+from walkserve.protocol.run import RankLaunch, RankSite, RunSpec, load_run_spec
 
 log = logging.getLogger("walkserve.worker")
 
@@ -22,26 +27,50 @@ def _threads(spec: RunSpec, device: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    spec = load_run_spec(argv[1])
-    worker_main(spec, int(argv[2]), int(argv[3]))
-    return 0
+    if argv[1] == "-":
+        import msgspec
+
+        launch = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=RankLaunch)
+        worker_main(launch.spec, launch.rank, int(argv[2]), launch.site)
+    else:
+        worker_main(load_run_spec(argv[1]), int(argv[2]), int(argv[3]))
+    # The worker closed its sockets and stopped its threads; skip the interpreter's teardown of
+    # torch and the model (seconds), as a forked worker does (zygote.py).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
-def worker_main(spec: RunSpec, rank: int, parent_pid: int) -> None:
+def local_site(spec: RunSpec, rank: int) -> RankSite:
+    """A rank on this host: an IPC inbox in the run directory, or 127.0.0.1 for a TCP rank.
+
+    IPC ranks share one node (shared memory between them); a TCP rank is a
+    node of its own, as a rank on another host would be (tensors inline).
+    """
+    from walkserve.placement.plan import parse_placement
+
+    if parse_placement(spec.placement, spec.placement_source).ranks[rank].transport == "tcp":
+        return RankSite("tcp://127.0.0.1:0", spec.conductor_address, f"local/rank{rank}", "127.0.0.1")
+    return RankSite(spec.address(f"rank{rank}"), spec.conductor_address, "local", "127.0.0.1")
+
+
+def worker_main(spec: RunSpec, rank: int, parent_pid: int, site: RankSite | None = None) -> None:
     """Runs in the child process."""
     set_title(f"walkserve: worker rank {rank} ({spec.model_family})")
     die_with_parent(parent_pid)
     setup_logging(f"rank{rank}")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the conductor decides when workers stop
+    site = site or local_site(spec, rank)
     try:
-        worker = build_worker(spec, rank)
+        worker = build_worker(spec, rank, site)
     except Exception as e:
-        _report_start_failure(spec, rank, e)
+        _report_start_failure(site, spec, rank, e)
         raise SystemExit(3) from None
     worker.run()
 
 
-def build_worker(spec: RunSpec, rank: int):
+def build_worker(spec: RunSpec, rank: int, site: RankSite):
     import torch
 
     import walkserve.models.builtin  # noqa: F401  (model families)
@@ -52,7 +81,7 @@ def build_worker(spec: RunSpec, rank: int):
     from walkserve.worker.worker import Worker
 
     placement = parse_placement(spec.placement, spec.placement_source)
-    device = placement.ranks[rank].device
+    device = site.device or placement.ranks[rank].device
     torch.set_num_threads(_threads(spec, device))
     # The compute thread re-takes the GIL between device calls; a short switch interval keeps the
     # main thread's routing from holding it for the default 5 ms.
@@ -68,11 +97,10 @@ def build_worker(spec: RunSpec, rank: int):
     engines = build_engines([components[name] for name in sorted(hosted)], ctx, spec.config.engine_options)
     for name in sorted(hosted):
         log.info("rank %d built component %s (%s engine) on %s", rank, name, components[name].engine, device)
-    tcp_ranks = {r for r, s in placement.ranks.items() if s.transport == "tcp"}
-    return Worker(spec, rank, graph, engines, tcp_ranks)
+    return Worker(spec, rank, graph, engines, site)
 
 
-def _report_start_failure(spec: RunSpec, rank: int, e: Exception) -> None:
+def _report_start_failure(site: RankSite, spec: RunSpec, rank: int, e: Exception) -> None:
     """Tell the conductor why this rank could not start, then exit."""
     import zmq
 
@@ -82,7 +110,7 @@ def _report_start_failure(spec: RunSpec, rank: int, e: Exception) -> None:
     log.error("rank %d failed to start: %s\n%s", rank, e, traceback.format_exc())
     ctx = zmq.Context()
     out = Outbox(ctx, spec.token)
-    out.connect("conductor", spec.conductor_address)
+    out.connect("conductor", site.conductor)
     out.send_now(
         "conductor",
         m.Failed(f"rank:{rank}", f"rank {rank} could not start: {type(e).__name__}: {e}"),

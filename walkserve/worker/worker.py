@@ -28,7 +28,7 @@ from walkserve.engines.base import Firing, FiringResult
 from walkserve.engines.values import concat
 from walkserve.graph.walk import WalkGraph
 from walkserve.protocol import messages as m
-from walkserve.protocol.run import RunSpec
+from walkserve.protocol.run import RankSite, RunSpec
 from walkserve.transport.ipc import Inbox, Outbox
 from walkserve.transport.tensors import TensorCodec, stack_rows, unpack
 from walkserve.worker.cohort import CohortReport, Member
@@ -44,19 +44,14 @@ STATS_INTERVAL_S = 0.5
 
 
 class Worker:
-    def __init__(
-        self, spec: RunSpec, rank: int, graph: WalkGraph, engines: dict, tcp_ranks: set[int]
-    ):
-        self.spec, self.rank, self.graph = spec, rank, graph
+    def __init__(self, spec: RunSpec, rank: int, graph: WalkGraph, engines: dict, site: RankSite):
+        self.spec, self.rank, self.graph, self.site = spec, rank, graph, site
         self.ctx = zmq.Context()
-        self.tcp_ranks = (
-            tcp_ranks  # ranks reached over TCP: tensors travel inline, never through /dev/shm
-        )
-        address = "tcp://127.0.0.1:0" if rank in tcp_ranks else spec.address(f"rank{rank}")
-        self.inbox = Inbox(self.ctx, address, spec.token)
+        self.nodes: dict[int, str] = {}  # peer rank -> its node (Peers); same node as ours: shared memory
+        self.inbox = Inbox(self.ctx, site.inbox, spec.token)
         self.outbox = Outbox(self.ctx, spec.token)
-        self.outbox.connect(CONDUCTOR, spec.conductor_address)
-        self.codec = TensorCodec(spec.run_id, f"r{rank}")
+        self.outbox.connect(CONDUCTOR, site.conductor)
+        self.codec = TensorCodec(site.shm_id or spec.run_id, f"r{rank}")
         self.compute = ComputeThread(engines)
         self.engines = engines
         self.walks: dict[tuple[str, str], WalkState] = {}
@@ -70,13 +65,16 @@ class Worker:
         self.ids = itertools.count()
         self.stopping = False
         self.counters = defaultdict(int)
+        self.shm_to: dict[int, int] = defaultdict(int)  # tensors sent through shared memory, per rank
+        self.inline_to: dict[int, int] = defaultdict(int)  # tensors sent inside frames, per rank
         self._last_stats = 0.0
         self._last_sweep = time.monotonic()
 
     # ---- the heartbeat -----------------------------------------------------------------------
     def run(self) -> None:
         self.compute.start()
-        self.outbox.send_now(CONDUCTOR, m.Ready(self.rank, os.getpid(), self.inbox.address))
+        ready = m.Ready(self.rank, os.getpid(), self.inbox.address, node=self.site.node, host=self.site.host)
+        self.outbox.send_now(CONDUCTOR, ready)
         poller = zmq.Poller()
         poller.register(self.inbox.socket, zmq.POLLIN)
         poller.register(self.compute.notify_fd, zmq.POLLIN)
@@ -195,6 +193,7 @@ class Worker:
         self._last_stats = min(self._last_stats, time.monotonic() - STATS_INTERVAL_S + 0.05)
 
     def on_peers(self, msg: m.Peers) -> None:
+        self.nodes = dict(msg.nodes)
         for rank, address in msg.addresses.items():
             if self.outbox.addresses.get(("rank", rank)) != address or rank == self.rank:
                 self.outbox.connect(("rank", rank), address)
@@ -258,14 +257,14 @@ class Worker:
 
     def send(self, rank: int, kind: str, ws: WalkState, **f: Any) -> None:
         rid, walk = ws.request_id, ws.walk
-        inline = rank in self.tcp_ranks or self.rank in self.tcp_ranks
+        inline = self.nodes.get(rank) != self.site.node  # another node, or not known yet: inside the frame
         if kind == "deliver":
             msg = m.Deliver(
-                rid, walk, f["node"], f["output"], f["path"], self._wire(f["value"], inline)
+                rid, walk, f["node"], f["output"], f["path"], self._to_peer(rank, f["value"], inline)
             )
         elif kind == "item":
             msg = m.StreamItem(
-                rid, walk, f["stream"], f["prefix"], f["index"], self._wire(f["value"], inline)
+                rid, walk, f["stream"], f["prefix"], f["index"], self._to_peer(rank, f["value"], inline)
             )
         elif kind == "end":
             msg = m.StreamEnd(rid, walk, f["stream"], f["prefix"], f["n_items"])
@@ -348,6 +347,13 @@ class Worker:
             return self.codec.pack(value, allow_shm=not inline)
         return value
 
+    def _to_peer(self, rank: int, value: Any, inline: bool) -> Any:
+        """A value for another rank; tensors are counted per destination by the path they take."""
+        wire = self._wire(value, inline)
+        if isinstance(wire, m.TensorMsg):
+            (self.inline_to if wire.shm is None else self.shm_to)[rank] += 1
+        return wire
+
     @staticmethod
     def _value(value: Any) -> Any:
         return unpack(value) if isinstance(value, m.TensorMsg) else value
@@ -410,6 +416,11 @@ class Worker:
             busy_s=dict(self.compute.busy_s),
             steps=dict(self.compute.steps),
             shm_sent=self.codec.shm_sent,
+            shm_to=dict(self.shm_to),
+            inline_to=dict(self.inline_to),
+            address=self.inbox.address,
+            node=self.site.node,
+            host=self.site.host,
             bad_frames=self.inbox.bad_frames,
         )
         self.outbox.put(CONDUCTOR, m.WorkerStats(self.rank, stats))
