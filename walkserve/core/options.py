@@ -30,6 +30,8 @@ class KVOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     attention: Literal["auto", "torch", "flashinfer"] = "auto"
     prefix_caching: bool = True
     seed: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    cuda_graphs: bool = False  # decode steps replay per-batch-size CUDA graphs (engines/kv/cuda_graphs.py)
+    cuda_graph_sizes: list[Positive] | None = None  # the batch-size buckets (default 1 2 4 8 16 24 32 48 64)
 
 
 class StatelessOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

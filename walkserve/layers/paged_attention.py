@@ -166,6 +166,12 @@ class PagedAttentionBackend(ABC):
         """Whether this backend computes ``batch`` itself (the engine falls back to the PyTorch path otherwise)."""
         return True
 
+    def graph_decode(self, k_cache: torch.Tensor, v_cache: torch.Tensor, size: int, max_blocks: int):
+        """A decode context over static buffers for ``size`` rows, for CUDA-graph capture (``graph_attention``)."""
+        from walkserve.layers.graph_attention import TorchGraphDecode  # lazy: it builds on this module
+
+        return TorchGraphDecode(k_cache, v_cache, size, max_blocks)
+
 
 class TorchPagedAttention(AttentionContext):
     """Paged attention in plain PyTorch: correct for any block tables, masks and mix of appends and queries.

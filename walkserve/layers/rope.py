@@ -98,6 +98,13 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(t, rope_inv_freq(self.rope, self.head_dim, device=device))  # [P, Dr/2]
         self._cos, self._sin = freqs.cos(), freqs.sin()
 
+    def reserve_all(self, device: torch.device | str) -> None:
+        """Build the whole table (``max_positions``) on ``device`` unless it is there: afterwards no lookup
+        looks at positions, so a forward can be captured in a CUDA graph."""
+        device = torch.device(device)
+        if self._cos is None or self._cos.device != device or self._cos.shape[0] < self.max_positions:
+            self.reserve(self.max_positions, device)
+
     def _table(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The table, grown to cover ``positions``.
 

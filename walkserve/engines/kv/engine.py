@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from walkserve.core.context import context_fits
+from walkserve.core.errors import ConfigError
 from walkserve.engines.base import Engine, Firing, FiringResult, Group
 from walkserve.engines.kv.block_manager import BlockManager, ContextKey
 from walkserve.engines.kv.kv_pool import KVPool, KVPoolShape, pool_blocks
@@ -62,6 +63,9 @@ class KVCacheEngine(Engine):
     num_key_value_heads, head_dim, hidden_size (and vocab_size). The pool
     holds ``num_blocks`` blocks of ``block_size`` tokens, or as many as
     ``kv_bytes`` allows, or a device default, in ``dtype`` (None: the model's).
+    ``cuda_graphs`` replays decode steps from per-batch-size CUDA graphs
+    (``cuda_graphs.py``; buckets ``cuda_graph_sizes``); ``graph_capture``
+    replaces the CUDA capturer (tests pass a stand-in that runs on the CPU).
     """
 
     runs_groups = True
@@ -81,7 +85,10 @@ class KVCacheEngine(Engine):
         attention: str = "auto",
         prefix_caching: bool = True,
         seed: int | None = None,
+        cuda_graphs: bool = False,
+        cuda_graph_sizes: list[int] | None = None,
         shared: Mapping[str, nn.Module] | None = None,
+        graph_capture: Any = None,
     ):
         self.component = component
         self.models = {component: model, **dict(shared or {})}
@@ -89,11 +96,19 @@ class KVCacheEngine(Engine):
         self.device = torch.device(device)
         dtype = _pool_dtype(model, dtype)
         shape = kv_geometry(self.models, block_size, dtype)
-        self.pool = KVPool(shape, pool_blocks(shape, self.device, num_blocks, kv_bytes), self.device)
+        if cuda_graphs and self.device.type != "cuda" and graph_capture is None:
+            raise ConfigError(f"component {component!r}: cuda_graphs needs a CUDA device, not {self.device}")
+        self.pool = KVPool(shape, pool_blocks(shape, self.device, num_blocks, kv_bytes), self.device, spare=cuda_graphs)
         self.block_manager = BlockManager(self.pool.num_blocks, block_size, prefix_caching)
         self.scheduler = Scheduler(self.block_manager, SchedulerConfig(max_batch_tokens, max_running))
         backend = make_paged_backend(attention, self.device, dtype)
         self.runner = ModelRunner(self.models, self.pool, self.block_manager, backend, Sampler(seed))
+        if cuda_graphs:
+            from walkserve.engines.kv.cuda_graphs import DecodeGraphs  # lazy: CUDA only
+
+            sizes = tuple(s for s in (cuda_graph_sizes or ()) if s <= max_running) or None
+            self.runner.graphs = DecodeGraphs(backend, self.pool, sizes, graph_blocks(self.models, block_size),
+                                              graph_capture)
         self._ready: list[FiringResult] = []
         self._queues: dict[str, deque[list]] = defaultdict(deque)  # request -> [[firing, ops, next op index]]
 
@@ -174,7 +189,9 @@ class KVCacheEngine(Engine):
 
     def stats(self) -> dict[str, float]:
         bm = self.block_manager
-        return {
+        graphs = self.runner.graphs
+        extra = {} if graphs is None else {f"cuda_graph_{k}": v for k, v in graphs.stats.items()}
+        return extra | {
             "kv_blocks_used": bm.num_used,
             "kv_blocks_total": bm.num_blocks,
             "kv_blocks_cached": bm.num_evictable,
@@ -192,6 +209,8 @@ class KVCacheEngine(Engine):
     def close(self) -> None:
         for key in list(self.scheduler.contexts):
             self.scheduler.drop(key)
+        if self.runner.graphs is not None:
+            self.runner.graphs.captured.clear()
         self.pool.k = self.pool.v = torch.empty(0)
 
     # ---- operations ------------------------------------------------------
@@ -320,6 +339,13 @@ def kv_geometry(models: Mapping[str, nn.Module], block_size: int, dtype: torch.d
             raise ValueError(f"components {first!r} and {name!r} cannot share a KV pool: (layers, KV heads, head dim) "
                              f"{geometry} != {other}")
     return KVPoolShape(*geometry, block_size, dtype)
+
+
+def graph_blocks(models: Mapping[str, nn.Module], block_size: int) -> int | None:
+    """Blocks per context a decode graph covers: the models' shortest ``max_position_embeddings`` (None: the pool)."""
+    lengths = [getattr(m.config, "max_position_embeddings", None) for m in models.values()]
+    lengths = [n for n in lengths if n]
+    return -(-min(lengths) // block_size) if lengths else None
 
 
 def _pool_dtype(model: nn.Module, dtype: torch.dtype | str | None) -> torch.dtype:

@@ -35,17 +35,22 @@ class KVPoolShape:
 
 
 class KVPool:
-    """Preallocated K/V storage; the block manager decides which block holds what."""
+    """Preallocated K/V storage; the block manager decides which block holds what.
 
-    def __init__(self, shape: KVPoolShape, num_blocks: int, device: torch.device | str):
+    ``spare=True`` adds one block past ``num_blocks`` that is never handed out
+    (``sink``): padded rows of a CUDA-graph decode write to and read from it.
+    """
+
+    def __init__(self, shape: KVPoolShape, num_blocks: int, device: torch.device | str, spare: bool = False):
         if num_blocks < 1:
             raise ValueError(
                 f"the KV pool needs at least one block ({shape.bytes_per_block} bytes each), got {num_blocks}"
             )
         self.shape = shape
         self.num_blocks = num_blocks
+        self.sink: int | None = num_blocks if spare else None
         self.device = torch.device(device)
-        dims = (shape.num_layers, num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
+        dims = (shape.num_layers, num_blocks + int(spare), shape.block_size, shape.num_kv_heads, shape.head_dim)
         self.k = torch.zeros(dims, dtype=shape.dtype, device=self.device)  # k: [L, N, bs, Hkv, Dh]
         self.v = torch.zeros(dims, dtype=shape.dtype, device=self.device)  # v: [L, N, bs, Hkv, Dh]
 

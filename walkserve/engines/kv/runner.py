@@ -38,6 +38,7 @@ class ModelRunner:
         self.fallback = backend if isinstance(backend, TorchPagedBackend) else TorchPagedBackend()
         self.device = pool.device
         self.outputs = {name: Outputs(model, sampler) for name, model in self.models.items()}
+        self.graphs = None  # a cuda_graphs.DecodeGraphs when the engine turns CUDA-graph decode on
         self.takes_capture = {name: "capture" in inspect.signature(m.forward).parameters for name, m in self.models.items()}
 
     @torch.inference_mode()
@@ -60,13 +61,18 @@ class ModelRunner:
         model = self.models[name]
         input_ids, positions = _inputs(chunks, self.device)  # [T], [T] or [A, T]
         batch = self._batch(chunks)
-        backend = self.backend if self.backend.supports(batch) else self.fallback
-        attn = backend.context(self.pool.k, self.pool.v, batch)
         kwargs: dict[str, Any] = _token_inputs(chunks, self.device)
         capture = {k: None for k in _capture_layers(chunks)}
-        if capture:
-            kwargs["capture"] = capture
-        hidden = model(input_ids, positions, attn, inputs_embeds=_embeds(model, chunks, input_ids), **kwargs)  # [T, D]
+        embeds = _embeds(model, chunks, input_ids)
+        hidden = None
+        if self.graphs is not None and graphable(chunks, capture, kwargs, embeds):
+            hidden = self.graphs.run(name, model, batch, input_ids, positions)  # [T, D] or None: eager
+        if hidden is None:
+            backend = self.backend if self.backend.supports(batch) else self.fallback
+            attn = backend.context(self.pool.k, self.pool.v, batch)
+            if capture:
+                kwargs["capture"] = capture
+            hidden = model(input_ids, positions, attn, inputs_embeds=embeds, **kwargs)  # [T, D]
         return self.outputs[name](chunks, hidden, capture)
 
     def _batch(self, chunks: list[ScheduledChunk]) -> PagedBatch:
@@ -92,6 +98,14 @@ class ModelRunner:
         queries = any(r is not None for r in reads)
         return PagedBatch(q_lens, kv_lens, tables, self.bm.block_size, None if plain else masks,
                           None if plain else frames, reads if queries else None)
+
+
+def graphable(chunks: list[ScheduledChunk], capture: dict, token_inputs: dict, embeds: torch.Tensor | None) -> bool:
+    """Whether a forward group is a plain decode step a CUDA graph can replay (one causal token row per context)."""
+    if capture or token_inputs or embeds is not None:
+        return False
+    return all(c.query is None and c.num_tokens == 1 and c.segment.mask == "causal" and c.segment.embeds is None
+               for c in chunks)
 
 
 def _forward_groups(chunks: list[ScheduledChunk]) -> list[list[int]]:
