@@ -8,13 +8,38 @@ import statistics
 from collections.abc import Sequence
 
 
-def conditions() -> str:
+def conditions(device: str = "cpu") -> str:
     import torch
 
-    return (
+    text = (
         f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, python {platform.python_version()}"
     )
+    if device.startswith("cuda") and torch.cuda.is_available():
+        text += f"; {gpu_conditions(torch.device(device))}"
+    return text
+
+
+def gpu_conditions(device) -> str:
+    """GPU name, memory, driver, CUDA runtime and FlashInfer version (the conditions of a GPU figure)."""
+    import subprocess
+
+    import torch
+
+    props = torch.cuda.get_device_properties(device)
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        driver = "unknown"
+    try:
+        import flashinfer
+
+        fi = flashinfer.__version__
+    except ImportError:
+        fi = "not installed"
+    return (f"GPU {props.name} ({props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs), driver {driver}, "
+            f"CUDA {torch.version.cuda}, flashinfer {fi}")
 
 
 def pct(values: Sequence[float], q: float) -> float:

@@ -23,7 +23,8 @@ from benchmarks.common import conditions, pct, table
 from benchmarks.lm_cases import CaseResult, Workload, bare_engine, hf_batched, hf_sequential, served
 
 CASES = {"a": "transformers generate, one request at a time", "b": "transformers generate, batched (left padding)",
-         "c": "our model on KVCacheEngine, bare loop", "d": "walkserve AsyncEngine, 1 CPU worker"}
+         "c": "our model on KVCacheEngine, bare loop", "d": "walkserve AsyncEngine, 1 worker",
+         "e": "(c) with CUDA-graph decode"}
 KV_OPTIONS = {"block_size": 16}  # the served model's defaults; (c) and (d) get the same
 
 
@@ -58,6 +59,10 @@ class Shape:
 FULL = Shape(dict(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
                   num_key_value_heads=2, head_dim=64, tie_word_embeddings=True, max_position_embeddings=2048),
              requests=16, new_tokens=128, prompt_min=32, prompt_step=14)
+GPU = Shape(dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
+                 num_attention_heads=16, num_key_value_heads=4, head_dim=64, tie_word_embeddings=True,
+                 max_position_embeddings=2048),
+            requests=16, new_tokens=128, prompt_min=32, prompt_step=14)
 QUICK = Shape(dict(vocab_size=2048, hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, max_position_embeddings=512),
               requests=4, new_tokens=16, prompt_min=8, prompt_step=8)
@@ -73,10 +78,13 @@ def _prompts(shape: Shape) -> tuple[tuple[int, ...], ...]:
 
 def run_dtype(path: Path, shape: Shape, dtype: str, args: argparse.Namespace) -> dict[str, CaseResult]:
     """Every selected case on one dtype; (c) and (d) alternate ``repeat`` times and keep their best run."""
-    work = Workload(path, dtype, _prompts(shape), shape.new_tokens, args.threads)
-    cases, repeat = "".join(k for k in "abcd" if k in args.cases), max(1, args.repeat)
+    work = Workload(path, dtype, _prompts(shape), shape.new_tokens, args.threads, args.device)
+    cases, repeat = "".join(k for k in "abcde" if k in args.cases), max(1, args.repeat)
+    graphs = {**KV_OPTIONS, "cuda_graphs": True}
+    served_options = graphs if args.cuda_graphs else KV_OPTIONS
     runners = {"a": lambda: hf_sequential(work, args.a_requests or shape.requests), "b": lambda: hf_batched(work),
-               "c": lambda: bare_engine(work, KV_OPTIONS), "d": lambda: served(work, KV_OPTIONS)}
+               "c": lambda: bare_engine(work, KV_OPTIONS), "d": lambda: served(work, served_options),
+               "e": lambda: bare_engine(work, graphs)}
     results: dict[str, CaseResult] = {}
     for attempt in range(repeat):
         for key in cases:
@@ -110,7 +118,7 @@ def throughput_rows(dtype: str, res: dict[str, CaseResult]) -> list[tuple]:
 
 def latency_rows(dtype: str, res: dict[str, CaseResult]) -> list[tuple]:
     rows = []
-    for key in ("c", "d"):
+    for key in ("c", "d", "e"):
         r = res.get(key)
         if r is None:
             continue
@@ -123,8 +131,16 @@ def latency_rows(dtype: str, res: dict[str, CaseResult]) -> list[tuple]:
     return rows
 
 
-def verdict(res: dict[str, CaseResult]) -> str:
+def verdict(res: dict[str, CaseResult], device: str = "cpu") -> str:
     parts = []
+    if device != "cpu":  # on a GPU: walkserve against transformers' batched generate, same GPU, same run
+        for key in ("c", "e", "d"):
+            if res.get(key) and res.get("b"):
+                ratio = res[key].tokens_per_s() / res["b"].tokens_per_s()
+                parts.append(f"{key}/b = {ratio:.2f} (target >= 3: {'met' if ratio >= 3 else 'MISSED'})")
+        if res.get("e") and res.get("c"):
+            parts.append(f"CUDA graphs e/c = {res['e'].tokens_per_s() / res['c'].tokens_per_s():.2f}")
+        return "; ".join(parts)
     d = res.get("d")
     for key, target in (("c", 0.85), ("a", 4.0)):
         other = res.get(key)
@@ -137,14 +153,17 @@ def verdict(res: dict[str, CaseResult]) -> str:
 def report(shape: Shape, args: argparse.Namespace, by_dtype: dict[str, dict[str, CaseResult]], load: tuple) -> str:
     lens, threads, repeat = shape.prompt_lengths(), args.threads, max(1, args.repeat)
     a_count = min(args.a_requests or shape.requests, shape.requests)
+    where = "the CPU" if args.device == "cpu" else f"the GPU ({args.device})"
     lines = [
-        "## LM decode on the CPU (`./dev bench lm`)", "",
+        f"## LM decode on {where} (`./dev bench lm{'' if args.device == 'cpu' else ' --device ' + args.device}`)", "",
         f"- model: {shape.describe()}",
         f"- workload: {shape.requests} concurrent requests x {shape.new_tokens} new tokens, greedy, EOS ignored; "
         f"prompt lengths {lens[0]}-{lens[-1]} (step {shape.prompt_step}, mean {sum(lens) / len(lens):.0f})",
-        f"- machine: {conditions()}; torch threads per case / worker: {threads}; "
+        f"- machine: {conditions(args.device)}; torch threads per case / worker: {threads}; "
         f"load average {load[0]:.2f} before, {load[1]:.2f} after",
-        f"- KV engine: block size {KV_OPTIONS['block_size']}, default pool (256 MiB on CPU); (c), (d): best of {repeat}; "
+        f"- KV engine: block size {KV_OPTIONS['block_size']}, default pool (256 MiB on CPU, half the free memory on "
+        f"CUDA), attention auto (FlashInfer for bf16 on CUDA when installed); (d) with CUDA graphs: "
+        f"{bool(args.cuda_graphs)}; (c), (d), (e): best of {repeat}; "
         f"(a) runs {a_count} of the {shape.requests} prompts (evenly spread), one after another",
         "- tokens/s = all new tokens / wall time of the timed part (after a warm-up; model loading and "
         "runtime start-up excluded)", "",
@@ -162,7 +181,10 @@ def report(shape: Shape, args: argparse.Namespace, by_dtype: dict[str, dict[str,
                   table(["dtype", "worker compute thread", "worker main thread", "conductor", "client (asyncio)",
                          "wall", "main + conductor ms / step"], cpu)]
     lines.append("")
-    lines += [f"- {dtype}: {verdict(res)}" for dtype, res in by_dtype.items() if verdict(res)]
+    lines += [f"- {dtype}: {verdict(res, args.device)}" for dtype, res in by_dtype.items() if verdict(res, args.device)]
+    graphs = [(dtype, r.extra) for dtype, res in by_dtype.items() for k, r in res.items() if k == "e"]
+    lines += [f"- {dtype} (e): CUDA graph replays {x.get('cuda_graph_replays', 0)}, captures "
+              f"{x.get('cuda_graph_captures', 0)}, eager decode steps {x.get('cuda_graph_eager', 0)}" for dtype, x in graphs]
     return "\n".join(lines)
 
 
@@ -176,14 +198,21 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="./dev bench lm", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="a tiny model, 4 requests x 16 tokens, float32 (smoke run)")
     p.add_argument("--dtypes", default=None, help="comma-separated (default float32,bfloat16; --quick: float32)")
-    p.add_argument("--cases", default="abcd", help="which of a, b, c, d to run (default abcd)")
+    p.add_argument("--cases", default="abcd", help="which of a, b, c, d, e to run (default abcd; on cuda abcde)")
     p.add_argument("--threads", type=int, default=1, help="torch threads for every case and the worker (default 1: "
                    "with more, a busy shared machine stalls OpenMP barriers)")
     p.add_argument("--a-requests", type=int, default=None, help="prompts (a) runs (default 4; --quick: all)")
     p.add_argument("--repeat", type=int, default=1, help="run (c) and (d) this many times, alternating; keep the best")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (every case on that device; default cpu)")
+    p.add_argument("--cuda-graphs", action="store_true", help="(d) serves with CUDA-graph decode (on cuda)")
     args = p.parse_args(argv)
-    shape = QUICK if args.quick else FULL
-    dtypes = (args.dtypes or ("float32" if args.quick else "float32,bfloat16")).split(",")
+    gpu = args.device != "cpu"
+    shape = QUICK if args.quick else GPU if gpu else FULL
+    dtypes = (args.dtypes or ("float32" if args.quick else "bfloat16" if gpu else "float32,bfloat16")).split(",")
+    if not gpu:
+        args.cases = args.cases.replace("e", "")  # CUDA graphs need a GPU
+    elif args.cases == "abcd":
+        args.cases = "abcde"
     if args.a_requests is None and not args.quick:
         args.a_requests = 4
     from walkserve.models.llama.tiny import write_tiny

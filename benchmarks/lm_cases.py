@@ -35,6 +35,7 @@ class Workload:
     prompts: tuple[tuple[int, ...], ...]
     new_tokens: int
     threads: int
+    device: str = "cpu"
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -67,12 +68,13 @@ class CaseResult:
 def _hf_model(work: Workload):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(work.path, dtype=work.torch_dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(work.path, dtype=work.torch_dtype).eval().to(work.device)
     model.generation_config.eos_token_id = None  # EOS ignored: every request makes new_tokens tokens
     return model
 
 
 def _hf_generate(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    ids, mask = ids.to(model.device), mask.to(model.device)
     return model.generate(
         ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0
     )[:, ids.shape[1] :]
@@ -89,10 +91,12 @@ def hf_sequential(work: Workload, count: int) -> CaseResult:
     count = max(1, min(count, len(work.prompts)))
     indices = [round(i * (len(work.prompts) - 1) / max(count - 1, 1)) for i in range(count)]
     out = []
+    _sync(work)
     t0 = time.perf_counter()
     for i in indices:
         ids = one(work.prompts[i])
         out.append(_hf_generate(model, ids, torch.ones_like(ids), work.new_tokens)[0].tolist())
+    _sync(work)
     return CaseResult("hf_sequential", out, time.perf_counter() - t0, extra={"indices": indices})
 
 
@@ -107,10 +111,22 @@ def hf_batched(work: Workload) -> CaseResult:
     for i, prompt in enumerate(work.prompts):
         ids[i, width - len(prompt) :] = torch.tensor(prompt)
         mask[i, width - len(prompt) :] = 1
-    _hf_generate(model, ids[:2], mask[:2], 4)  # warm-up
+    _hf_generate(model, ids, mask, 4)  # warm-up (the whole batch: the timed call's shapes)
+    _sync(work)
     t0 = time.perf_counter()
     out = _hf_generate(model, ids, mask, work.new_tokens)
-    return CaseResult("hf_batched", out.tolist(), time.perf_counter() - t0)
+    tokens = out.tolist()  # waits for the device
+    return CaseResult("hf_batched", tokens, time.perf_counter() - t0)
+
+
+def _warm_prompts(work: Workload) -> tuple[tuple[int, ...], ...]:
+    """Two prompts on the CPU; on a GPU all of them, so every decode batch size (graph bucket) is met once."""
+    return work.prompts[:2] if work.device == "cpu" else work.prompts
+
+
+def _sync(work: Workload) -> None:
+    if work.device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 # ---- (c): the bare engine loop -------------------------------------------------------------------
@@ -158,14 +174,15 @@ class _Driver:
 
 
 def bare_engine(work: Workload, kv_options: dict[str, Any]) -> CaseResult:
-    """(c) The roofline: the served model's engine stepped in a plain loop, no processes, no graph."""
+    """(c) The roofline: the served model's engine stepped in a plain loop, no processes, no graph
+    (with ``cuda_graphs`` in ``kv_options``, case (e): decode steps replay CUDA graphs)."""
     from walkserve.engines.kv.engine import KVCacheEngine
     from walkserve.models.llama.weights import load_causal_lm
 
     torch.set_num_threads(work.threads)
-    model = load_causal_lm(work.path, dtype=work.dtype, progress=False)
-    engine = KVCacheEngine("lm", model, "cpu", work.dtype, **kv_options)
-    warm = Workload(work.path, work.dtype, work.prompts[:2], 4, work.threads)
+    model = load_causal_lm(work.path, device=work.device, dtype=work.dtype, progress=False)
+    engine = KVCacheEngine("lm", model, work.device, work.dtype, **kv_options)
+    warm = Workload(work.path, work.dtype, _warm_prompts(work), 4, work.threads, work.device)
     _Driver(engine, warm).run(time.perf_counter())
     driver = _Driver(engine, work)
     meter = _StepMeter(engine)
@@ -175,6 +192,7 @@ def bare_engine(work: Workload, kv_options: dict[str, Any]) -> CaseResult:
     extra = {"kv_blocks_peak": meter.peak, "kv_blocks_total": engine.block_manager.num_blocks,
              "preemptions": engine.scheduler.preemptions, "steps": meter.steps, "busy_s": meter.busy_s,
              "step_cpu_s": meter.cpu_s}
+    extra.update({k: v for k, v in engine.stats().items() if k.startswith("cuda_graph")})
     engine.close()
     return CaseResult("bare_engine", driver.tokens, seconds, driver.stamps, extra)
 
@@ -212,9 +230,9 @@ async def _served(work: Workload, kv_options: dict[str, Any]) -> CaseResult:
 
     config = RuntimeConfig(worker_threads=work.threads, dtype=work.dtype, engine_options={"kv": dict(kv_options)},
                            status_interval_s=0.05)
-    engine = await AsyncEngine.start("llama", model_path=str(work.path), config=config, placement=_cpu_placement(work))
+    engine = await AsyncEngine.start("llama", model_path=str(work.path), config=config, placement=_placement(work))
     try:
-        warm = Workload(work.path, work.dtype, work.prompts[:2], 4, work.threads)
+        warm = Workload(work.path, work.dtype, _warm_prompts(work), 4, work.threads, work.device)
         await asyncio.gather(*[_stream(engine, warm, p, 0.0) for p in warm.prompts])
         before = await _compute_totals(engine)
         cpu = _CpuClock(engine)
@@ -234,14 +252,15 @@ async def _served(work: Workload, kv_options: dict[str, Any]) -> CaseResult:
     return CaseResult("served", [o[0] for o in outs], seconds, [o[1] for o in outs], extra)
 
 
-def _cpu_placement(work: Workload) -> dict:
-    """The model's default placement (every node on rank 0), kept on the CPU even where CUDA exists."""
+def _placement(work: Workload) -> dict:
+    """The model's default placement (every node on rank 0), on ``work.device`` (the CPU even where CUDA exists)."""
     import walkserve.models.builtin  # noqa: F401  (registers the families)
     from walkserve.models.base import ModelRef
     from walkserve.models.registry import load_model
 
     placement = load_model(ModelRef("llama", str(work.path))).default_placement()
-    assert all(rank["device"] == "cpu" for rank in placement["ranks"]), placement
+    for rank in placement["ranks"]:
+        rank["device"] = "cuda:0" if work.device.startswith("cuda") else "cpu"
     return placement
 
 

@@ -45,12 +45,15 @@ def loop_experts(moe: SparseMoE, x: torch.Tensor) -> torch.Tensor:
 
 
 def timed(fn, x: torch.Tensor, repeats: int) -> float:
-    """Median milliseconds of ``fn(x)`` after one warm-up call."""
+    """Median milliseconds of ``fn(x)`` after one warm-up call (the device synchronised around each call)."""
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
     fn(x)
     samples = []
     for _ in range(repeats):
+        sync()
         t0 = time.perf_counter()
         fn(x)
+        sync()
         samples.append((time.perf_counter() - t0) * 1e3)
     return sorted(samples)[len(samples) // 2]
 
@@ -72,19 +75,21 @@ def main(argv: list[str]) -> int:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="tiny shapes (a smoke run)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     args = p.parse_args(argv)
     shape = (64, 32, 8, 2) if args.quick else (2048, 768, 128, 8)
     hidden, inner, experts, top_k = shape
-    moe, dense = build(*shape, DTYPES[args.dtype])
+    moe, dense = (m.to(args.device) for m in build(*shape, DTYPES[args.dtype]))
     rows = []
     with torch.inference_mode():
         for t in (int(v) for v in args.tokens.split(",")):
-            x = torch.randn(t, hidden, generator=torch.Generator().manual_seed(t)).to(DTYPES[args.dtype])
+            x = torch.randn(t, hidden, generator=torch.Generator().manual_seed(t)).to(args.device, DTYPES[args.dtype])
             ms = {name: timed(fn, x, args.repeats) for name, fn in
                   (("moe", moe), ("dense", dense), ("loop", lambda v: loop_experts(moe, v)))}
             used = len(torch.unique(moe.route(x)[1]))
             rows.append([t, used, ms["moe"], ms["dense"], ms["loop"], ms["moe"] / ms["dense"]])
-    print(f"MoE layer: hidden {hidden}, {experts} experts of {inner}, top-{top_k}, {args.dtype}; {conditions()}")
+    print(f"MoE layer: hidden {hidden}, {experts} experts of {inner}, top-{top_k}, {args.dtype}, {args.device}; "
+          f"{conditions(args.device)}")
     print(table(["tokens", "experts used", "moe ms", "dense-equivalent ms", "per-expert loop ms", "moe / dense"],
                 rows))
     return 0

@@ -179,10 +179,12 @@ def report(setup: Setup, args, served: list[Row], base_rows: list[Row], baseline
            probe: list[tuple[int, str, float]], load: tuple[float, float]) -> str:
     base = {r.concurrency: r for r in base_rows}
     lm = {"bench": "Orpheus-shaped Llama, hidden 192, 6 layers, GQA 6/2, ~33M params",
-          "tiny": "tiny Llama, hidden 64, 2 layers, ~10M params"}[setup.lm]
+          "gpu": "Orpheus-shaped Llama, hidden 512, 8 layers, GQA 8/2 x 64, ~105M params",
+          "tiny": "tiny Llama, hidden 64, 2 layers, ~10M params"}[setup.lm] + f", {args.dtype}"
     sampling = "greedy" if args.greedy else "temperature 0.6, top_p 0.8, repetition penalty 1.3 (the card's)"
     lines = [
-        "## TTS (Orpheus) streaming on the CPU (`./dev bench tts" + (" --quick" if args.quick else "") + "`)", "",
+        f"## TTS (Orpheus) streaming on {'the CPU' if args.device == 'cpu' else 'the GPU (' + args.device + ')'} "
+        f"(`./dev bench tts{' --quick' if args.quick else ''}{'' if args.device == 'cpu' else ' --device ' + args.device}`)", "",
         f"- model: {lm} (vocab 156,940) + SNAC 24 kHz {setup.snac} decoder; random weights",
         f"- workload: {setup.words}-word texts, {setup.max_tokens} audio tokens each = {setup.frames} frames = "
         f"{setup.frames * 2048 / 24000:.2f} s of audio; sampling {sampling}, seeded",
@@ -191,7 +193,7 @@ def report(setup: Setup, args, served: list[Row], base_rows: list[Row], baseline
         f"- baseline: transformers generate + snac, SNAC window decoded inline every 7 tokens (per window, as the "
         f"official streaming decoder), {args.baseline_threads} threads; {len(baseline)} requests measured; at "
         f"concurrency c the c requests queue FIFO behind each other (measured traces, shifted by the wait)",
-        f"- machine: {conditions()}; load average {load[0]:.2f} before, {load[1]:.2f} after", "",
+        f"- machine: {conditions(args.device)}; load average {load[0]:.2f} before, {load[1]:.2f} after", "",
         table(["system", "conc.", "requests", "TTFA p50 ms", "TTFA p95 ms", "RTF p50", "audio s / wall s",
                "x baseline", "viability", "codec batch", "stopped early"],
               result_rows(served, base) + result_rows(base_rows, {})),
@@ -220,17 +222,31 @@ def run(setup: Setup, args) -> str:
         rounds += [reqs.make(c) for c in setup.concurrency if c != 1]
         from benchmarks.tts_served import served_rounds
 
-        print(f"walkserve: {len(rounds)} rounds on {args.placement} ...", flush=True)
-        done = served_rounds(model_dir, str(placement_path(args.placement)), args.threads, reqs.make(1, 35)[0], rounds)
+        print(f"walkserve: {len(rounds)} rounds on {args.placement} ({args.device}) ...", flush=True)
+        placement = _placement(str(placement_path(args.placement)), args.device)
+        done = served_rounds(model_dir, placement, args.threads, reqs.make(1, 35)[0], rounds, args.dtype)
         from benchmarks.tts_baseline import Baseline
 
         print(f"baseline: {setup.baseline_requests} requests one at a time ...", flush=True)
-        baseline = Baseline(model_dir, args.baseline_threads)
+        baseline = Baseline(model_dir, args.baseline_threads, args.device)
         baseline.speak(reqs.make(1, 35)[0])  # warm-up
         traces = [baseline.speak(s) for s in reqs.make(setup.baseline_requests)]
-        probe = [] if args.quick else codec_probe(model_dir, (1, max(setup.concurrency)), args.threads)
+        probe = [] if args.quick or args.device != "cpu" else codec_probe(model_dir, (1, max(setup.concurrency)),
+                                                                            args.threads)
     served, base_rows = served_rows(done, setup.concurrency), baseline_rows(traces, setup.concurrency)
     return report(setup, args, served, base_rows, traces, probe, (load0, os.getloadavg()[0]))
+
+
+def _placement(path: str, device: str):
+    """The shipped placement as given on the CPU; on a GPU, the same ranks all on ``device`` (one GPU)."""
+    if device == "cpu":
+        return path
+    import yaml
+
+    placement = yaml.safe_load(open(path))
+    for rank in placement["ranks"]:
+        rank["device"] = device if ":" in device else f"{device}:0"
+    return placement
 
 
 def main(argv: list[str]) -> int:
@@ -244,8 +260,14 @@ def main(argv: list[str]) -> int:
                    help="torch threads for the baseline (default 1: on a busy shared machine more threads stall)")
     p.add_argument("--baseline-requests", type=int, default=None, help="requests the baseline runs (default 3)")
     p.add_argument("--greedy", action="store_true", help="greedy decoding instead of the card's sampling")
+    p.add_argument("--device", default="cpu", help="cpu or cuda: every rank of the placement and the baseline there "
+                   "(on cuda the LM is the 'gpu' preset, head dim 64, in bfloat16)")
+    p.add_argument("--dtype", default=None, help="the LM's dtype (default: float32 on cpu, bfloat16 on cuda)")
     args = p.parse_args(argv)
+    args.dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     setup = QUICK if args.quick else FULL
+    if args.device != "cpu" and not args.quick:
+        setup = Setup(**{**setup.__dict__, "lm": "gpu"})
     changes = {}
     if args.concurrency:
         changes["concurrency"] = tuple(int(c) for c in args.concurrency.split(","))

@@ -70,15 +70,29 @@ class WindowStreamer:
         self.trace.add(time.perf_counter() - self.t0, wave.numel())
 
 
+class _OnDevice:
+    """The snac model on a GPU behind the CPU interface ``decode_window`` uses (codes in, audio back on the CPU)."""
+
+    def __init__(self, snac_model, device: torch.device):
+        self.model, self.device = snac_model, device
+
+    def decode(self, codes: list[torch.Tensor]) -> torch.Tensor:
+        return self.model.decode([c.to(self.device) for c in codes]).float().cpu()
+
+
 class Baseline:
     """transformers LM + snac decoder in this process; ``speak`` runs one request and returns its trace."""
 
-    def __init__(self, model_dir: Path, threads: int):
+    def __init__(self, model_dir: Path, threads: int, device: str = "cpu"):
         from walkserve.testing.orpheus_offline import load_lm, load_snac
 
         torch.set_num_threads(threads)
-        self.lm = load_lm(model_dir / "lm")
-        self.snac = load_snac(model_dir / "snac")
+        self.device = torch.device(device)
+        self.lm = load_lm(model_dir / "lm").to(self.device)
+        if self.device.type == "cuda":
+            self.lm = self.lm.to(torch.bfloat16)  # as walkserve serves it there
+        snac = load_snac(model_dir / "snac").to(self.device)
+        self.snac = snac if self.device.type == "cpu" else _OnDevice(snac, self.device)
 
     @torch.inference_mode()
     def speak(self, spec: RequestSpec) -> StreamTrace:
@@ -95,8 +109,8 @@ class Baseline:
             torch.manual_seed(s.seed)
         sampled = {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p} if s.temperature > 0 else {}
         out = self.lm.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            torch.tensor([prompt], device=self.device),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=self.device),
             max_new_tokens=s.max_tokens,
             eos_token_id=list(s.stop_token_ids),
             pad_token_id=0,

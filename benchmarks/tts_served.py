@@ -52,12 +52,12 @@ async def _round(engine, specs: Sequence[RequestSpec]) -> ServedRound:
     return ServedRound(len(specs), traces, wall, codec)
 
 
-async def _serve(model_path: Path, placement: str, threads: int, warmup: RequestSpec,
-                 rounds: Sequence[Sequence[RequestSpec]]) -> list[ServedRound]:
+async def _serve(model_path: Path, placement: str | dict, threads: int, warmup: RequestSpec,
+                 rounds: Sequence[Sequence[RequestSpec]], dtype: str | None = None) -> list[ServedRound]:
     from walkserve.core.config import RuntimeConfig
     from walkserve.entrypoint.engine import AsyncEngine
 
-    config = RuntimeConfig(worker_threads=threads, status_interval_s=0.05)
+    config = RuntimeConfig(worker_threads=threads, status_interval_s=0.05, dtype=None if dtype == "float32" else dtype)
     engine = await AsyncEngine.start("orpheus", placement=placement, config=config, model_path=str(model_path))
     try:
         await _one(engine, warmup, time.perf_counter())
@@ -66,7 +66,8 @@ async def _serve(model_path: Path, placement: str, threads: int, warmup: Request
         await engine.shutdown(drain_s=0)
 
 
-def served_rounds(model_path: Path, placement: str, threads: int, warmup: RequestSpec,
-                  rounds: Sequence[Sequence[RequestSpec]]) -> list[ServedRound]:
-    """Start the runtime once, warm it with one request, then run each round (its requests at once)."""
-    return asyncio.run(_serve(model_path, placement, threads, warmup, rounds))
+def served_rounds(model_path: Path, placement: str | dict, threads: int, warmup: RequestSpec,
+                  rounds: Sequence[Sequence[RequestSpec]], dtype: str | None = None) -> list[ServedRound]:
+    """Start the runtime once, warm it with one request, then run each round (its requests at once).
+    ``placement``: a YAML path or a placement dict; ``dtype``: the runtime's dtype override (None: the model's)."""
+    return asyncio.run(_serve(model_path, placement, threads, warmup, rounds, dtype))

@@ -101,7 +101,7 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = measure(args.preset, tuple(int(h) for h in args.horizons.split(",")), args.repeat, args.device)
-    print(f"V-JEPA 2-AC offline rollout, preset {args.preset}, batch 1, 1 context frame, {args.device}; {conditions()}")
+    print(f"V-JEPA 2-AC offline rollout, preset {args.preset}, batch 1, 1 context frame, {args.device}; {conditions(args.device)}")
     print(table(["H", "official ms", "cached ms", "official / cached", "FLOP ratio", "tokens official", "cached"],
                 [[r["horizon"], 1e3 * r["official_s"], 1e3 * r["cached_s"], r["ratio"], r["flop_ratio"],
                   r["official_tokens"], r["cached_tokens"]] for r in rows]))

@@ -42,6 +42,8 @@ LM_PRESETS: dict[str, dict[str, Any]] = {
              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16},
     "bench": {**_COMMON, "hidden_size": 192, "intermediate_size": 512, "num_hidden_layers": 6,
               "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 32},
+    "gpu": {**_COMMON, "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8,
+            "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64},  # the GPU benchmark's
 }
 SNAC_PRESETS = ("tiny", "full")
 SPECIAL_TOKENS = {
