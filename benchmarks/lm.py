@@ -81,7 +81,7 @@ def run_dtype(path: Path, shape: Shape, dtype: str, args: argparse.Namespace) ->
     work = Workload(path, dtype, _prompts(shape), shape.new_tokens, args.threads, args.device)
     cases, repeat = "".join(k for k in "abcde" if k in args.cases), max(1, args.repeat)
     graphs = {**KV_OPTIONS, "cuda_graphs": True}
-    served_options = graphs if args.cuda_graphs else KV_OPTIONS
+    served_options = graphs if args.cuda_graphs and args.device != "cpu" else KV_OPTIONS
     runners = {"a": lambda: hf_sequential(work, args.a_requests or shape.requests), "b": lambda: hf_batched(work),
                "c": lambda: bare_engine(work, KV_OPTIONS), "d": lambda: served(work, served_options),
                "e": lambda: bare_engine(work, graphs)}
@@ -204,7 +204,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--a-requests", type=int, default=None, help="prompts (a) runs (default 4; --quick: all)")
     p.add_argument("--repeat", type=int, default=1, help="run (c) and (d) this many times, alternating; keep the best")
     p.add_argument("--device", default="cpu", help="cpu or cuda (every case on that device; default cpu)")
-    p.add_argument("--cuda-graphs", action="store_true", help="(d) serves with CUDA-graph decode (on cuda)")
+    p.add_argument("--cuda-graphs", action="store_true", help="(d) serves with CUDA-graph decode (on cuda; ignored on cpu)")
     args = p.parse_args(argv)
     gpu = args.device != "cpu"
     shape = QUICK if args.quick else GPU if gpu else FULL

@@ -188,7 +188,8 @@ def report(setup: Setup, args, served: list[Row], base_rows: list[Row], baseline
         f"- model: {lm} (vocab 156,940) + SNAC 24 kHz {setup.snac} decoder; random weights",
         f"- workload: {setup.words}-word texts, {setup.max_tokens} audio tokens each = {setup.frames} frames = "
         f"{setup.frames * 2048 / 24000:.2f} s of audio; sampling {sampling}, seeded",
-        f"- walkserve: placement {args.placement}, {args.threads} torch thread(s) per worker; concurrency 1 = "
+        f"- walkserve: placement {args.placement}{'' if args.device == 'cpu' else ' (every rank on ' + args.device + ')'}, "
+        f"CUDA graphs {bool(args.cuda_graphs and args.device != 'cpu')}, {args.threads} torch thread(s) per worker; concurrency 1 = "
         f"{setup.rounds_c1} requests one after another; wall time per round",
         f"- baseline: transformers generate + snac, SNAC window decoded inline every 7 tokens (per window, as the "
         f"official streaming decoder), {args.baseline_threads} threads; {len(baseline)} requests measured; at "
@@ -224,7 +225,8 @@ def run(setup: Setup, args) -> str:
 
         print(f"walkserve: {len(rounds)} rounds on {args.placement} ({args.device}) ...", flush=True)
         placement = _placement(str(placement_path(args.placement)), args.device)
-        done = served_rounds(model_dir, placement, args.threads, reqs.make(1, 35)[0], rounds, args.dtype)
+        kv = {"cuda_graphs": True} if args.cuda_graphs and args.device != "cpu" else None
+        done = served_rounds(model_dir, placement, args.threads, reqs.make(1, 35)[0], rounds, args.dtype, kv)
         from benchmarks.tts_baseline import Baseline
 
         print(f"baseline: {setup.baseline_requests} requests one at a time ...", flush=True)
@@ -262,6 +264,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--greedy", action="store_true", help="greedy decoding instead of the card's sampling")
     p.add_argument("--device", default="cpu", help="cpu or cuda: every rank of the placement and the baseline there "
                    "(on cuda the LM is the 'gpu' preset, head dim 64, in bfloat16)")
+    p.add_argument("--cuda-graphs", action="store_true", help="the LM decodes through CUDA graphs (on cuda)")
     p.add_argument("--dtype", default=None, help="the LM's dtype (default: float32 on cpu, bfloat16 on cuda)")
     args = p.parse_args(argv)
     args.dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")

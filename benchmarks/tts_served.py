@@ -53,11 +53,13 @@ async def _round(engine, specs: Sequence[RequestSpec]) -> ServedRound:
 
 
 async def _serve(model_path: Path, placement: str | dict, threads: int, warmup: RequestSpec,
-                 rounds: Sequence[Sequence[RequestSpec]], dtype: str | None = None) -> list[ServedRound]:
+                 rounds: Sequence[Sequence[RequestSpec]], dtype: str | None = None,
+                 kv: dict | None = None) -> list[ServedRound]:
     from walkserve.core.config import RuntimeConfig
     from walkserve.entrypoint.engine import AsyncEngine
 
-    config = RuntimeConfig(worker_threads=threads, status_interval_s=0.05, dtype=None if dtype == "float32" else dtype)
+    config = RuntimeConfig(worker_threads=threads, status_interval_s=0.05, dtype=None if dtype == "float32" else dtype,
+                           engine_options={"kv": dict(kv)} if kv else {})
     engine = await AsyncEngine.start("orpheus", placement=placement, config=config, model_path=str(model_path))
     try:
         await _one(engine, warmup, time.perf_counter())
@@ -67,7 +69,9 @@ async def _serve(model_path: Path, placement: str | dict, threads: int, warmup: 
 
 
 def served_rounds(model_path: Path, placement: str | dict, threads: int, warmup: RequestSpec,
-                  rounds: Sequence[Sequence[RequestSpec]], dtype: str | None = None) -> list[ServedRound]:
+                  rounds: Sequence[Sequence[RequestSpec]], dtype: str | None = None,
+                  kv: dict | None = None) -> list[ServedRound]:
     """Start the runtime once, warm it with one request, then run each round (its requests at once).
-    ``placement``: a YAML path or a placement dict; ``dtype``: the runtime's dtype override (None: the model's)."""
-    return asyncio.run(_serve(model_path, placement, threads, warmup, rounds, dtype))
+    ``placement``: a YAML path or a placement dict; ``dtype``: the runtime's dtype override (None: the model's);
+    ``kv``: KV engine options (e.g. cuda_graphs)."""
+    return asyncio.run(_serve(model_path, placement, threads, warmup, rounds, dtype, kv))

@@ -128,6 +128,7 @@ def test_backend_registry():
         make_paged_backend("nope", "cpu")
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not flashinfer_available(torch.device("cuda")), reason="needs CUDA and flashinfer")
 @pytest.mark.parametrize("seqs", [[(0, 5), (7, 1), (12, 6), (9, 3)], [(0, 1), (30, 1), (15, 1)]])
 def test_flashinfer_matches_dense(seqs):

@@ -10,7 +10,7 @@ import torch
 
 from walkserve.layers.moe import SparseMoE, _grouped_mm_supported
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 D, INTER, E, K = 256, 128, 32, 4
 
 

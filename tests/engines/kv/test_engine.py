@@ -243,6 +243,7 @@ def test_malformed_inputs_never_raise_from_submit(tiny_lm):
     assert len(results) == 3 and all(r.error for r in results)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_engine_matches_the_cpu_engine(tiny_llama_dir, tiny_lm):
     """float32 on CUDA takes the PyTorch paged path (FlashInfer has no fp32 KV); tokens equal the CPU run's."""
@@ -257,6 +258,7 @@ def test_cuda_engine_matches_the_cpu_engine(tiny_llama_dir, tiny_lm):
     assert [g.tokens for g in gpu] == [g.tokens for g in cpu]
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not flashinfer_available(torch.device("cuda"), torch.bfloat16), reason="needs CUDA and flashinfer")
 def test_flashinfer_engine_logits_match_the_torch_backend(tiny_llama_dir):
     from walkserve.models.llama.weights import load_causal_lm
