@@ -245,7 +245,8 @@ def _placement(path: str, device: str):
         return path
     import yaml
 
-    placement = yaml.safe_load(open(path))
+    with open(path) as f:
+        placement = yaml.safe_load(f)
     for rank in placement["ranks"]:
         rank["device"] = device if ":" in device else f"{device}:0"
     return placement

@@ -23,8 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from walkserve.layers.flashinfer_attention import FlashInferBackend  # noqa: E402
-from walkserve.layers.paged_attention import PagedBatch  # noqa: E402
+from walkserve.layers.flashinfer_attention import FlashInferBackend
+from walkserve.layers.paged_attention import PagedBatch
 
 BS, HQ, HKV = 16, 8, 2
 
@@ -53,7 +53,7 @@ def warm(head_dim: int, device: torch.device, module, dtype: torch.dtype, out: l
         q, k, v = (torch.randn(batch.num_tokens, h, head_dim, device=device).to(dtype) for h in (HQ, HKV, HKV))
         for attempt in ("first", "second"):
             ctx = backend.context(k_cache, v_cache, batch)
-            s = _time(lambda ctx=ctx: ctx.forward(0, q, k, v, head_dim**-0.5), device)
+            s = _time(lambda ctx=ctx, q=q, k=k, v=v: ctx.forward(0, q, k, v, head_dim**-0.5), device)
             out.append({"kind": "flashinfer_warmup", "head_dim": head_dim, "pass": name, "run": attempt, "s": s})
             print(f"  head dim {head_dim:4d}  {name:28s} {attempt:6s} {s:8.3f} s", flush=True)
     graph = backend.graph_decode(k_cache, v_cache, 2, 4)

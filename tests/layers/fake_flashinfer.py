@@ -21,7 +21,22 @@ here as it would there. ``calls`` counts plans and runs per wrapper.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
+
+# The other keyword arguments of flashinfer 0.6's plan methods (the stand-in refuses any name not among them).
+PREFILL_OPTIONS = {"head_dim_vo", "packed_custom_mask", "pos_encoding_mode", "use_fp16_qk_reduction", "window_left",
+                   "logits_soft_cap", "rope_scale", "rope_theta", "kv_data_type", "o_data_type", "non_blocking",
+                   "fixed_split_size", "disable_split_kv"}
+DECODE_OPTIONS = {"pos_encoding_mode", "window_left", "logits_soft_cap", "kv_data_type", "o_data_type", "data_type",
+                  "rope_scale", "rope_theta", "non_blocking", "block_tables", "seq_lens", "fixed_split_size",
+                  "disable_split_kv"}
+
+
+def _known(options: dict, names: set[str]) -> None:
+    unknown = set(options) - names
+    assert not unknown, f"flashinfer takes no argument {sorted(unknown)}"
 
 
 def _ints(t: torch.Tensor, name: str) -> list[int]:
@@ -63,27 +78,24 @@ class _Wrapper:
 
 def _pages(kv_indptr, last, page_size):
     assert all(1 <= x <= page_size for x in last), f"last_page_len {last} outside [1, {page_size}]"
-    assert all(b > a for a, b in zip(kv_indptr, kv_indptr[1:])), "every sequence needs a page"
-    return [(b - a - 1) * page_size + x for a, b, x in zip(kv_indptr, kv_indptr[1:], last)]
+    assert all(b > a for a, b in itertools.pairwise(kv_indptr)), "every sequence needs a page"
+    return [(b - a - 1) * page_size + x for (a, b), x in zip(itertools.pairwise(kv_indptr), last)]
 
 
 class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
-    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
-                 paged_kv_indptr_buf=None, paged_kv_indices_buf=None, paged_kv_last_page_len_buf=None,
-                 custom_mask_buf=None, mask_indptr_buf=None, backend="auto", jit_args=None, jit_kwargs=None):
+    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, backend="auto"):
         super().__init__(float_workspace_buffer, kv_layout, backend)
         assert not use_cuda_graph, "walkserve captures only decode wrappers"
 
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads, num_kv_heads,
-             head_dim_qk, page_size, head_dim_vo=None, custom_mask=None, packed_custom_mask=None, causal=False,
-             pos_encoding_mode="NONE", use_fp16_qk_reduction=False, sm_scale=None, window_left=-1,
-             logits_soft_cap=None, rope_scale=None, rope_theta=None, q_data_type="float16", kv_data_type=None,
-             o_data_type=None, non_blocking=True):
+             head_dim_qk, page_size, custom_mask=None, causal=False, sm_scale=None, q_data_type="float16",
+             **options):
+        _known(options, PREFILL_OPTIONS)
         qo, kv_indptr = _ints(qo_indptr, "qo_indptr"), _ints(paged_kv_indptr, "paged_kv_indptr")
         indices, last = _ints(paged_kv_indices, "paged_kv_indices"), _ints(paged_kv_last_page_len, "last_page_len")
         assert len(qo) == len(kv_indptr) == len(last) + 1 and kv_indptr[-1] == len(indices)
         kv_lens = _pages(kv_indptr, last, page_size)
-        q_lens = [b - a for a, b in zip(qo, qo[1:])]
+        q_lens = [b - a for a, b in itertools.pairwise(qo)]
         assert all(n >= 1 for n in q_lens)
         mask = None
         if custom_mask is not None:
@@ -94,7 +106,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
                         num_qo_heads, num_kv_heads, q_data_type, page_size)
         self.calls["plan"] += 1
 
-    def run(self, q, paged_kv_cache, *args, out=None, lse=None, return_lse=False):
+    def run(self, q, paged_kv_cache, return_lse=False):
         qo, kv_indptr, indices, kv_lens, mask, causal, scale, hq, hkv, dtype, bs = self.planned or (None,) * 11
         self._checked(q, hq, dtype)
         k_cache, v_cache = paged_kv_cache
@@ -114,15 +126,12 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
-    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
-                 kv_indptr_buf=None, custom_mask_buf=None, mask_indptr_buf=None, backend="auto", jit_args=None,
-                 jit_kwargs=None):
+    def __init__(self, float_workspace_buffer, kv_layout="NHD", backend="auto"):
         super().__init__(float_workspace_buffer, kv_layout, backend)
 
-    def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo=None, custom_mask=None,
-             packed_custom_mask=None, causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False,
-             window_left=-1, logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None,
-             q_data_type="float16", kv_data_type=None, o_data_type=None, non_blocking=True):
+    def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, custom_mask=None, causal=False,
+             sm_scale=None, q_data_type="float16", **options):
+        _known(options, PREFILL_OPTIONS)
         qo, kv = _ints(qo_indptr, "qo_indptr"), _ints(kv_indptr, "kv_indptr")
         pairs = [(b - a, d - c) for a, b, c, d in zip(qo, qo[1:], kv, kv[1:])]
         mask = None
@@ -132,7 +141,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
         self.planned = (qo, kv, mask, causal, sm_scale or head_dim_qk**-0.5, num_qo_heads, num_kv_heads, q_data_type)
         self.calls["plan"] += 1
 
-    def run(self, q, k, v, *args, out=None, lse=None, return_lse=False):
+    def run(self, q, k, v, return_lse=False):
         qo, kv, mask, causal, scale, hq, hkv, dtype = self.planned or (None,) * 8
         self._checked(q, hq, dtype)
         assert k.shape[1] == hkv and k.dtype == dtype and k.shape[0] == kv[-1]
@@ -149,9 +158,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
 
 
 class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
-    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, use_tensor_cores=False,
-                 paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None,
-                 backend="auto", jit_args=None):
+    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, paged_kv_indptr_buffer=None,
+                 paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None, backend="auto", **options):
+        _known(options, {"use_tensor_cores", "jit_args"})
         super().__init__(float_workspace_buffer, kv_layout, backend)
         self.graph = use_cuda_graph
         if use_cuda_graph:
@@ -161,9 +170,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         self.bufs = (paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer)
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
-             pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, q_data_type="float16",
-             kv_data_type=None, o_data_type=None, data_type=None, sm_scale=None, rope_scale=None, rope_theta=None,
-             non_blocking=True):
+             q_data_type="float16", sm_scale=None, **options):
+        _known(options, DECODE_OPTIONS)
         kv_indptr, idx, last = _ints(indptr, "indptr"), _ints(indices, "indices"), _ints(last_page_len, "last_page_len")
         assert len(kv_indptr) == len(last) + 1 and kv_indptr[-1] == len(idx)
         _pages(kv_indptr, last, page_size)
@@ -179,7 +187,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         self.planned = (sm_scale or head_dim**-0.5, num_qo_heads, num_kv_heads, q_data_type, page_size)
         self.calls["plan"] += 1
 
-    def run(self, q, paged_kv_cache, *args, out=None, lse=None, return_lse=False):
+    def run(self, q, paged_kv_cache, return_lse=False):
         scale, hq, hkv, dtype, bs = self.planned or (None,) * 5
         self._checked(q, hq, dtype)
         ptr, idx, last = (b.tolist() for b in self.bufs)  # read at run time: graph replays see the buffers

@@ -168,7 +168,8 @@ class PagedAttentionBackend(ABC):
 
     def graph_decode(self, k_cache: torch.Tensor, v_cache: torch.Tensor, size: int, max_blocks: int):
         """A decode context over static buffers for ``size`` rows, for CUDA-graph capture (``graph_attention``)."""
-        from walkserve.layers.graph_attention import TorchGraphDecode  # lazy: it builds on this module
+        # lazy: graph_attention builds on this module
+        from walkserve.layers.graph_attention import TorchGraphDecode
 
         return TorchGraphDecode(k_cache, v_cache, size, max_blocks)
 

@@ -104,7 +104,8 @@ class KVCacheEngine(Engine):
         backend = make_paged_backend(attention, self.device, dtype)
         self.runner = ModelRunner(self.models, self.pool, self.block_manager, backend, Sampler(seed))
         if cuda_graphs:
-            from walkserve.engines.kv.cuda_graphs import DEFAULT_SIZES, DecodeGraphs  # lazy: CUDA only
+            # lazy: only engines that capture CUDA graphs import it
+            from walkserve.engines.kv.cuda_graphs import DEFAULT_SIZES, DecodeGraphs
 
             sizes = tuple(s for s in (cuda_graph_sizes or DEFAULT_SIZES) if s <= max_running) or (max_running,)
             self.runner.graphs = DecodeGraphs(backend, self.pool, sizes, graph_blocks(self.models, block_size),
