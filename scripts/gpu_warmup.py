@@ -1,6 +1,6 @@
 """FlashInfer's cold start, timed: import, then the first and second run of every pass walkserve uses, per head dim.
 
-    python3 scripts/gpu_warmup.py --head-dims 64,16 [--report FILE] [--self-check]
+    python3 scripts/gpu_warmup.py --head-dims 64 [--report FILE] [--self-check]
 
 The first run of a pass compiles its kernels (JIT, with the machine's nvcc) or
 loads them from the cache (~/.cache/flashinfer); the second shows the warm cost.

@@ -340,11 +340,15 @@ PAGED_BACKENDS = {"torch": _make_torch, "flashinfer": _make_flashinfer}
 
 
 FLASHINFER_DTYPES = (torch.float16, torch.bfloat16)
+FLASHINFER_HEAD_DIM_MULTIPLE = 64  # FA2's bf16/fp16 tiles load head dims in steps of 64 (64, 128, 256)
 
 
-def flashinfer_available(device: torch.device, dtype: torch.dtype | None = None) -> bool:
-    """True when FlashInfer can serve a pool of ``dtype`` on ``device`` (CUDA, fp16/bf16, package importable)."""
+def flashinfer_available(device: torch.device, dtype: torch.dtype | None = None, head_dim: int | None = None) -> bool:
+    """True when FlashInfer can serve a pool of ``dtype`` and ``head_dim`` on ``device`` (CUDA, fp16/bf16, a head
+    dim that is a multiple of 64, package importable)."""
     if device.type != "cuda" or (dtype is not None and dtype not in FLASHINFER_DTYPES):
+        return False
+    if head_dim is not None and head_dim % FLASHINFER_HEAD_DIM_MULTIPLE:
         return False
     try:
         import flashinfer  # noqa: F401
@@ -353,21 +357,23 @@ def flashinfer_available(device: torch.device, dtype: torch.dtype | None = None)
     return True
 
 
-def make_paged_backend(name: str, device: torch.device | str, dtype: torch.dtype | None = None) -> PagedAttentionBackend:
+def make_paged_backend(name: str, device: torch.device | str, dtype: torch.dtype | None = None,
+                       head_dim: int | None = None) -> PagedAttentionBackend:
     """Pick a paged-attention backend: ``"torch"``, ``"flashinfer"`` or ``"auto"``.
 
     ``auto`` takes FlashInfer when the device is CUDA, the pool ``dtype`` is
-    fp16/bf16 and ``flashinfer`` imports, else the PyTorch path. Heavy
-    backends are imported only here.
+    fp16/bf16, ``head_dim`` a multiple of 64 and ``flashinfer`` imports, else
+    the PyTorch path. Heavy backends are imported only here.
     """
     device = torch.device(device)
     if name == "auto":
-        name = "flashinfer" if flashinfer_available(device, dtype) else "torch"
+        name = "flashinfer" if flashinfer_available(device, dtype, head_dim) else "torch"
     if name not in PAGED_BACKENDS:
         raise ConfigError(f"unknown attention backend {name!r}; choose one of {sorted(PAGED_BACKENDS)} or 'auto'")
-    if name == "flashinfer" and not flashinfer_available(device, dtype):
+    if name == "flashinfer" and not flashinfer_available(device, dtype, head_dim):
         raise ConfigError(
-            f"attention backend 'flashinfer' needs a CUDA device, an fp16/bf16 KV pool and the flashinfer "
-            f"package (device {device}, dtype {dtype})"
+            f"attention backend 'flashinfer' needs a CUDA device, an fp16/bf16 KV pool, a head dim that is a multiple "
+            f"of {FLASHINFER_HEAD_DIM_MULTIPLE} and the flashinfer package (device {device}, dtype {dtype}, "
+            f"head dim {head_dim})"
         )
     return PAGED_BACKENDS[name](device)

@@ -44,8 +44,12 @@ def test_cuda_torch_path_equals_the_cpu_engine(tiny_lm):
 
 
 @pytest.mark.skipif(not flashinfer_available(torch.device("cuda"), torch.bfloat16), reason="needs flashinfer")
-def test_flashinfer_engine_runs_queries_and_full_masks_as_the_torch_path(tiny_lm):
-    model = copy.deepcopy(tiny_lm).to(torch.bfloat16).cuda()
+def test_flashinfer_engine_runs_queries_and_full_masks_as_the_torch_path(tmp_path):
+    from walkserve.models.llama.tiny import write_tiny
+    from walkserve.models.llama.weights import load_causal_lm
+
+    path = write_tiny("llama", tmp_path / "hd64", init_std=0.1, head_dim=64)  # FlashInfer's head dims: multiples of 64
+    model = load_causal_lm(path, device="cuda", dtype="bfloat16", progress=False)
     torch_path = _cfg_outputs(model, "cuda", "torch", torch.bfloat16)
     flashinfer = _cfg_outputs(model, "cuda", "flashinfer", torch.bfloat16)
     for a, b in zip(torch_path, flashinfer):

@@ -260,10 +260,12 @@ def test_cuda_engine_matches_the_cpu_engine(tiny_llama_dir, tiny_lm):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not flashinfer_available(torch.device("cuda"), torch.bfloat16), reason="needs CUDA and flashinfer")
-def test_flashinfer_engine_logits_match_the_torch_backend(tiny_llama_dir):
+def test_flashinfer_engine_logits_match_the_torch_backend(tmp_path):
+    from walkserve.models.llama.tiny import write_tiny
     from walkserve.models.llama.weights import load_causal_lm
 
-    lm = load_causal_lm(tiny_llama_dir, device="cuda", dtype="bfloat16", progress=False)
+    path = write_tiny("llama", tmp_path / "hd64", init_std=0.1, head_dim=64)  # FlashInfer's head dims: multiples of 64
+    lm = load_causal_lm(path, device="cuda", dtype="bfloat16", progress=False)
     logits = {}
     for backend in ("flashinfer", "torch"):
         engine = KVCacheEngine("lm", lm, "cuda", "bfloat16", num_blocks=32, max_batch_tokens=16, attention=backend)

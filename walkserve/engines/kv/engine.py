@@ -101,7 +101,7 @@ class KVCacheEngine(Engine):
         self.pool = KVPool(shape, pool_blocks(shape, self.device, num_blocks, kv_bytes), self.device, spare=cuda_graphs)
         self.block_manager = BlockManager(self.pool.num_blocks, block_size, prefix_caching)
         self.scheduler = Scheduler(self.block_manager, SchedulerConfig(max_batch_tokens, max_running))
-        backend = make_paged_backend(attention, self.device, dtype)
+        backend = make_paged_backend(attention, self.device, dtype, shape.head_dim)
         self.runner = ModelRunner(self.models, self.pool, self.block_manager, backend, Sampler(seed))
         if cuda_graphs:
             # lazy: only engines that capture CUDA graphs import it
