@@ -100,7 +100,7 @@ def main() -> int:
     parts = [line.split("\t") for line in times.read_text().splitlines()] if times.exists() else []
     total = sum(int(p[1]) for p in parts if p[0] != "jit")
     lines = ["# walkserve GPU check", "", *(env.read_text().splitlines() if env.exists() else []), "",
-             "## Parts", "", *_table(["part", "seconds", "exit"], [[p[0], int(p[1]), int(p[2])] for p in parts]),
+             "## Parts", "", *_table(["part", "seconds", "exit"], [[p[0], int(p[1]), p[2]] for p in parts]),
              "", f"wall time of the foreground parts: {total} s (the FlashInfer build runs beside the CUDA tests)", "",
              "## pytest -m gpu", "", *test_lines(out), "", "## Parity (CUDA against CPU, same weights)", "",
              *parity_lines(report), "", "## CUDA-graph decode", "", *graph_lines(report), "",
