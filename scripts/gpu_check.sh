@@ -37,7 +37,7 @@ PY="${PYTHON:-python3}"
 SITE=/tmp/walkserve-site
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false WALKSERVE_GPU_REPORT="$DEST/gpu_report.jsonl"
-export FLASHINFER_CUDA_ARCH_LIST="${FLASHINFER_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="${MAX_JOBS:-16}"
+export FLASHINFER_CUDA_ARCH_LIST="${FLASHINFER_CUDA_ARCH_LIST:-9.0a}" MAX_JOBS="${MAX_JOBS:-16}"  # H200: sm_90a, as FlashInfer detects it
 TIMES="$DEST/.times"  # part, seconds, status (folded into summary.md, then removed)
 : > "$TIMES"
 : > "$WALKSERVE_GPU_REPORT"
