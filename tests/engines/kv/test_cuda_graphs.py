@@ -140,3 +140,36 @@ def test_the_option_is_checked_and_needs_cuda(tiny_lm):
         KVCacheEngine("lm", tiny_lm, "cpu", torch.float32, num_blocks=8, cuda_graphs=True)
     graphs = _engine(tiny_lm, FakeGraphs(), max_running=4).runner.graphs
     assert graphs.sizes == (1, 2, 4) and graphs.bucket(3) == 4 and graphs.bucket(5) is None
+
+
+class _AxesModel(torch.nn.Module):
+    """A one-layer stand-in whose output depends on ids, every position axis and the attention over the pool."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(64, 8)
+
+    def forward(self, ids, positions, attn):
+        x = self.embed(ids)  # [T, 8]
+        pos = positions.float() if positions.dim() == 1 else positions.float().sum(0) + positions[1].float()
+        q = (x + pos[:, None]).view(-1, 2, 4)  # [T, Hq 2, Dh 4]
+        return attn.forward(0, q, q[:, :1], q[:, 1:], 0.5).reshape(-1, 8) + pos[:, None]  # [T, 8]
+
+
+@torch.no_grad()
+def test_each_position_layout_gets_its_own_graph_and_replays_what_eager_computes():
+    from walkserve.engines.kv.kv_pool import KVPool, KVPoolShape
+    from walkserve.layers.paged_attention import PagedBatch, TorchPagedBackend
+
+    model, fake = _AxesModel(), FakeGraphs()
+    pool = KVPool(KVPoolShape(1, 1, 4, 4, torch.float32), 16, "cpu", spare=True)
+    graphs = DecodeGraphs(TorchPagedBackend(), pool, (2, 4), graphs=fake)
+    batch = PagedBatch([1, 1, 1], [3, 6, 1], [[0], [1, 2], [3]], 4)
+    ids = torch.tensor([5, 9, 11])
+    for positions in (torch.tensor([2, 5, 0]), torch.tensor([[2, 5, 0], [1, 1, 0], [0, 3, 0]])):
+        eager_pool = (pool.k.clone(), pool.v.clone())
+        want = model(ids, positions, TorchPagedBackend().context(*eager_pool, batch))
+        got = graphs.run("m", model, batch, ids, positions)
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    assert sorted(graphs.captured) == [("m", 1, 4), ("m", 3, 4)] and fake.captures == 2
+    assert graphs.captured[("m", 3, 4)].positions.shape == (3, 4)
