@@ -104,6 +104,11 @@ groups = meta["project"].get("entry-points", {})
 (info / "entry_points.txt").write_text("".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n"
                                               for g, eps in groups.items()))
 EOF
+  aot=$(ls .whl/flashinfer-aot-*.tar.gz 2>/dev/null | head -1)
+  if [ -n "$aot" ]; then  # kernels built ahead of time (scripts/gpu_aot.sh): FlashInfer loads them, no JIT
+    mkdir -p "$SITE/flashinfer/data/aot" && tar -C "$SITE/flashinfer/data/aot" -xzf "$aot" &&
+      echo "FlashInfer AOT modules from $aot: $(ls "$SITE/flashinfer/data/aot" | tr '\n' ' ')"
+  fi
   "$PY" -c "import msgspec, zmq, fastapi, uvicorn, snac, flashinfer, walkserve.engines.kv.engine; print('imports ok')"
 }
 if want install; then

@@ -33,6 +33,11 @@ for spec in "${WANT[@]}"; do
   size=$(stat -c %s "$f"); total=$((total + size))
   printf '%-72s %10d\n' "$(basename "$f")" "$size"
 done
+for f in .whl/*.tar.gz; do  # FlashInfer kernels built ahead of time (scripts/gpu_aot.sh), if any
+  [ -f "$f" ] || continue
+  size=$(stat -c %s "$f"); total=$((total + size))
+  printf '%-72s %10d\n' "$(basename "$f")" "$size"
+done
 extra=$(ls .whl/*.whl 2>/dev/null | wc -l)
 [ "$extra" -ne "${#WANT[@]}" ] && { echo "ERROR: .whl holds $extra wheels, the list ${#WANT[@]}: remove the others"; missing=1; }
 tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 -r du -cb 2>/dev/null | tail -1 | cut -f1)
