@@ -109,7 +109,7 @@ EOF
     mkdir -p "$SITE/flashinfer/data/aot" && tar -C "$SITE/flashinfer/data/aot" -xzf "$aot" &&
       echo "FlashInfer AOT modules from $aot: $(ls "$SITE/flashinfer/data/aot" | tr '\n' ' ')"
   fi
-  "$PY" -c "import msgspec, zmq, fastapi, uvicorn, snac, flashinfer, walkserve.engines.kv.engine; print('imports ok')"
+  "$PY" -c "import msgspec, zmq, setproctitle, soundfile, snac, flashinfer, walkserve.entrypoint.engine; print('imports ok')"
 }
 if want install; then
   [ $DRY = 1 ] || export PYTHONPATH="$SITE:$PYTHONPATH"
