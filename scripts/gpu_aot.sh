@@ -14,8 +14,18 @@ SITE=${AOT_SITE:-/tmp/walkserve-aot-site} WORK=${AOT_WORK:-/tmp/walkserve-aot-bu
 command -v nvcc >/dev/null || { echo "gpu_aot: no nvcc on this machine" >&2; exit 1; }
 "$PY" -m pip install -q --disable-pip-version-check --no-deps --target "$SITE" \
   "flashinfer-python==$FI" "apache-tvm-ffi==$FFI" nvidia-ml-py tabulate click 2>&1 | grep -v '^WARNING' || true
-mkdir -p .whl "$WORK"
+mkdir -p .whl "$WORK/stubs"
 OUT_TAR="$(pwd)/.whl/flashinfer-aot-$FI-sm90a.tar.gz"
+# CUDA's own folder (FlashInfer links with -L$CUDA_HOME/lib64 -lcudart), and a stub libcuda for the link: a machine
+# without a GPU driver has no libcuda.so (the module needs none of its symbols: the stub is dropped as not needed)
+export CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")}"
+if [ -f "$CUDA_HOME/bin/nvcc" ] && grep -q exec "$CUDA_HOME/bin/nvcc" 2>/dev/null; then
+  CUDA_HOME=$(dirname "$(dirname "$(awk '/exec/ {print $2}' "$CUDA_HOME/bin/nvcc")")")  # a wrapper script
+fi
+[ -e /usr/local/cuda/lib64/libcudart.so ] && [ ! -e "$CUDA_HOME/lib64/libcudart.so" ] && CUDA_HOME=/usr/local/cuda
+echo "" | gcc -shared -x c - -o "$WORK/stubs/libcuda.so" -Wl,-soname,libcuda.so.1
+export LIBRARY_PATH="$WORK/stubs${LIBRARY_PATH:+:$LIBRARY_PATH}"
+echo "CUDA_HOME=$CUDA_HOME"
 FLASHINFER_CUDA_ARCH_LIST=9.0a FLASHINFER_WORKSPACE_BASE="$WORK" MAX_JOBS="${MAX_JOBS:-1}" PYTHONPATH="$SITE" \
   nice -n 19 "$PY" - "$WORK/aot" <<'EOF'
 import shutil, sys, time
@@ -30,6 +40,9 @@ out = Path(sys.argv[1])
 specs = [gen_batch_prefill_module("fa2", torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.int32, 64, 64, 0,
                                   False, False, False), gen_cascade_module(), gen_quantization_module()]
 for spec in specs:
+    if (out / spec.name / f"{spec.name}.so").exists():  # built by an earlier run
+        print(f"{spec.name}: already built", flush=True)
+        continue
     t0 = time.time()
     spec.build(verbose=False)
     (out / spec.name).mkdir(parents=True, exist_ok=True)

@@ -88,6 +88,9 @@ install_wheels() {
     "$PY" -m pip install --dry-run -q --disable-pip-version-check --no-index --no-deps --only-binary=:all: \
       --python-version 3.12 --implementation cp "${PLATFORMS[@]}" --target "$SITE-dry" .whl/*.whl || return 1
     echo "pip accepts every wheel for CPython 3.12 x86-64"
+    for aot in .whl/flashinfer-aot-*.tar.gz; do
+      [ -f "$aot" ] && echo "FlashInfer AOT modules in $aot: $(tar -tzf "$aot" | grep -c '\.so$')"
+    done
     return 0
   fi
   rm -rf "$SITE"
