@@ -40,9 +40,12 @@ for f in .whl/*.tar.gz; do  # FlashInfer kernels built ahead of time (scripts/gp
 done
 extra=$(ls .whl/*.whl 2>/dev/null | wc -l)
 [ "$extra" -ne "${#WANT[@]}" ] && { echo "ERROR: .whl holds $extra wheels, the list ${#WANT[@]}: remove the others"; missing=1; }
-tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 -r du -cb 2>/dev/null | tail -1 | cut -f1)
-printf 'wheels %d bytes (%.1f MiB) + working tree %d bytes (%.1f MiB) = %.1f MiB of 64 MiB\n' \
-  "$total" "$(echo "$total / 1048576" | bc -l)" "$tree" "$(echo "$tree / 1048576" | bc -l)" \
-  "$(echo "($total + $tree) / 1048576" | bc -l)"
+mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
+tree=0  # the working tree that travels with a device run (where git can tell; the GPU machine's copy has no .git)
+if command -v git >/dev/null && git rev-parse --git-dir >/dev/null 2>&1; then
+  tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 -r du -cb 2>/dev/null | tail -1 | cut -f1)
+fi
+echo "wheels $total bytes ($(mib "$total") MiB) + working tree $tree bytes ($(mib "$tree") MiB)" \
+  "= $(mib $((total + tree))) MiB of 64 MiB"
 [ $((total + tree)) -le $LIMIT ] || { echo "ERROR: over the 64 MiB a device run carries"; exit 1; }
 exit $missing
