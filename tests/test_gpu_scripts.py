@@ -40,7 +40,7 @@ def test_the_summary_reads_every_file_of_a_run(tmp_path):
                          capture_output=True, text=True, check=True).stdout
     assert "NVIDIA H200" in out and "| tests-cuda | 90 | 1 |" in out and "| bench-lm | 60 | skipped |" in out
     assert "wall time of the foreground parts: 154 s" in out
-    assert "2 comparisons, 1 over their limit" in out and "| attention decode | bfloat16 | 0.03 |" in out
+    assert "2 comparisons, 1 over an asserted limit" in out and "| attention decode | bfloat16 | 0.03 |" in out
     assert "| flashinfer | bfloat16 | 16 | 9 | 3 | 3 |" in out
     assert "| 64 | decode (first) | 95 |" in out and "FAILED" in out and "nvcc failed" in out
     assert "- 1 failed, 40 passed, 2 skipped in 80.1s" in out and "- failed: `tests/gpu/x.py::test_y`" in out
