@@ -39,7 +39,7 @@ from walkserve.models.qwen3_omni.media_inputs import (
 )
 from walkserve.models.qwen3_omni.prompt import render_chat
 from walkserve.models.qwen3_omni.prompt_pieces import request_inputs
-from walkserve.models.qwen3_omni.thinker_request import thinker_request
+from walkserve.models.qwen3_omni.thinker_request import ThinkerRequest, thinker_request
 from walkserve.models.qwen3_omni.tokenizer_files import load_tokenizer
 
 # the system prompt the model card recommends for speech output (the server never adds it)
@@ -96,6 +96,16 @@ class Qwen3OmniProcessor(Processor):
         _text_out(payload)
         if sampling.prompt_logprobs is not None:
             raise InvalidRequest("prompt logprobs (echo with logprobs) are not supported by Qwen3-Omni", param="echo")
+        request, field = self.thinker_request(task, payload, params)
+        n = len(request.input_ids)
+        max_tokens = max_new_tokens(n, self.config.text.max_position_embeddings, sampling.max_tokens, field)
+        return RequestSpec(
+            inputs=request_inputs(request, self.config.tokens), task=task, modalities=("text",),
+            sampling=self._with_stop_ids(dataclasses.replace(sampling, max_tokens=max_tokens)), params=dict(params))
+
+    def thinker_request(self, task: str, payload: dict[str, Any], params: dict[str, Any]) -> tuple[ThinkerRequest, str]:
+        """The prompt as the thinker takes it (expanded ids, positions, encoder inputs) and the payload field
+        it came from."""
         if task == "chat":
             (ids, media), field = self._chat(payload.get("messages"), params), "messages"
         elif task == "completion":
@@ -104,19 +114,12 @@ class Qwen3OmniProcessor(Processor):
             (ids, media), field = self._generate(payload.get("inputs"), params), "inputs"
         else:
             raise InvalidRequest(f"{self._card.id} does not serve task {task!r}", param="task")
-        if not ids:
-            raise InvalidRequest("the prompt has no tokens", param=field)
+        if len(ids) < 2:
+            raise InvalidRequest("the prompt needs at least two tokens", param=field)
         try:
-            request = thinker_request(ids, self.config, media.audio, media.images, media.videos)
+            return thinker_request(ids, self.config, media.audio, media.images, media.videos), field
         except ValueError as e:  # placeholders and media disagree (a prompt given as ids with media)
             raise InvalidRequest(str(e), param=field) from None
-        n = len(request.input_ids)
-        if n < 2:
-            raise InvalidRequest("the prompt needs at least two tokens", param=field)
-        max_tokens = max_new_tokens(n, self.config.text.max_position_embeddings, sampling.max_tokens, field)
-        return RequestSpec(
-            inputs=request_inputs(request, self.config.tokens), task=task, modalities=("text",),
-            sampling=self._with_stop_ids(dataclasses.replace(sampling, max_tokens=max_tokens)), params=dict(params))
 
     def _chat(self, messages: Any, params: dict[str, Any]) -> tuple[list[int], MediaInputs]:
         media = convert_messages(messages, self.media)
