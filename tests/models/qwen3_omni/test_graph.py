@@ -7,6 +7,7 @@ import pytest
 
 from tests.models.qwen3_omni.conftest import IDS, rgb, wave
 from walkserve.core.array import ArrayData
+from walkserve.core.errors import PlacementError
 from walkserve.core.sampling import SamplingParams
 from walkserve.graph import DROP, GraphEdge
 from walkserve.models.qwen3_omni import graph as g
@@ -93,3 +94,20 @@ def test_the_state_machine_walks_the_pieces_then_decodes(processor):
         assert seen == [*spec.inputs["walks"], decode]
     text = processor.build_request("completion", {"prompt": "Hello there"}, SamplingParams(max_tokens=4), {})
     assert text.inputs["walks"] == ["prefill_text"]  # a text-only request runs only the thinker
+
+
+@pytest.mark.parametrize(("name", "ranks"), [("qwen3-omni", {"thinker": (0,), "audio_encoder": (0,), "vision_encoder": (0,)}),
+                                             ("qwen3-omni-encoders-split",
+                                              {"thinker": (0,), "audio_encoder": (1,), "vision_encoder": (1,)})])
+def test_shipped_placements_cover_the_walks(name, ranks):
+    import walkserve.placements
+    from walkserve.placement.plan import load_placement
+    from walkserve.placement.resolve import check_placement, walk_nodes
+
+    place = load_placement(walkserve.placements.path(name))
+    graph = g.build_graph()
+    for walk, nodes in walk_nodes(graph).items():
+        assert {n: place.ranks_for(walk, n) for n in nodes} == {n: ranks[n] for n in nodes}
+    check_placement(place, graph, {"thinker"}, dict.fromkeys(ranks, 1), dict.fromkeys(ranks, 0))
+    with pytest.raises(PlacementError, match="unknown node 'vision_encoder'"):  # -Captioner: drop it (docs)
+        check_placement(place, g.build_graph(vision=False), {"thinker"}, dict.fromkeys(ranks, 1), dict.fromkeys(ranks, 0))
