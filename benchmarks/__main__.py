@@ -11,6 +11,7 @@ BENCHMARKS = {
     "tts": "benchmarks.tts",
     "vjepa-offline": "benchmarks.vjepa_offline",
     "moe": "benchmarks.moe",
+    "omni-thinker": "benchmarks.omni_thinker",
 }
 
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
@@ -55,9 +56,10 @@ class InThreadServer:
 
 
 @contextlib.contextmanager
-def in_thread_server(family: str, model_path: Path, runtime: RuntimeConfig | None = None,
+def in_thread_server(family: str, model_path: Path, runtime: RuntimeConfig | None = None, placement: Any = None,
                      **config) -> Iterator[InThreadServer]:
-    """Start the runtime for ``family`` and serve it with uvicorn on a loop in a background thread."""
+    """Start the runtime for ``family`` (on ``placement``: a mapping or YAML path; default: the model's) and
+    serve it with uvicorn on a loop in a background thread."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -66,7 +68,7 @@ def in_thread_server(family: str, model_path: Path, runtime: RuntimeConfig | Non
     thread.start()
     engine = None
     try:
-        start = AsyncEngine.start(family, model_path=str(model_path), config=runtime or RuntimeConfig())
+        start = AsyncEngine.start(family, placement, model_path=str(model_path), config=runtime or RuntimeConfig())
         engine = asyncio.run_coroutine_threadsafe(start, loop).result(180)
         app = build_app(engine, ServerConfig(port=port, **config))
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2))

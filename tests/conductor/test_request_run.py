@@ -71,3 +71,28 @@ def test_a_failing_state_machine_fails_the_request_not_the_conductor():
         raise GraphError("walk 'nope' is not in the graph")
 
     assert safe_advance(run, bad_walk) == ([], "walk 'nope' is not in the graph")
+
+
+def test_a_walk_input_handed_on_as_a_walk_output_is_there_from_the_start():
+    """``input.step -> output.step``: the state machine gets the value back when the walk ends (which
+    occurrence of a repeated walk finished); the worker is not sent it."""
+    from walkserve.graph import DROP, GraphEdge, GraphNode, Walk, WalkStart
+
+    node = GraphNode("lm", inputs=["tokens"], outputs=["token"])
+    walk = Walk("piece", node, edges=[GraphEdge("input.tokens", "lm.tokens"), GraphEdge("lm.token", DROP),
+                                      GraphEdge("input.step", "output.step")], inputs=["tokens", "step"], outputs=["step"])
+    seen = []
+
+    def next_walk(request, finished, outputs):
+        seen.append(outputs["step"])
+        return WalkStart("piece", {"tokens": ArrayData.from_list([1]), "step": outputs["step"] + 1}) if len(seen) < 3 else None
+
+    graph = WalkGraph("pieces", [walk], FunctionStateMachine(
+        lambda r: WalkStart("piece", {"tokens": ArrayData.from_list([1]), "step": 0}), next_walk))
+    run = RequestRun(RequestSpec({}, id="r3"), graph, lambda w, n: 0)
+    [(_, start)] = run.begin()
+    assert set(start.inputs) == {"tokens"}
+    for _ in range(3):
+        assert run.node_done("piece", "lm", 1, False)  # complete: its one output was filled at the start
+        run.advance()
+    assert seen == [0, 1, 2] and run.finished == FinishReason.STOP

@@ -66,9 +66,12 @@ class ServeRun:
         return model
 
     async def start(self, model: Model):
-        from walkserve.entrypoint.engine import AsyncEngine, resolve_placement
+        from walkserve.entrypoint.engine import AsyncEngine, device_total_bytes, resolve_placement
+        from walkserve.placement.plan import parse_placement
 
         data, source = resolve_placement(model, str(self.placement) if self.placement else None)
+        for line in model.memory_report(parse_placement(data, source), device_total_bytes):
+            say(f"memory: {line}")
         ranks = ", ".join(f"rank {r['id']} on {r['device']}" for r in data["ranks"])
         say(f"starting workers ({source}: {ranks}); they load the weights …")
         t = time.monotonic()

@@ -1,9 +1,9 @@
 """ServeTarget: which model ``walkserve serve`` starts, from MODEL, --model-path and --snac-path.
 
     (no MODEL, no --model-path)   the embedded tiny random-weight Orpheus (cli/embedded.py)
-    MODEL = auto, or only a path  the family read from the checkpoint (config.json architecture;
+    MODEL = auto, or only a path  the family read from the checkpoint (config.json architecture or model_type;
                                   a directory with lm/ and snac/, or --snac-path: orpheus)
-    MODEL = orpheus|llama|qwen2|qwen3 (or any registered family)
+    MODEL = orpheus|llama|qwen2|qwen3|qwen3-omni (or any registered family)
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from walkserve.core.errors import ConfigError
 from walkserve.models.base import ModelRef
 from walkserve.models.orpheus.tokens import AUDIO_TOKEN_RANGE
 
-SERVED_FAMILIES = ("orpheus", "llama", "qwen2", "qwen3")
+SERVED_FAMILIES = ("orpheus", "llama", "qwen2", "qwen3", "qwen3-omni")
 # Orpheus's audio codes end here: a Llama vocabulary at least this large is an Orpheus LM
 ORPHEUS_MIN_VOCAB = AUDIO_TOKEN_RANGE[1]
 
@@ -72,6 +72,8 @@ def detect_family(model_path: str | None, snac_path: str | None) -> str:
         return "orpheus"
     if not (root / "config.json").is_file():
         raise ConfigError(f"{root}: no config.json, so the model family is unknown; name it (walkserve serve FAMILY ...)")
+    if _is_qwen3_omni(root / "config.json"):
+        return "qwen3-omni"
     from walkserve.models.llama.config import LMConfig
 
     config = LMConfig.from_file(root)
@@ -79,6 +81,18 @@ def detect_family(model_path: str | None, snac_path: str | None) -> str:
         raise ConfigError(f"{root} looks like an Orpheus LM (audio codes in its vocabulary); serve it with: "
                           f"walkserve serve orpheus --model-path {root} --snac-path SNAC_DIR")
     return config.family
+
+
+def _is_qwen3_omni(config_file: Path) -> bool:
+    import json
+
+    from walkserve.models.qwen3_omni.config import is_qwen3_omni
+
+    try:
+        data = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return False  # LMConfig reports what is wrong with the file
+    return isinstance(data, dict) and is_qwen3_omni(data)
 
 
 def _check_family(family: str, model_path: str | None, snac_path: str | None) -> None:

@@ -42,7 +42,7 @@ FAMILIES: dict[str, TinyFamily] = {
     "vjepa2-ac": TinyFamily(("tiny", "bench"), lambda a: _call(
         "walkserve.models.vjepa2.tiny:write_tiny_vjepa2_ac", a.out_dir, preset=a.preset, seed=a.seed), serves=False),
     "qwen3-omni": TinyFamily(("tiny",), lambda a: _call(
-        "walkserve.models.qwen3_omni.tiny:write_tiny_qwen3_omni", a.out_dir, seed=a.seed), serves=False),
+        "walkserve.models.qwen3_omni.tiny:write_tiny_qwen3_omni", a.out_dir, seed=a.seed)),
 }
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from walkserve.core.errors import GraphError
 from walkserve.core.finish import FinishReason
 from walkserve.core.request import RequestSpec
-from walkserve.graph.plan import INPUT, ToNode
+from walkserve.graph.plan import INPUT, ToNode, ToOutput
 from walkserve.graph.walk import WalkGraph, WalkStart
 from walkserve.protocol.arrays import plain_value, wire_value
 from walkserve.protocol.messages import StartWalk
@@ -74,6 +74,8 @@ class RequestRun:
                 for r in routes:
                     if isinstance(r, ToNode):
                         needs[ranks[r.node]].add(out)
+                    elif isinstance(r, ToOutput):  # a walk input handed on as a walk output (input.x -> output.y)
+                        self.outputs[r.name] = start.inputs[out]
         params, sampling, per_node = request_params(self.spec), self.spec.sampling, self.spec.node_sampling
         messages = []
         for rank in sorted(set(ranks.values())):

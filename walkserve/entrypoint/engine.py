@@ -72,6 +72,17 @@ def device_free_bytes(device: str) -> int | None:
     return int(torch.cuda.mem_get_info(torch.device(device))[0])
 
 
+def device_total_bytes(device: str) -> int | None:
+    """Total memory of a CUDA device (the budget of a GPU rank without one of its own), or None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.mem_get_info(torch.device(device))[1])
+
+
 def resolve_placement(model: Model, placement: Any) -> tuple[dict, str]:
     """The placement as a validated mapping plus a name for error messages."""
     if placement is None:
@@ -186,6 +197,7 @@ class AsyncEngine(EngineClient):
             device_free=device_free_bytes,
             kv_shares={c: s.kv_share for c, s in comps.items() if s.kv_share},
         )
+        model.memory_report(parsed, device_total_bytes)  # a model with real sizes refuses a plan that cannot fit
         run_id = new_run_id()
         run_dir = rundir.make_run_dir(run_id)
         ref = model.ref

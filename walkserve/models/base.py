@@ -17,6 +17,7 @@ from walkserve.graph.walk import WalkGraph
 
 if TYPE_CHECKING:
     from walkserve.models.processor import Processor
+    from walkserve.placement.plan import Placement
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,13 @@ class Model(ABC):
         from walkserve.models.processor import TensorProcessor
 
         return TensorProcessor(self.ref.family, self.ref.family)
+
+    def memory_report(self, placement: Placement, device_memory: Callable[[str], int | None] | None = None) -> list[str]:
+        """Lines saying what each rank of ``placement`` will hold (``walkserve serve`` prints them), from the
+        checkpoint's real sizes; raises PlacementError, with those numbers, when a rank cannot hold its share.
+        ``device_memory(device)``: a GPU's memory, where it can be read. The default says nothing (the generic
+        check of ``placement.resolve`` still runs)."""
+        return []
 
     def default_placement(self) -> dict:
         """A placement (same schema as the YAML file) used when none is given: all nodes on rank 0."""

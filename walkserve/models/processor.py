@@ -17,7 +17,8 @@ from walkserve.core.sampling import SamplingParams
 DEFAULT_MAX_TOKENS = SamplingParams.__dataclass_fields__["max_tokens"].default
 
 # Capabilities a model card may list; the API answers 400 for routes whose capability is missing.
-CAPABILITIES = ("completions", "chat", "speech", "audio_out", "image_in", "audio_in", "images", "image_edit", "generate")
+CAPABILITIES = ("completions", "chat", "speech", "audio_out", "image_in", "audio_in", "video_in", "images", "image_edit",
+                "generate")
 
 
 @dataclass(frozen=True)

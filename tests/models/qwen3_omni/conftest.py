@@ -109,3 +109,25 @@ def rgb(h: int, w: int, seed: int = 0) -> np.ndarray:
     y, x = np.mgrid[0:h, 0:w]
     base = np.stack([128 + 100 * np.sin(x / 7 + c) * np.cos(y / 9 - c) for c in range(3)], axis=-1)
     return np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8)
+
+
+def hf_inputs(request) -> dict:
+    """The reference thinker's inputs for one ThinkerRequest (attention_mask included: without it the
+    reference silently falls back to 1-D positions)."""
+    ids = torch.tensor([request.input_ids])
+    kw = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if request.audio:
+        frames = max(m.shape[1] for m in request.audio)
+        feats = np.zeros((len(request.audio), request.audio[0].shape[0], frames), np.float32)
+        mask = np.zeros((len(request.audio), frames), np.int64)
+        for b, m in enumerate(request.audio):
+            feats[b, :, : m.shape[1]], mask[b, : m.shape[1]] = m, 1
+        kw["input_features"], kw["feature_attention_mask"] = torch.from_numpy(feats), torch.from_numpy(mask)
+    if request.images:
+        kw["pixel_values"] = torch.from_numpy(np.concatenate([v.pixel_values for v in request.images]))
+        kw["image_grid_thw"] = torch.tensor([v.grid_thw for v in request.images])
+    if request.videos:
+        kw["pixel_values_videos"] = torch.from_numpy(np.concatenate([v.vision.pixel_values for v in request.videos]))
+        kw["video_grid_thw"] = torch.tensor([v.vision.grid_thw for v in request.videos])
+        kw["video_second_per_grid"] = torch.tensor([v.second_per_grid for v in request.videos])
+    return kw

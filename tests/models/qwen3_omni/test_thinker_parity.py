@@ -16,6 +16,7 @@ from tests.models.qwen3_omni.conftest import (
     IDS,
     audio_block,
     chat_ids,
+    hf_inputs,
     image_block,
     rgb,
     video_block,
@@ -47,22 +48,6 @@ def _case(name: str):
     return cases[name]
 
 
-def _hf_inputs(request) -> dict:
-    ids = torch.tensor([request.input_ids])
-    kw = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    if request.audio:
-        kw["input_features"] = torch.from_numpy(np.stack(request.audio))
-        kw["feature_attention_mask"] = torch.ones(1, request.audio[0].shape[1], dtype=torch.long)
-    if request.images:
-        kw["pixel_values"] = torch.from_numpy(np.concatenate([v.pixel_values for v in request.images]))
-        kw["image_grid_thw"] = torch.tensor([v.grid_thw for v in request.images])
-    if request.videos:
-        kw["pixel_values_videos"] = torch.from_numpy(np.concatenate([v.vision.pixel_values for v in request.videos]))
-        kw["video_grid_thw"] = torch.tensor([v.vision.grid_thw for v in request.videos])
-        kw["video_second_per_grid"] = torch.tensor([v.second_per_grid for v in request.videos])
-    return kw
-
-
 @pytest.fixture(scope="module")
 def requests(components):
     out = {}
@@ -77,7 +62,7 @@ def requests(components):
 def test_logits_match_reference(name, requests, components, hf_model):
     request = requests[name]
     with torch.no_grad():
-        want = hf_model.thinker(**_hf_inputs(request)).logits[0]
+        want = hf_model.thinker(**hf_inputs(request)).logits[0]
     got = prefill_logits(components, request)
     assert want.abs().max() > 1.0  # the tiny model's logits are far from zero
     torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
@@ -87,7 +72,7 @@ def test_logits_match_reference(name, requests, components, hf_model):
 @pytest.mark.parametrize("name", ["text", "audio", "image", "video", "mixed"])
 def test_positions_equal_get_rope_index(name, requests, hf_model):
     request = requests[name]
-    kw = _hf_inputs(request)
+    kw = hf_inputs(request)
     audio_lengths = kw["feature_attention_mask"].sum(-1) if request.audio else None
     want, delta = hf_model.thinker.model.get_rope_index(
         kw["input_ids"], kw.get("image_grid_thw"), kw.get("video_grid_thw"), kw["attention_mask"], False,
@@ -107,7 +92,7 @@ def test_positions_equal_get_rope_index(name, requests, hf_model):
 def test_greedy_tokens_equal_reference_generate(name, requests, components, hf_model):
     request = requests[name]
     with torch.no_grad():
-        ref = hf_model.thinker.generate(**_hf_inputs(request), max_new_tokens=8, do_sample=False,
+        ref = hf_model.thinker.generate(**hf_inputs(request), max_new_tokens=8, do_sample=False,
                                         eos_token_id=IDS["im_end"], pad_token_id=IDS["im_end"])
     want = ref[0, len(request.input_ids):].tolist()
     assert greedy_generate(components, request, max_new_tokens=8, stop_ids=[IDS["im_end"]]) == want

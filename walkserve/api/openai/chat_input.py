@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from walkserve.api.schemas.chat import AudioPart, ChatMessage, ImagePart
+from walkserve.api.schemas.chat import AudioPart, ChatMessage, ImagePart, VideoPart
 from walkserve.api.state import AppState
 
 
 def count_media(messages: list[ChatMessage]) -> int:
     return sum(
-        isinstance(part, (ImagePart, AudioPart))
+        isinstance(part, (ImagePart, AudioPart, VideoPart))
         for message in messages
         if isinstance(message.content, list)
         for part in message.content
@@ -25,6 +25,10 @@ async def _part(state: AppState, part: Any, param: str) -> dict[str, Any]:
         state.require("audio_in", "audio inputs", param)
         audio, rate = await state.media.audio_from_base64(part.input_audio.data, f"{param}.input_audio.data")
         return {"type": "audio", "audio": audio, "sample_rate": rate, "format": part.input_audio.format}
+    if isinstance(part, VideoPart):
+        state.require("video_in", "video inputs", param)
+        video = await state.media.video_from_url(part.video_url.url, f"{param}.video_url.url")
+        return {"type": "video", **video, "fps": part.video_url.fps}
     return {"type": "text", "text": part.text}
 
 

@@ -34,7 +34,19 @@ class AudioPart(ApiModel):
     input_audio: InputAudio
 
 
-ContentPart = Annotated[TextPart | ImagePart | AudioPart, Field(discriminator="type")]
+class VideoUrl(ApiModel):
+    url: str = Field(description="A data: URL of a video file (mp4, webm, ...) or of frames (vLLM's "
+                     "data:video/jpeg;base64,<frame>,<frame>,...), or an http(s) URL on the server's media allowlist.")
+    fps: Annotated[float, Field(gt=0, le=240)] | None = Field(
+        None, description="Frames given as frames: their rate (default: the model's sampling rate, 2 for Qwen3-Omni).")
+
+
+class VideoPart(ApiModel):
+    type: Literal["video_url"]
+    video_url: VideoUrl
+
+
+ContentPart = Annotated[TextPart | ImagePart | AudioPart | VideoPart, Field(discriminator="type")]
 
 
 class ChatMessage(ApiModel):

@@ -126,7 +126,18 @@ def checkpoint_targets(module: nn.Module, prefix: str = "") -> dict[str, Target]
 def expected_shapes(module: nn.Module, prefix: str = "") -> dict[str, tuple[int, ...]]:
     """checkpoint tensor name -> the shape the module expects (works on the meta device)."""
     params = dict(module.named_parameters())
-    return {name: tuple(params[t.param][t.index].shape) for name, t in checkpoint_targets(module, prefix).items()}
+    return {name: _indexed_shape(params[t.param], t.index) for name, t in checkpoint_targets(module, prefix).items()}
+
+
+def _indexed_shape(param: torch.Tensor, index: tuple[int | slice, ...]) -> tuple[int, ...]:
+    """``param[index].shape``, from the shape alone (no tensor op: a MoE layer's experts are thousands of
+    such views, and every op on the meta device costs a dispatch)."""
+    parts = index if isinstance(index, tuple) else (index,)
+    if not all(isinstance(p, (int, slice)) for p in parts):
+        return tuple(param[index].shape)
+    shape = tuple(param.shape)
+    kept = [len(range(*p.indices(shape[d]))) for d, p in enumerate(parts) if isinstance(p, slice)]
+    return (*kept, *shape[len(parts):])
 
 
 def load_into(

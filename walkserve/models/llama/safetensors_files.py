@@ -43,7 +43,7 @@ def weight_files(directory: str | Path) -> list[Path]:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise ConfigError(f"{index}: not a safetensors index ({e})") from None
-        return sorted({directory / file for file in weight_map.values()})
+        return sorted(directory / file for file in set(weight_map.values()))
     if not (directory / SINGLE_FILE).is_file():
         raise ConfigError(f"{directory}: no {SINGLE_FILE} or {INDEX_FILE}")
     return [directory / SINGLE_FILE]

@@ -14,6 +14,13 @@ The thinker half, one file per object:
     weights.py           loaders for the release layout      generate.py   offline greedy loop (oracle)
     tiny.py              tiny random checkpoints of all three parts (tiny_layout.py, tiny_tokenizer.py)
 
+Serving (text out; docs/models/qwen3-omni.md):
+
+    graph.py             the walks (prefill_text / prefill_audio / prefill_vision, thinker_decode), ThinkerTurns
+    model.py             Qwen3OmniThinker: the ``qwen3-omni`` family (components, processor, memory report)
+    processor.py         HTTP payloads -> RequestSpec (media_inputs.py, prompt_pieces.py, tokenizer_files.py)
+    memory.py            sizes from the shards' headers, KV per token, the pool, per-rank report and refusal
+
 The speech half (talker, code predictor, Code2Wav) lives beside it: ``talker*.py``,
 ``code_predictor.py``, ``code2wav*.py``, ``speech_*.py``.
 

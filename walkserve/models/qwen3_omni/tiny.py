@@ -94,10 +94,14 @@ VIDEO_PREPROCESSOR = {"video_processor_type": "Qwen2VLVideoProcessor", "size": {
 THINKER_SHARDS = 13  # + one talker and one Code2Wav shard = the release's 15
 
 
-def tiny_hf_config(speech: bool = True, rope_form: str = "parameters", **thinker_text: Any) -> dict[str, Any]:
-    """The tiny config.json; ``thinker_text`` overrides fields of thinker_config.text_config."""
+def tiny_hf_config(speech: bool = True, rope_form: str = "parameters", audio: dict[str, Any] | None = None,
+                   vision: dict[str, Any] | None = None, **thinker_text: Any) -> dict[str, Any]:
+    """The tiny config.json; ``thinker_text`` overrides fields of thinker_config.text_config, ``audio`` and
+    ``vision`` fields of its audio_config and vision_config."""
     thinker = copy.deepcopy(THINKER)
     thinker["text_config"].update(thinker_text)
+    thinker["audio_config"].update(audio or {})
+    thinker["vision_config"].update(vision or {})
     config: dict[str, Any] = {
         "architectures": ["Qwen3OmniMoeForConditionalGeneration"], "model_type": "qwen3_omni_moe",
         "thinker_config": thinker, "enable_audio_output": speech, "dtype": "float32", RANDOM_WEIGHTS_KEY: True,
@@ -133,11 +137,13 @@ def _to_legacy(config: dict[str, Any]) -> None:
 
 
 def write_tiny_qwen3_omni(out_dir: str | Path, seed: int = 0, speech: bool = True, rope_form: str = "parameters",
-                          shards: int | None = None, **thinker_text: Any) -> Path:
-    """Write the tiny checkpoint; returns ``out_dir``. ``shards`` splits the thinker (default 13)."""
+                          shards: int | None = None, audio: dict[str, Any] | None = None,
+                          vision: dict[str, Any] | None = None, **thinker_text: Any) -> Path:
+    """Write the tiny checkpoint; returns ``out_dir``. ``shards`` splits the thinker (default 13); ``audio``,
+    ``vision`` and ``thinker_text`` override config fields (``tiny_hf_config``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    hf = tiny_hf_config(speech, rope_form, **thinker_text)
+    hf = tiny_hf_config(speech, rope_form, audio, vision, **thinker_text)
     (out / "config.json").write_text(json.dumps(hf, indent=2))
     (out / "generation_config.json").write_text(json.dumps(
         {"eos_token_id": [TOKEN_IDS["<|im_end|>"], TOKEN_IDS["<|endoftext|>"]], "pad_token_id": TOKEN_IDS["<|endoftext|>"]},

@@ -61,14 +61,20 @@ def sample_indices(total: int, video_fps: float, fps: float = DEFAULT_FPS, facto
 
 def decode_video(data: bytes, settings: VisionPreprocess, fps: float = DEFAULT_FPS,
                  max_frames: int = MAX_FRAMES, max_seconds: float | None = None) -> VideoInput:
-    """Decode a video file (any container FFmpeg reads: mp4, webm, mkv, mov, ...) and sample its frames."""
-    frames, video_fps = _decode_frames(data, max_seconds)
-    index = sample_indices(len(frames), video_fps, fps, settings.temporal_patch_size, max_frames=max_frames)
-    sampled_fps = len(index) / len(frames) * video_fps
-    return video_from_frames([frames[i] for i in index], sampled_fps, settings)
+    """Decode a video file (any container FFmpeg reads: mp4, webm, mkv, mov, ...) and sample its frames.
+
+    When the container states its frame count, only the sampled frames are
+    kept while decoding (memory stays at the sampled frames, not the whole video).
+    """
+    frames, total, video_fps = _decode_frames(data, max_seconds, fps, settings.temporal_patch_size, max_frames)
+    index = sample_indices(total, video_fps, fps, settings.temporal_patch_size, max_frames=max_frames)
+    sampled_fps = len(index) / total * video_fps
+    return video_from_frames([frames[int(i)] for i in index], sampled_fps, settings)
 
 
-def _decode_frames(data: bytes, max_seconds: float | None) -> tuple[list[np.ndarray], float]:
+def _decode_frames(data: bytes, max_seconds: float | None, fps: float, factor: int,
+                   max_frames: int) -> tuple[dict[int, np.ndarray], int, float]:
+    """{frame index: RGB uint8 [H, W, 3]} of the frames sampling will take, the frame count and the video's fps."""
     try:
         import av
     except ImportError:
@@ -77,15 +83,25 @@ def _decode_frames(data: bytes, max_seconds: float | None) -> tuple[list[np.ndar
         with av.open(io.BytesIO(data)) as container:
             stream = container.streams.video[0]
             rate = float(stream.average_rate or stream.guessed_rate or 0) or 25.0
-            frames = []
+            if max_seconds is not None and stream.frames and stream.frames > max_seconds * rate + 1:
+                raise VideoDecodeError(f"the video is longer than {max_seconds:g} s")
+            wanted = set(sample_indices(stream.frames, rate, fps, factor, max_frames=max_frames).tolist()) \
+                if stream.frames else None
+            frames, n = {}, 0
             for frame in container.decode(stream):
-                frames.append(frame.to_ndarray(format="rgb24"))  # [H, W, 3] uint8
-                if max_seconds is not None and len(frames) > max_seconds * rate:
+                if wanted is None or n in wanted:
+                    frames[n] = frame.to_ndarray(format="rgb24")  # [H, W, 3] uint8
+                n += 1
+                if max_seconds is not None and n > max_seconds * rate + 1:
                     raise VideoDecodeError(f"the video is longer than {max_seconds:g} s")
     except (av.error.FFmpegError, IndexError, ValueError) as e:
         if isinstance(e, VideoDecodeError):
             raise
         raise VideoDecodeError(f"not a video FFmpeg can decode: {e}") from None
-    if not frames:
+    if not n:
         raise VideoDecodeError("the video has no frames")
-    return frames, rate
+    if wanted is not None and n != stream.frames:  # the header's count was wrong: sample what was decoded
+        kept = sample_indices(n, rate, fps, factor, max_frames=max_frames).tolist()
+        if not all(i in frames for i in kept):
+            raise VideoDecodeError(f"the video states {stream.frames} frames but holds {n}; re-encode it")
+    return frames, n, rate

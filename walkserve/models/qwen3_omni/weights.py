@@ -128,15 +128,15 @@ def weight_bytes_by_component(path: str | Path, dtype: str | torch.dtype | None 
 
 def build_thinker(ctx: BuildContext, path: str | Path) -> ThinkerLM:
     """The ``ComponentSpec.build`` body of the thinker LM: load on the context's device and dtype."""
-    return load_thinker(path, ctx.device, ctx.dtype, progress=False)
+    return load_thinker(path, ctx.device, ctx.dtype or None, progress=False)
 
 
 def build_audio_encoder(ctx: BuildContext, path: str | Path) -> AudioEncoder:
-    return load_audio_encoder(path, ctx.device, ctx.dtype, progress=False)
+    return load_audio_encoder(path, ctx.device, ctx.dtype or None, progress=False)
 
 
 def build_vision_encoder(ctx: BuildContext, path: str | Path) -> VisionEncoder:
-    return load_vision_encoder(path, ctx.device, ctx.dtype, progress=False)
+    return load_vision_encoder(path, ctx.device, ctx.dtype or None, progress=False)
 
 
 def _load(module: nn.Module, checkpoint: SafetensorsCheckpoint, prefix: str, config: Qwen3OmniConfig,

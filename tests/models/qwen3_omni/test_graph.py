@@ -1,0 +1,113 @@
+"""The thinker's walks and state machine: the user turn cut at its media, one walk per piece, then decode."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.models.qwen3_omni.conftest import IDS, rgb, wave
+from walkserve.core.array import ArrayData
+from walkserve.core.errors import PlacementError
+from walkserve.core.sampling import SamplingParams
+from walkserve.graph import DROP, GraphEdge
+from walkserve.models.qwen3_omni import graph as g
+from walkserve.models.qwen3_omni.processor import Qwen3OmniProcessor
+
+
+@pytest.fixture(scope="module")
+def processor(ours_dir) -> Qwen3OmniProcessor:
+    return Qwen3OmniProcessor(ours_dir)
+
+
+def _array(x: np.ndarray) -> ArrayData:
+    return ArrayData(str(x.dtype), x.shape, np.ascontiguousarray(x).tobytes())
+
+
+def _values(a: ArrayData) -> np.ndarray:
+    return np.frombuffer(a.data, dtype=np.dtype(a.dtype)).reshape(a.shape)
+
+
+def mixed_messages() -> list[dict]:
+    w = wave(1.2)
+    return [{"role": "system", "content": "Be brief"},
+            {"role": "user", "content": [{"type": "audio", "audio": _array(w), "sample_rate": 16000},
+                                         {"type": "text", "text": "and"},
+                                         {"type": "image", "image": _array(rgb(40, 60))},
+                                         {"type": "video", "frames": [_array(rgb(32, 32, s)) for s in range(3)], "fps": 1.5},
+                                         {"type": "text", "text": "?"}]}]
+
+
+def test_walk_names_and_the_captioner_graph():
+    assert list(g.build_graph().walks) == ["prefill_text", "prefill_audio", "prefill_vision", "thinker_decode",
+                                           "thinker_decode_logprobs"]
+    assert "prefill_vision" not in g.build_graph(vision=False).walks  # -Captioner: no vision encoder
+    taps = g.build_graph(taps=g.thinker_taps(3), tap_edge=lambda ep: GraphEdge(ep, DROP))
+    node = taps.walks["prefill_vision"].body.children()[1]
+    assert set(node.outputs) == {"embed", "accept_hidden"}
+    [op] = node.params["kv"]
+    assert op.capture == {"embed": 0, "accept_hidden": 3} and op.rows.kind == "all" and op.token_inputs == ("deepstack",)
+
+
+def test_slot_names_are_the_encoders():
+    from walkserve.models.qwen3_omni import audio_encoder, vision_encoder
+
+    assert (g.MEL, g.AUDIO_EMBEDS) == (audio_encoder.INPUT_SLOT, audio_encoder.OUTPUT_NAME)
+    assert (g.PIXELS, g.GRID, g.IMAGE_EMBEDS, g.DEEPSTACK) == (
+        vision_encoder.PIXELS_SLOT, vision_encoder.GRID_SLOT, vision_encoder.OUTPUT_NAME, vision_encoder.DEEPSTACK_NAME)
+
+
+def test_pieces_cover_the_prompt_but_its_last_token(processor):
+    request, _ = processor.thinker_request("chat", {"messages": mixed_messages()}, {})
+    spec = processor.build_request("chat", {"messages": mixed_messages()}, SamplingParams(max_tokens=4), {})
+    walks = spec.inputs["walks"]
+    assert walks == ["prefill_text", "prefill_audio", "prefill_text", "prefill_vision", "prefill_text",
+                     "prefill_vision", "prefill_text"]
+    tokens = [_values(spec.inputs[g.step_key(k, "tokens")]) for k in range(len(walks))]
+    positions = [_values(spec.inputs[g.step_key(k, "positions")]) for k in range(len(walks))]
+    np.testing.assert_array_equal(np.concatenate(tokens), request.input_ids[:-1])
+    np.testing.assert_array_equal(np.concatenate(positions, axis=1), request.positions.positions[:, :-1])
+    assert positions[0].dtype == np.float32  # the video's group time is fractional (2 / 1.5 s x 13)
+    assert _values(spec.inputs["last"]).tolist() == request.input_ids[-1:]
+    pads = {"prefill_audio": IDS["audio_pad"], "prefill_vision": None}
+    for walk, ids in zip(walks, tokens, strict=True):
+        if walk == "prefill_audio":
+            assert set(ids.tolist()) == {pads[walk]}
+        elif walk == "prefill_vision":
+            assert set(ids.tolist()) in ({IDS["image_pad"]}, {IDS["video_pad"]})
+        else:
+            assert not {IDS["audio_pad"], IDS["image_pad"], IDS["video_pad"]} & set(ids.tolist())
+    assert _values(spec.inputs[g.step_key(1, "mel")]).shape == (128, 120)
+    assert _values(spec.inputs[g.step_key(5, "grid_thw")]).tolist()[0] == 2  # 3 frames padded to 4: 2 groups
+
+
+def test_the_state_machine_walks_the_pieces_then_decodes(processor):
+    machine = g.ThinkerTurns()
+    for logprobs, decode in ((None, "thinker_decode"), (2, "thinker_decode_logprobs")):
+        spec = processor.build_request("chat", {"messages": mixed_messages()},
+                                       SamplingParams(max_tokens=4, logprobs=logprobs), {})
+        start, seen = machine.first(spec), []
+        while start is not None:
+            seen.append(start.walk)
+            outputs = {"step": start.inputs["step"]} if "step" in start.inputs else {}
+            assert set(start.inputs) == set(g.build_graph().walk(start.walk).inputs)
+            start = machine.next(spec, start.walk, outputs)
+        assert seen == [*spec.inputs["walks"], decode]
+    text = processor.build_request("completion", {"prompt": "Hello there"}, SamplingParams(max_tokens=4), {})
+    assert text.inputs["walks"] == ["prefill_text"]  # a text-only request runs only the thinker
+
+
+@pytest.mark.parametrize(("name", "ranks"), [("qwen3-omni", {"thinker": (0,), "audio_encoder": (0,), "vision_encoder": (0,)}),
+                                             ("qwen3-omni-encoders-split",
+                                              {"thinker": (0,), "audio_encoder": (1,), "vision_encoder": (1,)})])
+def test_shipped_placements_cover_the_walks(name, ranks):
+    import walkserve.placements
+    from walkserve.placement.plan import load_placement
+    from walkserve.placement.resolve import check_placement, walk_nodes
+
+    place = load_placement(walkserve.placements.path(name))
+    graph = g.build_graph()
+    for walk, nodes in walk_nodes(graph).items():
+        assert {n: place.ranks_for(walk, n) for n in nodes} == {n: ranks[n] for n in nodes}
+    check_placement(place, graph, {"thinker"}, dict.fromkeys(ranks, 1), dict.fromkeys(ranks, 0))
+    with pytest.raises(PlacementError, match="unknown node 'vision_encoder'"):  # -Captioner: drop it (docs)
+        check_placement(place, g.build_graph(vision=False), {"thinker"}, dict.fromkeys(ranks, 1), dict.fromkeys(ranks, 0))

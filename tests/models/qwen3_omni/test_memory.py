@@ -1,0 +1,122 @@
+"""The memory check with the release's real sizes: a checkpoint of safetensors headers only (no weights).
+
+The release's config (next_models.md section 1) gives every tensor's shape (the thinker's from our
+modules on the meta device, the talker's and Code2Wav's from their sections); 15 header-only shards
+in the release's order carry them. The report reads only those headers.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import struct
+
+import pytest
+
+from tests.models.qwen3_omni.test_speech_components import RELEASE as SPEECH_RELEASE
+from walkserve.core.errors import PlacementError
+from walkserve.models.base import ModelRef
+from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
+from walkserve.models.qwen3_omni.memory import shards_of, stored_bytes
+from walkserve.models.qwen3_omni.model import Qwen3OmniThinker
+from walkserve.models.qwen3_omni.tiny import tiny_hf_config
+from walkserve.models.qwen3_omni.tiny_layout import code2wav_tensor_shapes, talker_tensor_shapes
+from walkserve.models.qwen3_omni.weights import thinker_tensor_shapes
+from walkserve.placement.plan import parse_placement
+
+GIB = 2**30
+_MROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [24, 20, 20], "interleaved": True}
+
+
+def release_config() -> dict:
+    """config.json of Qwen/Qwen3-Omni-30B-A3B-Instruct (the fields our loaders read)."""
+    config = tiny_hf_config()
+    thinker = config["thinker_config"]
+    thinker["text_config"].update(vocab_size=152064, hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
+                                  num_key_value_heads=4, head_dim=128, moe_intermediate_size=768, num_experts=128,
+                                  num_experts_per_tok=8, intermediate_size=768, max_position_embeddings=65536,
+                                  rope_parameters=_MROPE)
+    thinker["audio_config"] = {"num_mel_bins": 128, "d_model": 1280, "encoder_layers": 32, "encoder_attention_heads": 20,
+                               "encoder_ffn_dim": 5120, "downsample_hidden_size": 480, "output_dim": 2048, "n_window": 50,
+                               "n_window_infer": 800}
+    thinker["vision_config"] = {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16,
+                                "out_hidden_size": 2048, "num_position_embeddings": 2304, "patch_size": 16,
+                                "deepstack_visual_indexes": [8, 16, 24]}
+    config.update(copy.deepcopy(SPEECH_RELEASE), dtype="bfloat16")
+    config.pop("walkserve_random_weights")
+    return config
+
+
+def write_headers(directory, config: dict, shards: int = 15) -> None:
+    """Header-only safetensors shards (BF16), the thinker first, the talker and Code2Wav in the last two."""
+    shapes = thinker_tensor_shapes(Qwen3OmniConfig.from_hf(config))
+    names = sorted(shapes)
+    groups = [dict.fromkeys(names[i * len(names) // (shards - 2):(i + 1) * len(names) // (shards - 2)])
+              for i in range(shards - 2)]
+    groups = [{n: shapes[n] for n in g} for g in groups]
+    groups += [talker_tensor_shapes(config["talker_config"]), code2wav_tensor_shapes(config["code2wav_config"])]
+    weight_map = {}
+    for i, group in enumerate(groups):
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        header, offset = {}, 0
+        for name, shape in group.items():
+            size = math.prod(shape) * 2
+            header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + size]}
+            offset += size
+        blob = json.dumps(header).encode()
+        (directory / file).write_bytes(struct.pack("<Q", len(blob)) + blob)
+        weight_map.update(dict.fromkeys(group, file))
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("release") / "Qwen3-Omni-30B-A3B-Instruct"
+    directory.mkdir()
+    write_headers(directory, release_config())
+    return Qwen3OmniThinker(ModelRef("qwen3-omni", str(directory)))
+
+
+def placement(devices: list[str], split: bool, memory: str | None = None) -> object:
+    ranks = [{"id": i, "device": d, **({"memory": memory} if memory else {})} for i, d in enumerate(devices)]
+    nodes = ([{"nodes": ["thinker"], "ranks": [0]}, {"nodes": ["audio_encoder", "vision_encoder"], "ranks": [1]}]
+             if split else [{"nodes": ["thinker", "audio_encoder", "vision_encoder"], "ranks": [0]}])
+    return parse_placement({"ranks": ranks, "nodes": nodes}, "test-placement")
+
+
+def test_the_release_sizes_from_headers(release):
+    sizes = stored_bytes(release.path)
+    n_tensors = sum(len(json.loads(p.read_bytes()[8:])) for p in release.path.glob("*.safetensors"))
+    assert n_tensors == 28010  # the release's tensor count
+    assert sum(sizes.values()) / 2 == pytest.approx(35.26e9, rel=1e-3)  # 35.26 B parameters
+    assert sum(sizes.values()) / GIB == pytest.approx(65.68, abs=0.01)  # GiB, not GB (70.5 GB)
+    thinker = sizes["thinker"] + sizes["audio_encoder"] + sizes["vision_encoder"]
+    assert thinker / GIB == pytest.approx(59.08, abs=0.01)
+    assert release.kv_bytes_per_token() == 96 * 1024
+    assert len(shards_of(release.path, "thinker.")) == 13  # speech off: the talker / Code2Wav shards stay closed
+
+
+def test_one_gpu_report_and_refusal(release):
+    lines = release.memory_report(placement(["cuda:0"], split=False), device_memory=lambda d: 80 * GIB)
+    assert "65.68 GiB as stored" in lines[0] and "59.08 GiB is loaded" in lines[0]
+    assert lines[1].startswith("rank 0 (cuda:0, 80.00 GiB): weights 59.08 GiB = audio_encoder 1.21 GiB + thinker 56.87 GiB "
+                               "+ vision_encoder 1.00 GiB")
+    assert "KV 96.0 KiB per token (bfloat16), pool 10.46 GiB = 114,242 tokens" in lines[1]  # half of what is left
+    with pytest.raises(PlacementError) as e:
+        release.memory_report(placement(["cuda:0"], split=False, memory="58GiB"))
+    assert "does not fit" in str(e.value) and "weights 59.08 GiB" in str(e.value) and "budget of 58.00 GiB" in str(e.value)
+    big_pool = Qwen3OmniThinker(ModelRef("qwen3-omni", str(release.path), {"kv": {"kv_bytes": 30 * GIB}}))
+    with pytest.raises(PlacementError, match=r"pool 30.00 GiB = 327,680 tokens; total 89.08 GiB.*over the budget "
+                                             r"of 80.00 GiB by 9.08 GiB"):
+        big_pool.memory_report(placement(["cuda:0"], split=False), device_memory=lambda d: 80 * GIB)
+
+
+def test_encoders_split_report(release):
+    lines = release.memory_report(placement(["cuda:0", "cuda:1"], split=True, memory="80GiB"))
+    rank0, rank1 = lines[1], lines[2]
+    assert "weights 56.87 GiB = thinker 56.87 GiB" in rank0 and "KV 96.0 KiB per token" in rank0
+    assert "audio_encoder 1.21 GiB + vision_encoder 1.00 GiB" in rank1 and "KV" not in rank1
+    cpu = release.memory_report(placement(["cpu", "cpu"], split=True))
+    assert "pool 0.25 GiB = 2,730 tokens" in cpu[1]  # the CPU default pool
