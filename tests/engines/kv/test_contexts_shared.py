@@ -75,6 +75,35 @@ def test_pi0_action_expert_queries_the_vlm_prefix_like_dense_joint_attention(tin
     assert engine.block_manager.num_used == 0
 
 
+def test_a_context_written_by_two_components_runs_each_segment_on_its_writer(tiny_lm, expert):
+    """pi0's state token: the VLM writes the prefix, the expert appends one row to the same context; that row is
+    computed by the expert (also when the context is recomputed after preemption), and a later query sees both."""
+    gen = torch.Generator().manual_seed(5)
+    d_exp, n = expert.config.hidden_size, 6
+    ids = torch.randint(3, 500, (n,), generator=gen)
+    state = torch.randn(1, d_exp, generator=gen)
+    actions = torch.randn(3, d_exp, generator=gen)
+    engine = KVCacheEngine("vlm", tiny_lm, "cpu", torch.float32, block_size=4, num_blocks=32, seed=0,
+                           shared={"expert": expert})
+    prefix = firing("p", kv_params(append("prefix", mask="full")), {"tokens": ids}, outputs=(), component="vlm")
+    token = firing("p", kv_params(append("prefix")), {"embeds": state}, outputs=("hidden",), component="expert")
+    got_state = run(engine, [prefix, token])[token.id]["hidden"]
+    vlm_attn = DenseAttention(None, keep=True)
+    with torch.no_grad():
+        tiny_lm(ids, torch.arange(n), vlm_attn)
+        exp_attn = DenseAttention(None, past=vlm_attn.kv, keep=True)
+        want_state = expert(torch.zeros(1, dtype=torch.long), torch.tensor([n]), exp_attn, inputs_embeds=state)
+    torch.testing.assert_close(got_state, want_state, **TOL)
+    engine.scheduler._preempt(engine.scheduler.contexts[("p", "prefix")], engine.scheduler.schedule())
+    step = firing("p", kv_params(query("prefix", mask="full", rows=ALL)), {"embeds": actions}, component="expert")
+    got = run(engine, [step])[step.id]["hidden"]
+    with torch.no_grad():
+        want = expert(torch.zeros(3, dtype=torch.long), n + 1 + torch.arange(3), DenseAttention(None, past=exp_attn.kv),
+                      inputs_embeds=actions)
+    torch.testing.assert_close(got, want, **TOL)
+    engine.release("p")
+
+
 def test_components_of_different_kv_geometry_cannot_share_a_pool(tiny_lm, tmp_path):
     from walkserve.models.llama.tiny import write_tiny
     from walkserve.models.llama.weights import load_causal_lm

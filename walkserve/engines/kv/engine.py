@@ -260,7 +260,7 @@ class KVCacheEngine(Engine):
             ids = op.token_ids.tolist() if op.token_ids is not None else [0] * op.num_tokens
             if ctx.axes != 1 and op.positions is not None and op.positions.dim() == 1 and ctx.length:
                 raise ValueError(f"context {op.context!r} holds {ctx.axes}-axis positions; got 1-D positions")
-            ctx.append(firing, ids, op)
+            ctx.append(firing, ids, op, firing.component)
             self._check_capacity(ctx.key, ctx.length)
         elif op.kind == "query":
             reads = tuple(s.context((rid, name), firing.component) for name in op.reads)

@@ -88,7 +88,10 @@ class ScheduledChunk:
 
     @property
     def component(self) -> str:
-        return self.query.component if self.query is not None else self.context.component
+        """The model that computes the chunk: the query's, or the segment's writer (else the context's)."""
+        if self.query is not None:
+            return self.query.component
+        return (self.segment.component if self.segment is not None else "") or self.context.component
 
 
 @dataclass

@@ -39,7 +39,10 @@ class Segment:
     ``pos_base`` set: positions are ``pos_base + 0..n-1``; else ``positions`` holds
     them ([n] or [A, n]). ``embeds`` maps chunk rows to input embeddings
     (``embed_rows`` [N] int64, or None for every row). ``token_inputs`` are the
-    extra per-token model inputs ([n, ...] each).
+    extra per-token model inputs ([n, ...] each). ``component`` wrote the rows
+    ("" = the context's own): components of a KV share group may append to one
+    context (pi0's action expert writes its state token after the VLM's
+    prefix), and each segment is computed, and recomputed, by its writer.
     """
 
     start: int
@@ -52,6 +55,7 @@ class Segment:
     embed_rows: Any = None
     token_inputs: dict[str, Any] = field(default_factory=dict)
     axes: int = 1  # position axes (1, or A for multi-axis rope)
+    component: str = ""
 
     @property
     def end(self) -> int:
@@ -131,22 +135,27 @@ class Context:
                 return seg
         raise IndexError(row)
 
-    def append(self, firing: Any, token_ids: list[int], op: Any = None) -> PendingFiring:
-        """Add an append's rows (``op`` the bound ContextOp; None: plain tokens); returns its pending entry."""
+    def append(self, firing: Any, token_ids: list[int], op: Any = None, component: str = "") -> PendingFiring:
+        """Add an append's rows (``op`` the bound ContextOp; None: plain tokens) written by ``component``
+        ("" or the context's own: the context's component); returns its pending entry."""
         start, n = self.length, len(token_ids)
         self.token_ids.extend(token_ids)
+        component = "" if component == self.component else component
         last = self.segments[-1] if self.segments else None
         if (op is None or op.plain) and last is not None and last.plain and last.end == start \
-                and last.pos_base + last.n == self.next_position and last.axes == self.axes:
+                and last.pos_base + last.n == self.next_position and last.axes == self.axes \
+                and last.component == component:
             last.n += n  # a decode step extends its plain segment (no new object)
             self.next_position += n
             pending = PendingFiring(firing, self.length, start, op)
             self.pending.append(pending)
             return pending
         seg = _segment(op, start, n, self.next_position, self.axes)
+        seg.component = component
         self.axes = seg.axes
         last = self.segments[-1] if self.segments else None
-        if seg.plain and last is not None and last.plain and last.end == start and last.pos_base + last.n == seg.pos_base:
+        if seg.plain and last is not None and last.plain and last.end == start and last.pos_base + last.n == seg.pos_base \
+                and last.component == component:
             last.n += n
         else:
             self.segments.append(seg)
@@ -218,4 +227,4 @@ def _cut(seg: Segment, n: int) -> Segment:
 
 def _copy(seg: Segment) -> Segment:
     return Segment(seg.start, seg.n, seg.mask, seg.frame, seg.pos_base, seg.positions, seg.embeds, seg.embed_rows,
-                   dict(seg.token_inputs), seg.axes)
+                   dict(seg.token_inputs), seg.axes, seg.component)
