@@ -30,32 +30,33 @@ from walkserve.models.pi0.gemma import GemmaStack
 from walkserve.models.pi0.norms import AdaRMSNorm, Condition, GemmaRMSNorm
 
 
-class ActionExpert(GemmaStack):
-    """Parameter names: ``layers.*`` / ``norm.*`` are the checkpoint's under
-    ``paligemma_with_expert.gemma_expert.model.``; the projections are at its root."""
+class ActionTokens:
+    """The action projections and the flow-time features, shared by the expert and the flow head (``flow_head.py``).
 
-    def __init__(self, config: PolicyConfig, max_positions: int = 4096):
-        size: GemmaSize = config.expert
-        width, eps = size.hidden_size, size.rms_norm_eps
-        self.pi05 = config.pi05
-        norm = (lambda dim: AdaRMSNorm(dim, width, eps)) if self.pi05 else (lambda dim: GemmaRMSNorm(dim, eps))
-        super().__init__(size, norm, max_positions)
+    ``add_projections`` creates the checkpoint's root modules (``action_in_proj``,
+    ``action_out_proj``; pi0: ``state_proj``, ``action_time_mlp_{in,out}``) on the
+    module that mixes this in; pi0.5's ``time_mlp_*`` belong to the expert (adaRMS).
+    """
+
+    pi05: bool
+    width: int
+    min_period: float
+    max_period: float
+
+    def add_projections(self, config: PolicyConfig, width: int) -> None:
+        self.pi05, self.width = config.pi05, width
         self.min_period, self.max_period = config.min_period, config.max_period
         self.action_in_proj = Linear(config.max_action_dim, width)
         self.action_out_proj = Linear(width, config.max_action_dim)
-        if self.pi05:
-            self.time_mlp_in = Linear(width, width)
-            self.time_mlp_out = Linear(width, width)
-        else:
+        if not self.pi05:
             self.state_proj = Linear(config.max_state_dim, width)
             self.action_time_mlp_in = Linear(2 * width, width)
             self.action_time_mlp_out = Linear(width, width)
 
     def time_features(self, time: torch.Tensor) -> torch.Tensor:
         """sincos(t): time [N] -> [N, W] in the weights' dtype (computed in float64 where the device can)."""
-        width = self.config.hidden_size
         dtype = torch.float32 if time.device.type == "mps" else torch.float64
-        fraction = torch.linspace(0.0, 1.0, width // 2, dtype=dtype, device=time.device)  # [W/2]
+        fraction = torch.linspace(0.0, 1.0, self.width // 2, dtype=dtype, device=time.device)  # [W/2]
         period = self.min_period * (self.max_period / self.min_period) ** fraction
         angle = (2 * math.pi / period)[None, :] * time.to(dtype)[:, None]  # [N, W/2]
         return torch.cat([angle.sin(), angle.cos()], dim=-1).float().to(self.action_in_proj.weight.dtype)
@@ -72,6 +73,30 @@ class ActionExpert(GemmaStack):
         """pi0's state token: normalised, zero-padded state [N, 32] -> [N, W]."""
         assert not self.pi05, "pi0.5 reads the state as prompt tokens"
         return self.state_proj(state.to(self.state_proj.weight.dtype))
+
+    def compute_velocity(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The flow velocity of action tokens, float32: hidden [N, W] -> [N, 32]."""
+        return self.action_out_proj(hidden.float().to(self.action_out_proj.weight.dtype)).float()
+
+
+class ActionExpert(GemmaStack, ActionTokens):
+    """Parameter names: ``layers.*`` / ``norm.*`` are the checkpoint's under
+    ``paligemma_with_expert.gemma_expert.model.``; the projections are at its root."""
+
+    def __init__(self, config: PolicyConfig, max_positions: int = 4096):
+        size: GemmaSize = config.expert
+        width, eps = size.hidden_size, size.rms_norm_eps
+        norm = (lambda dim: AdaRMSNorm(dim, width, eps)) if config.pi05 else (lambda dim: GemmaRMSNorm(dim, eps))
+        super().__init__(size, norm, max_positions)
+        self.add_projections(config, width)
+        if self.pi05:
+            self.time_mlp_in = Linear(width, width)
+            self.time_mlp_out = Linear(width, width)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The expert has no vocabulary: zeros [T, W] that the engine overwrites with the firing's embeddings."""
+        weight = self.action_in_proj.weight
+        return torch.zeros(input_ids.shape[0], self.width, dtype=weight.dtype, device=weight.device)
 
     def condition(self, time: torch.Tensor) -> Condition:
         """pi0.5's adaRMS condition for per-token times [T], computed once per distinct time."""
@@ -96,6 +121,6 @@ class ActionExpert(GemmaStack):
             cond = self.condition(time)
         return self.run_layers(inputs_embeds, positions, attn, cond)
 
-    def compute_velocity(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The flow velocity of action tokens, float32: hidden [N, W] -> [N, 32]."""
-        return self.action_out_proj(hidden.float().to(self.action_out_proj.weight.dtype)).float()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The KV-component seam asks for a head; the expert's is ``compute_velocity`` (its nodes read ``hidden``)."""
+        raise ValueError("the action expert has no vocabulary: read its hidden rows (compute_velocity)")

@@ -23,30 +23,11 @@ from torch import nn
 
 from walkserve.models.pi0.action_expert import ActionExpert
 from walkserve.models.pi0.config import PolicyConfig
+from walkserve.models.pi0.names import EMBEDDING, EXPERT, PALIGEMMA, TIED_HEAD, UNUSED, checkpoint_name
 from walkserve.models.pi0.prefix_lm import PaliGemmaLM
 from walkserve.models.pi0.vision import VisionEncoder
 
-PALIGEMMA = "paligemma_with_expert.paligemma."
-EXPERT = "paligemma_with_expert.gemma_expert."
-_RENAMES = (  # own prefix -> checkpoint prefix, first match wins
-    ("vision.tower.", PALIGEMMA + "model.vision_tower.vision_model."),
-    ("vision.projector.", PALIGEMMA + "model.multi_modal_projector.linear."),
-    ("lm.", PALIGEMMA + "model.language_model."),
-    ("expert.layers.", EXPERT + "model.layers."),
-    ("expert.norm.", EXPERT + "model.norm."),
-    ("expert.", ""),
-)
-TIED_HEAD = PALIGEMMA + "lm_head.weight"
-EMBEDDING = PALIGEMMA + "model.language_model.embed_tokens.weight"
-UNUSED = (EXPERT + "lm_head.weight", EXPERT + "model.embed_tokens.weight")
-
-
-def checkpoint_name(own: str) -> str:
-    """A Pi0Policy parameter's checkpoint name (``lm.layers.0.mlp.gate_proj.weight`` -> lerobot's)."""
-    for mine, theirs in _RENAMES:
-        if own.startswith(mine):
-            return theirs + own[len(mine):]
-    raise KeyError(own)
+__all__ = ["EMBEDDING", "EXPERT", "PALIGEMMA", "TIED_HEAD", "UNUSED", "Pi0Policy", "checkpoint_name"]
 
 
 class Pi0Policy(nn.Module):

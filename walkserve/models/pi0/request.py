@@ -7,7 +7,14 @@
 build and tokenise the prompt (pi0.5 bins the state into it), order the
 cameras as the checkpoint lists them, pad pi0's state to 32 for its state
 token. ``finish_actions`` slices the model's 32 action dims to the robot's
-and unnormalises them.
+and unnormalises them. ``walk_inputs`` lays a prepared request out for the
+served walks:
+
+    images        every camera's pixels, flattened and concatenated (uint8, or float32 in [0, 1])
+    image_shapes  int64 [n, 2]: each camera's [H, W] (resized with padding on the worker)
+    tokens        int64 [n * P + L]: 0 for the image rows, then the prompt ids
+    embed_rows    int64 [n * P]: the rows the image features replace
+    state         float32 [32] (pi0 only): the normalised, zero-padded state
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from walkserve.models.pi0.config import PolicyConfig
 from walkserve.models.pi0.files import PolicyFiles
 from walkserve.models.pi0.inputs import PolicyInputs
 from walkserve.models.pi0.prompt import prompt_tokens
+
+IMAGES, IMAGE_SHAPES, TOKENS, EMBED_ROWS, STATE = "images", "image_shapes", "tokens", "embed_rows", "state"
 
 
 @dataclass(frozen=True)
@@ -51,3 +60,29 @@ def finish_actions(files: PolicyFiles, chunk: np.ndarray) -> np.ndarray:
     """The sampled chunk [H, 32] -> the robot's actions [H, action_dim], unnormalised."""
     config: PolicyConfig = files.config
     return files.normalizer.action.unnormalize(np.asarray(chunk, dtype=np.float32)[:, : config.action_dim])
+
+
+def pack_images(images: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Images [H_i, W_i, 3] -> (their pixels flattened and concatenated, int64 [n, 2] shapes).
+
+    uint8 when every image is uint8; otherwise float32 in [0, 1] (uint8 ones divided by 255, as the
+    vision encoder would).
+    """
+    as_uint8 = all(image.dtype == np.uint8 for image in images)
+    parts = [image if as_uint8 or image.dtype != np.uint8 else image.astype(np.float32) / np.float32(255.0)
+             for image in images]
+    flat = np.concatenate([np.asarray(p, dtype=np.uint8 if as_uint8 else np.float32).reshape(-1) for p in parts])
+    shapes = np.array([image.shape[:2] for image in images], dtype=np.int64).reshape(-1, 2)
+    return flat, shapes
+
+
+def walk_inputs(request: PreparedRequest, tokens_per_image: int) -> dict[str, np.ndarray]:
+    """The prefix walk's inputs (module docstring): images, their shapes, the prefix's ids and image rows (+ state)."""
+    images, shapes = pack_images(request.images)
+    image_rows = len(request.cameras) * tokens_per_image
+    out = {IMAGES: images, IMAGE_SHAPES: shapes,
+           TOKENS: np.concatenate([np.zeros(image_rows, dtype=np.int64), np.asarray(request.token_ids, dtype=np.int64)]),
+           EMBED_ROWS: np.arange(image_rows, dtype=np.int64)}
+    if request.state is not None:
+        out[STATE] = request.state
+    return out

@@ -3,19 +3,25 @@
     pixels [N, 3, R, R] in [-1, 1] -> tower -> [N, (R/14)^2, 1152] -> projector -> [N, 256, D_lm]
 
 The projected features enter the prefix as they are (only language
-embeddings are scaled by sqrt(D)).
+embeddings are scaled by sqrt(D)). Served, a request's cameras arrive as
+they were sent (``request.pack_images``: one flat array and their [H, W]),
+and are resized with padding here, on the rank's device.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from walkserve.layers.linear import Linear
+from walkserve.models.pi0.images import camera_pixels
+from walkserve.models.pi0.request import IMAGE_SHAPES, IMAGES
 from walkserve.models.siglip.config import SiglipVisionConfig
 from walkserve.models.siglip.tower import SiglipVisionTower
 
-PIXELS = "pixels"  # input slot: float [n, 3, R, R], one row per camera the request has
 IMAGE_EMBEDS = "image_embeds"  # output: [n * tokens_per_image, D_lm], cameras in input order
 
 
@@ -33,8 +39,24 @@ class VisionEncoder(nn.Module):
         dtype = self.projector.weight.dtype
         return self.projector(self.tower.forward_images(pixels.to(dtype)))
 
-    def forward_batch(self, inputs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
-        """``{"pixels": [n_i, 3, R, R]}`` per request -> ``{"image_embeds": [n_i * P, D_lm]}``; one tower call."""
-        counts = [x[PIXELS].shape[0] for x in inputs]
-        features = self.forward(torch.cat([x[PIXELS] for x in inputs]))  # [sum n_i, P, D]
-        return [{IMAGE_EMBEDS: f.reshape(-1, f.shape[-1])} for f in features.split(counts)]
+    @torch.inference_mode()
+    def forward_batch(self, firings: Sequence[Any]) -> list[dict[str, torch.Tensor]]:
+        """Per firing (or inputs dict) ``images`` + ``image_shapes`` -> ``{"image_embeds": [n_i * P, D_lm]}``;
+        one tower call for every camera of the batch."""
+        device = self.projector.weight.device
+        resolution = self.tower.config.image_size
+        cameras = [unpack_images(getattr(f, "inputs", f)) for f in firings]
+        pixels = torch.stack([camera_pixels(image.to(device), resolution) for images in cameras for image in images])
+        features = self.forward(pixels)  # [sum n_i, P, D]
+        return [{IMAGE_EMBEDS: f.reshape(-1, f.shape[-1])} for f in features.split([len(c) for c in cameras])]
+
+
+def unpack_images(inputs: dict[str, Any]) -> list[torch.Tensor]:
+    """``images`` (every camera's [H, W, 3] pixels, flattened and concatenated) and ``image_shapes`` [n, 2]
+    -> the n images [H, W, 3] (uint8, or float in [0, 1])."""
+    flat = torch.as_tensor(inputs[IMAGES]).reshape(-1)
+    shapes = torch.as_tensor(inputs[IMAGE_SHAPES]).reshape(-1, 2).tolist()
+    sizes = [h * w * 3 for h, w in shapes]
+    if sum(sizes) != flat.numel():
+        raise ValueError(f"{IMAGES} holds {flat.numel()} values, the shapes {shapes} need {sum(sizes)}")
+    return [part.view(h, w, 3) for part, (h, w) in zip(flat.split(sizes), shapes)]

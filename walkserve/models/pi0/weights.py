@@ -5,9 +5,11 @@ The torch-free rest (tokenizer, normalisation statistics) is ``files.py``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from walkserve.core.errors import ConfigError
 from walkserve.models.llama.checkpoint import SafetensorsCheckpoint, checkpoint_targets, materialize
@@ -33,13 +35,16 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu", dtype: str
     return policy.eval()
 
 
-def load_policy_weights(policy: Pi0Policy, checkpoint: SafetensorsCheckpoint, progress: bool = True) -> None:
+def load_policy_weights(policy: nn.Module, checkpoint: SafetensorsCheckpoint, progress: bool = True,
+                        part: bool = False) -> None:
+    """Every parameter of ``policy`` (a Pi0Policy, or with ``part`` a module holding some of its
+    components under their names) from the checkpoint; with ``part`` the file's other tensors are skipped."""
     names = {_strip(n): n for n in checkpoint.names()}
     targets = {checkpoint_name(own): t for own, t in checkpoint_targets(policy).items()}
-    if EMBEDDING not in names and TIED_HEAD in names:
+    if EMBEDDING in targets and EMBEDDING not in names and TIED_HEAD in names:
         targets[TIED_HEAD] = targets.pop(EMBEDDING)  # the hub file holds only the tied head
     ignored = set(UNUSED) | ({TIED_HEAD} if EMBEDDING in names else set())
-    unexpected = sorted(n for n in names if n not in targets and n not in ignored)
+    unexpected = [] if part else sorted(n for n in names if n not in targets and n not in ignored)
     missing = sorted(n for n in targets if n not in names)
     if unexpected or missing:
         raise ConfigError(f"{checkpoint.directory}: " + "; ".join(
@@ -57,6 +62,22 @@ def load_policy_weights(policy: Pi0Policy, checkpoint: SafetensorsCheckpoint, pr
         for stored, tensor in checkpoint.tensors([names[n] for n in targets], progress):
             target = targets[_strip(stored)]
             params[target.param][target.index].copy_(tensor)
+
+
+def load_component(path: str | Path, name: str, build: Callable[[PolicyConfig], nn.Module],
+                   device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
+                   progress: bool = False) -> nn.Module:
+    """One component of the checkpoint: ``build(config)`` made on the meta device, loaded as if it were
+    ``Pi0Policy.<name>`` (``vision``, ``lm``, ``expert``; the flow head reads the expert's root projections)."""
+    path = Path(path)
+    config = PolicyConfig.from_file(path)
+    with torch.device("meta"):
+        module = build(config)
+    holder = nn.Module()
+    holder.add_module(name, module)
+    materialize(holder, device, _dtype(dtype, config))
+    load_policy_weights(holder, SafetensorsCheckpoint(path), progress, part=True)
+    return module.eval()
 
 
 def _strip(name: str) -> str:
