@@ -69,6 +69,8 @@ def _model_args(g: argparse._ArgumentGroup) -> None:
                    "holding lm/ and snac/)")
     g.add_argument("--snac-path", metavar="DIR", help="orpheus: the SNAC 24 kHz codec directory "
                    "(after walkserve convert snac)")
+    g.add_argument("--tokenizer-path", metavar="FILE", help="pi0 / pi05: PaliGemma's SentencePiece model "
+                   "(paligemma_tokenizer.model; lerobot's checkpoints ship none)")
     g.add_argument("--model-id", metavar="NAME", help="the model's name in the API (default: the directory name)")
     g.add_argument("--config", metavar="PLACEMENT", help="placement YAML (which nodes run on which ranks and "
                    "devices), or the name of a shipped one; default: every node on one rank, cuda:0 if present")
@@ -153,7 +155,8 @@ def _run(args: argparse.Namespace) -> int:
     os.environ.setdefault("WALKSERVE_LOG_LEVEL", args.log_level.upper())  # the runtime's processes
     try:
         config, runtime = server_config(args), runtime_config(args)
-        target = resolve_target(args.model, args.model_path, args.snac_path, args.model_id)
+        target = resolve_target(args.model, args.model_path, args.snac_path, args.model_id,
+                                tokenizer_path=args.tokenizer_path)
         placement = _placement(args.config)
         if target.embedded:
             config = _prepare_embedded(config)

@@ -3,7 +3,10 @@
     (no MODEL, no --model-path)   the embedded tiny random-weight Orpheus (cli/embedded.py)
     MODEL = auto, or only a path  the family read from the checkpoint (config.json architecture or model_type;
                                   a directory with lm/ and snac/, or --snac-path: orpheus)
-    MODEL = orpheus|llama|qwen2|qwen3|qwen3-omni (or any registered family)
+    MODEL = orpheus|llama|qwen2|qwen3|qwen3-omni|pi0|pi05 (or any registered family)
+
+pi0 / pi0.5 checkpoints are recognised by config.json's ``"type"``; their
+tokenizer is PaliGemma's SentencePiece model, given with --tokenizer-path.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from walkserve.core.errors import ConfigError
 from walkserve.models.base import ModelRef
 from walkserve.models.orpheus.tokens import AUDIO_TOKEN_RANGE
 
-SERVED_FAMILIES = ("orpheus", "llama", "qwen2", "qwen3", "qwen3-omni")
+SERVED_FAMILIES = ("orpheus", "llama", "qwen2", "qwen3", "qwen3-omni", "pi0", "pi05")
+POLICY_FAMILIES = ("pi0", "pi05")  # lerobot's config.json "type"
 # Orpheus's audio codes end here: a Llama vocabulary at least this large is an Orpheus LM
 ORPHEUS_MIN_VOCAB = AUDIO_TOKEN_RANGE[1]
 
@@ -36,7 +40,8 @@ class ServeTarget:
 
 
 def resolve_target(model: str | None, model_path: str | None, snac_path: str | None,
-                   model_id: str | None = None, cache_dir: Path | None = None) -> ServeTarget:
+                   model_id: str | None = None, cache_dir: Path | None = None,
+                   tokenizer_path: str | None = None) -> ServeTarget:
     """The model ``walkserve serve`` should start; ConfigError (one line) for anything inconsistent."""
     options: dict[str, Any] = {"model_id": model_id} if model_id else {}
     if model is None and model_path is None:
@@ -50,6 +55,8 @@ def resolve_target(model: str | None, model_path: str | None, snac_path: str | N
     detected = model in (None, "auto")
     family = detect_family(model_path, snac_path) if detected else model
     _check_family(family, model_path, snac_path)
+    if tokenizer_path is not None:
+        options["tokenizer_path"] = _tokenizer_file(tokenizer_path, family)
     if snac_path is not None:
         options["snac_path"] = str(Path(snac_path).resolve())
     path = str(Path(model_path).resolve()) if model_path is not None else None
@@ -74,6 +81,9 @@ def detect_family(model_path: str | None, snac_path: str | None) -> str:
         raise ConfigError(f"{root}: no config.json, so the model family is unknown; name it (walkserve serve FAMILY ...)")
     if _is_qwen3_omni(root / "config.json"):
         return "qwen3-omni"
+    policy = _policy_type(root)
+    if policy is not None:
+        return policy
     from walkserve.models.llama.config import LMConfig
 
     config = LMConfig.from_file(root)
@@ -125,6 +135,27 @@ def _check_orpheus(root: Path, snac_path: str | None) -> None:
     if vocab < ORPHEUS_MIN_VOCAB:
         raise ConfigError(f"{lm}: not an Orpheus LM: its vocabulary ({vocab} ids) has no audio codes "
                           f"(Orpheus's end at id {ORPHEUS_MIN_VOCAB - 1})")
+
+
+def _policy_type(root: Path) -> str | None:
+    """``pi0`` / ``pi05`` for a lerobot policy checkpoint (config.json ``"type"``), else None."""
+    import json
+
+    try:
+        kind = json.loads((root / "config.json").read_text()).get("type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return kind if kind in POLICY_FAMILIES else None
+
+
+def _tokenizer_file(path: str, family: str) -> str:
+    if family not in POLICY_FAMILIES:
+        raise ConfigError(f"--tokenizer-path is a pi0 / pi0.5 option (PaliGemma's SentencePiece model); "
+                          f"model family {family!r} reads its tokenizer from its checkpoint")
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--tokenizer-path {path}: no such file (PaliGemma's paligemma_tokenizer.model)")
+    return str(p.resolve())
 
 
 def _check_dir(path: str, flag: str) -> None:

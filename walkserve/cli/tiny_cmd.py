@@ -35,7 +35,7 @@ FAMILIES: dict[str, TinyFamily] = {
     "bagel": TinyFamily(("tiny",), lambda a: _call(
         "walkserve.models.bagel.tiny:write_tiny_bagel", a.out_dir, seed=a.seed), serves=False),
     **{kind: TinyFamily(("tiny",), lambda a, kind=kind: _call(
-        "walkserve.models.pi0.tiny:write_tiny_policy", kind, a.out_dir, seed=a.seed), serves=False)
+        "walkserve.models.pi0.tiny:write_tiny_policy", kind, a.out_dir, seed=a.seed))
        for kind in ("pi0", "pi05")},
     "vjepa2": TinyFamily(("tiny",), lambda a: _call(
         "walkserve.models.vjepa2.tiny:write_tiny_vjepa2", a.out_dir, preset=a.preset, seed=a.seed), serves=False),

@@ -18,7 +18,7 @@ DEFAULT_MAX_TOKENS = SamplingParams.__dataclass_fields__["max_tokens"].default
 
 # Capabilities a model card may list; the API answers 400 for routes whose capability is missing.
 CAPABILITIES = ("completions", "chat", "speech", "audio_out", "image_in", "audio_in", "video_in", "images", "image_edit",
-                "generate")
+                "generate", "act")
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,10 @@ class Processor(ABC):
     def build_request(
         self, task: str, payload: dict[str, Any], sampling: SamplingParams, params: dict[str, Any]
     ) -> RequestSpec: ...
+
+    def policy_metadata(self) -> dict[str, Any]:
+        """What a robot client is told first on the openpi websocket (models with the ``act`` capability)."""
+        return {"model": self.card().id}
 
     def tokenize(self, text: str) -> list[int]:
         raise NotImplementedError(f"{type(self).__name__} has no tokenizer")

@@ -10,7 +10,14 @@ from typing import Any
 
 from walkserve.api.errors import bad_request
 from walkserve.api.native.inputs import convert_inputs
-from walkserve.api.native.render import event_head, plain, raw_array, render_audio, render_image
+from walkserve.api.native.render import (
+    event_head,
+    plain,
+    raw_array,
+    render_action,
+    render_audio,
+    render_image,
+)
 from walkserve.api.openai.choices import failure, token_ids
 from walkserve.api.openai.plan import apply_default_max_tokens, build_sampling, check_stops
 from walkserve.api.schemas.generate import GenerateRequest
@@ -33,7 +40,9 @@ class NativePlan:
     t0: float
 
 
-TASK_CAPABILITY = {"generate": "generate", "completion": "completions", "chat": "chat", "speech": "speech", "image": "images"}
+TASK_CAPABILITY = {"generate": "generate", "completion": "completions", "chat": "chat", "speech": "speech", "image": "images",
+                   "act": "act"}
+RAW_INPUT_TASKS = ("generate", "act")  # their processors read the payload's "inputs" as given
 
 
 async def plan_generate(state: AppState, body: GenerateRequest) -> NativePlan:
@@ -47,8 +56,8 @@ async def plan_generate(state: AppState, body: GenerateRequest) -> NativePlan:
         overrides["logprobs"] = sampling_fields.logprobs
     sampling = build_sampling(state.card, overrides, stops)
     inputs = await convert_inputs(state, body.inputs)
-    modalities = body.modalities or ["text"]
-    payload = {"inputs": inputs, "modalities": modalities} if body.task == "generate" else {**inputs, "modalities": modalities}
+    modalities = body.modalities or (["action"] if body.task == "act" else ["text"])
+    payload = {"inputs": inputs, "modalities": modalities} if body.task in RAW_INPUT_TASKS else {**inputs, "modalities": modalities}
     spec = await state.build_request(body.task, payload, sampling, dict(body.params))
     apply_default_max_tokens(spec, state.card, bool(sampling_fields and sampling_fields.max_tokens))
     return NativePlan(spec, body, _text_stream(state, stops, sampling_fields), time.monotonic())
@@ -78,6 +87,8 @@ async def _render(state: AppState, plan: NativePlan, event: OutputEvent) -> dict
         data = await render_image(value, plan.body.image_format)
     elif event.modality == "logprobs":
         data = {"values": plain(value.tolist())}
+    elif event.modality == "action":
+        data = render_action(value)
     else:
         data = raw_array(value)
     return {**event_head(event), "data": data}
@@ -122,4 +133,8 @@ async def generate_stream(state: AppState, plan: NativePlan) -> AsyncIterator[by
 async def generate_collect(state: AppState, plan: NativePlan) -> dict[str, Any]:
     outputs = [item async for item in native_events(state, plan)]
     final = outputs.pop() if outputs and outputs[-1]["type"] == "finished" else _final(plan, None, "error")
-    return {"request_id": plan.spec.id, "outputs": outputs, **{k: final[k] for k in ("finish_reason", "text", "usage", "timings")}}
+    answer = {"request_id": plan.spec.id, "outputs": outputs, **{k: final[k] for k in ("finish_reason", "text", "usage", "timings")}}
+    chunks = [o["data"]["actions"] for o in outputs if o.get("modality") == "action"]
+    if chunks:  # a policy's answer: its (last) action chunk [H, action_dim], at the top
+        answer["actions"] = chunks[-1]
+    return answer

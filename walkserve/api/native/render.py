@@ -23,6 +23,12 @@ def raw_array(value: ArrayData) -> dict[str, Any]:
     return {"dtype": value.dtype, "shape": list(value.shape), "data": _b64(value.data)}
 
 
+def render_action(value: ArrayData) -> dict[str, Any]:
+    """An action chunk [H, action_dim]: the numbers as nested lists (``actions``), and the raw array too."""
+    array = np.frombuffer(value.data, dtype=value.dtype).reshape(value.shape)
+    return {"actions": plain(array.tolist()), **raw_array(value)}
+
+
 def render_audio(value: ArrayData, encoding: str, sample_rate: int | None) -> dict[str, Any]:
     samples = audio_samples(value)
     data = pcm16(samples) if encoding == "pcm16" else samples.astype("<f4").tobytes()

@@ -192,7 +192,9 @@ class KVCacheEngine(Engine):
         bm = self.block_manager
         graphs = self.runner.graphs
         extra = {} if graphs is None else {f"cuda_graph_{k}": v for k, v in graphs.stats.items()}
-        return extra | {
+        forwards = {f"{what}.{name}": counts[i] for name, counts in self.runner.forwards.items()
+                    for i, what in enumerate(("forwards", "forward_chunks", "forward_rows"))}
+        return extra | forwards | {
             "kv_blocks_used": bm.num_used,
             "kv_blocks_total": bm.num_blocks,
             "kv_blocks_cached": bm.num_evictable,

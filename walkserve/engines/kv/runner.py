@@ -40,6 +40,8 @@ class ModelRunner:
         self.outputs = {name: Outputs(model, sampler) for name, model in self.models.items()}
         self.graphs = None  # a cuda_graphs.DecodeGraphs when the engine turns CUDA-graph decode on
         self.takes_capture = {name: "capture" in inspect.signature(m.forward).parameters for name, m in self.models.items()}
+        # per model: [forward calls, chunks, rows] (how many firings each call batched: the engine's stats)
+        self.forwards: dict[str, list[int]] = {name: [0, 0, 0] for name in self.models}
 
     @torch.inference_mode()
     def execute(self, chunks: list[ScheduledChunk]) -> list[dict[str, Any] | None]:
@@ -73,6 +75,8 @@ class ModelRunner:
             if capture:
                 kwargs["capture"] = capture
             hidden = model(input_ids, positions, attn, inputs_embeds=embeds, **kwargs)  # [T, D]
+        counts = self.forwards[name]
+        counts[0], counts[1], counts[2] = counts[0] + 1, counts[1] + len(chunks), counts[2] + input_ids.shape[0]
         return self.outputs[name](chunks, hidden, capture)
 
     def _batch(self, chunks: list[ScheduledChunk]) -> PagedBatch:

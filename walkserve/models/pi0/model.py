@@ -50,7 +50,9 @@ def kv_pool_bytes(config: PolicyConfig, options: Mapping[str, Any], device: str,
 
 
 def _build(part: str, path: Path, ctx: BuildContext) -> Any:
-    from walkserve.models.pi0.components import build_component  # imports torch: only where weights load
+    from walkserve.models.pi0.components import (
+        build_component,  # imports torch: only where weights load
+    )
 
     return build_component(part, path, ctx.device, ctx.dtype or None)
 

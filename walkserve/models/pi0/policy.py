@@ -23,7 +23,14 @@ from torch import nn
 
 from walkserve.models.pi0.action_expert import ActionExpert
 from walkserve.models.pi0.config import PolicyConfig
-from walkserve.models.pi0.names import EMBEDDING, EXPERT, PALIGEMMA, TIED_HEAD, UNUSED, checkpoint_name
+from walkserve.models.pi0.names import (
+    EMBEDDING,
+    EXPERT,
+    PALIGEMMA,
+    TIED_HEAD,
+    UNUSED,
+    checkpoint_name,
+)
 from walkserve.models.pi0.prefix_lm import PaliGemmaLM
 from walkserve.models.pi0.vision import VisionEncoder
 

@@ -32,8 +32,15 @@ from walkserve.core.sampling import SamplingParams
 from walkserve.models.pi0.files import load_policy_files
 from walkserve.models.pi0.graph import NOISE
 from walkserve.models.pi0.inputs import InputSpec, validate_inputs
-from walkserve.models.pi0.observations import DROID_GRIPPER, DROID_IMAGES, DROID_JOINTS, LIBERO_IMAGES, LIBERO_STATE
-from walkserve.models.pi0.observations import map_observation, observation_layout
+from walkserve.models.pi0.observations import (
+    DROID_GRIPPER,
+    DROID_IMAGES,
+    DROID_JOINTS,
+    LIBERO_IMAGES,
+    LIBERO_STATE,
+    map_observation,
+    observation_layout,
+)
 from walkserve.models.pi0.request import prepare_request, walk_inputs
 from walkserve.models.processor import ModelCard, Processor
 

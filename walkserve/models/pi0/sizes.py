@@ -12,7 +12,12 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from walkserve.models.llama.safetensors_files import DTYPE_ITEMSIZE, ITEMSIZE, read_header, weight_files
+from walkserve.models.llama.safetensors_files import (
+    DTYPE_ITEMSIZE,
+    ITEMSIZE,
+    read_header,
+    weight_files,
+)
 from walkserve.models.pi0.config import PolicyConfig
 from walkserve.models.pi0.names import EMBEDDING, TIED_HEAD, component_of
 
