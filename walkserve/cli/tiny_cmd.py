@@ -34,8 +34,8 @@ FAMILIES: dict[str, TinyFamily] = {
         "walkserve.models.orpheus.tiny:write_tiny_orpheus", a.out_dir, lm=a.preset, snac=a.snac, seed=a.seed)),
     "bagel": TinyFamily(("tiny",), lambda a: _call(
         "walkserve.models.bagel.tiny:write_tiny_bagel", a.out_dir, seed=a.seed), serves=False),
-    **{kind: TinyFamily(("tiny",), lambda a, kind=kind: _call(
-        "walkserve.models.pi0.tiny:write_tiny_policy", kind, a.out_dir, seed=a.seed))
+    **{kind: TinyFamily(("tiny", "bench"), lambda a, kind=kind: _call(
+        "walkserve.models.pi0.tiny:write_tiny_policy", kind, a.out_dir, seed=a.seed, preset=a.preset))
        for kind in ("pi0", "pi05")},
     "vjepa2": TinyFamily(("tiny",), lambda a: _call(
         "walkserve.models.vjepa2.tiny:write_tiny_vjepa2", a.out_dir, preset=a.preset, seed=a.seed), serves=False),
@@ -56,7 +56,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("family", choices=sorted(FAMILIES), help="model family")
     p.add_argument("out_dir", help="directory to write (created if missing)")
     p.add_argument("--preset", default="tiny", help="size: tiny (all families) or bench (orpheus: ~33M-parameter LM; "
-                   "vjepa2-ac: 64 tokens per frame, predictor width 256 x 8 blocks)")
+                   "vjepa2-ac: 64 tokens per frame, predictor width 256 x 8 blocks; pi0, pi05: the released shapes / 8 in width, "
+                   "6 layers, 224 px cameras, horizon 50)")
     p.add_argument("--snac", choices=["tiny", "full"], default="tiny", help="orpheus: SNAC codec size (full = the real shape)")
     p.add_argument("--seed", type=int, default=0, help="random seed (the same seed writes the same weights)")
     p.set_defaults(func=run)

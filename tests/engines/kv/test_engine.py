@@ -86,6 +86,9 @@ def test_long_prompt_is_answered_after_its_last_chunk(tiny_lm, hf_lm):
     assert result.outputs["hidden"].dtype == torch.float32
     torch.testing.assert_close(result.outputs["hidden"][0], hidden, atol=1e-4, rtol=1e-4)
     assert result.outputs["token"].tolist() == [int(logits.argmax())]
+    stats = engine.stats()  # three forward calls of one chunk each: 16 + 16 + 8 rows, and their time
+    assert (stats["forwards.lm"], stats["forward_chunks.lm"], stats["forward_rows.lm"]) == (3, 3, 40)
+    assert stats["forward_s.lm"] > 0
 
 
 def test_fill_only_firing_then_decode_reuses_the_kv(tiny_lm, hf_lm):

@@ -19,7 +19,7 @@ from walkserve.models.pi0.inputs import InputSpec, validate_inputs
 from walkserve.models.pi0.normalizer import FeatureNorm
 from walkserve.models.pi0.policy import EMBEDDING, TIED_HEAD
 from walkserve.models.pi0.predict import predict_actions
-from walkserve.models.pi0.tiny import write_tiny_policy
+from walkserve.models.pi0.tiny import tiny_config, write_tiny_policy
 from walkserve.models.pi0.weights import load_policy
 
 
@@ -64,6 +64,17 @@ def test_real_config_names_variants(tiny_pi05):
     assert config.image_tokens == 256 and config.max_prefix_tokens == 3 * 256 + 200
     with pytest.raises(ConfigError, match="type"):
         PolicyConfig.from_dict({**raw, "type": "act"})
+
+
+def test_bench_preset_keeps_the_released_token_counts(tmp_path):
+    """``--preset bench`` (./dev bench pi): released widths / 8, 6 layers, but 224 px cameras and horizon 50."""
+    config = PolicyConfig.from_dict(tiny_config("pi0", preset="bench", chunk_size=50))
+    assert (config.paligemma.hidden_size, config.paligemma.intermediate_size, config.paligemma.head_dim) == (256, 2048, 32)
+    assert (config.expert.hidden_size, config.expert.num_hidden_layers, config.vision.num_hidden_layers) == (128, 6, 4)
+    assert config.image_tokens == 256 and config.chunk_size == 50 and config.num_inference_steps == 10
+    with pytest.raises(ConfigError, match="presets tiny, bench"):
+        write_tiny_policy("pi0", tmp_path / "x", preset="huge")
+    assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.parametrize("kind, chunk, action_dim", [("pi05", 15, 8), ("pi0", 10, 7)], ids=["droid", "libero"])

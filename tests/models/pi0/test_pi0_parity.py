@@ -46,32 +46,9 @@ def float64_time(monkeypatch):
 
 @pytest.fixture(scope="module")
 def hf_pi0(tiny_pi0):
-    from transformers import (
-        GemmaConfig,
-        PaliGemmaConfig,
-        PI0Config,
-        PI0ForConditionalGeneration,
-        SiglipVisionConfig,
-    )
+    from walkserve.testing.pi0_reference import load_reference
 
-    c = tiny_pi0.policy.config
-    pg, ex, vi = c.paligemma, c.expert, c.vision
-    text = GemmaConfig(hidden_size=pg.hidden_size, num_hidden_layers=pg.num_hidden_layers,
-                       intermediate_size=pg.intermediate_size, num_attention_heads=pg.num_attention_heads,
-                       num_key_value_heads=pg.num_key_value_heads, head_dim=pg.head_dim, vocab_size=c.vocab_size)
-    vision = SiglipVisionConfig(hidden_size=vi.hidden_size, intermediate_size=vi.intermediate_size,
-                                num_hidden_layers=vi.num_hidden_layers, num_attention_heads=vi.num_attention_heads,
-                                image_size=vi.image_size, patch_size=vi.patch_size, vision_use_head=False)
-    vlm = PaliGemmaConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), projection_dim=pg.hidden_size,
-                          image_token_id=c.vocab_size)
-    dit = GemmaConfig(hidden_size=ex.hidden_size, num_hidden_layers=ex.num_hidden_layers,
-                      intermediate_size=ex.intermediate_size, num_attention_heads=ex.num_attention_heads,
-                      num_key_value_heads=ex.num_key_value_heads, head_dim=ex.head_dim)
-    config = PI0Config(vlm_config=vlm.to_dict(), dit_config=dit.to_dict(), chunk_size=c.chunk_size,
-                       max_state_dim=c.max_state_dim, max_action_dim=c.max_action_dim)
-    model, info = PI0ForConditionalGeneration.from_pretrained(tiny_pi0.path, config=config, output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
-    return model.eval()
+    return load_reference(tiny_pi0.path)  # refuses a checkpoint it does not load cleanly
 
 
 def _request(tiny, cameras, seed):

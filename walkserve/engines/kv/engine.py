@@ -193,7 +193,7 @@ class KVCacheEngine(Engine):
         graphs = self.runner.graphs
         extra = {} if graphs is None else {f"cuda_graph_{k}": v for k, v in graphs.stats.items()}
         forwards = {f"{what}.{name}": counts[i] for name, counts in self.runner.forwards.items()
-                    for i, what in enumerate(("forwards", "forward_chunks", "forward_rows"))}
+                    for i, what in enumerate(("forwards", "forward_chunks", "forward_rows", "forward_s"))}
         return extra | forwards | {
             "kv_blocks_used": bm.num_used,
             "kv_blocks_total": bm.num_blocks,

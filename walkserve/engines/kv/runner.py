@@ -9,6 +9,7 @@ extra token inputs); usually that is one group. Outputs: see ``outputs``.
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,8 +41,9 @@ class ModelRunner:
         self.outputs = {name: Outputs(model, sampler) for name, model in self.models.items()}
         self.graphs = None  # a cuda_graphs.DecodeGraphs when the engine turns CUDA-graph decode on
         self.takes_capture = {name: "capture" in inspect.signature(m.forward).parameters for name, m in self.models.items()}
-        # per model: [forward calls, chunks, rows] (how many firings each call batched: the engine's stats)
-        self.forwards: dict[str, list[int]] = {name: [0, 0, 0] for name in self.models}
+        # per model: [forward calls, chunks, rows, seconds] (how many firings each call batched, and the time of
+        # its forward and outputs, as the host sees it: the engine's stats)
+        self.forwards: dict[str, list[float]] = {name: [0, 0, 0, 0.0] for name in self.models}
 
     @torch.inference_mode()
     def execute(self, chunks: list[ScheduledChunk]) -> list[dict[str, Any] | None]:
@@ -59,6 +61,7 @@ class ModelRunner:
         return name if name in self.models else next(iter(self.models))
 
     def _run(self, chunks: list[ScheduledChunk]) -> list[dict[str, Any] | None]:
+        t0 = time.perf_counter()
         name = self._model(chunks[0])
         model = self.models[name]
         input_ids, positions = _inputs(chunks, self.device)  # [T], [T] or [A, T]
@@ -75,9 +78,11 @@ class ModelRunner:
             if capture:
                 kwargs["capture"] = capture
             hidden = model(input_ids, positions, attn, inputs_embeds=embeds, **kwargs)  # [T, D]
+        outputs = self.outputs[name](chunks, hidden, capture)
         counts = self.forwards[name]
         counts[0], counts[1], counts[2] = counts[0] + 1, counts[1] + len(chunks), counts[2] + input_ids.shape[0]
-        return self.outputs[name](chunks, hidden, capture)
+        counts[3] += time.perf_counter() - t0
+        return outputs
 
     def _batch(self, chunks: list[ScheduledChunk]) -> PagedBatch:
         q_lens, kv_lens, tables, masks, frames, reads = [], [], [], [], [], []

@@ -17,12 +17,13 @@ one of them would fail. The same seed writes the same files.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from walkserve.core.errors import ConfigError
 from walkserve.models.pi0.config import (
     ACTION_KEY,
     IMAGE_PREFIX,
@@ -45,10 +46,32 @@ TINY_VISION = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidde
 MODES = {"pi0": "MEAN_STD", "pi05": "QUANTILES"}
 
 
+@dataclass(frozen=True)
+class Preset:
+    """The sizes of a random checkpoint, and the defaults it writes (``tiny_config``'s keywords)."""
+
+    paligemma: GemmaSize
+    expert: GemmaSize
+    vision: SiglipVisionConfig
+    defaults: dict = field(default_factory=dict)
+
+
+# ``bench``: the released shapes scaled down (widths / 8, depth 18 -> 6, SigLIP 27 -> 4 layers) with the real
+# token counts: 224 px cameras (256 tokens each), horizon 50, 10 flow steps; for ``./dev bench pi``.
+PRESETS = {
+    "tiny": Preset(TINY_PALIGEMMA, TINY_EXPERT, TINY_VISION),
+    "bench": Preset(GemmaSize(256, 6, 2048, 8, 1, 32), GemmaSize(128, 6, 512, 8, 1, 32),
+                    SiglipVisionConfig(hidden_size=144, intermediate_size=576, num_hidden_layers=4, num_attention_heads=2,
+                                       image_size=224, patch_size=14), {"chunk_size": 50}),
+}
+
+
 def tiny_config(kind: str, chunk_size: int = 10, state_dim: int = 8, action_dim: int = 7,
-                cameras: tuple[str, ...] = CAMERAS, tokenizer_max_length: int | None = None) -> dict:
-    """A lerobot-style config.json dict for a tiny policy."""
-    res = TINY_VISION.image_size
+                cameras: tuple[str, ...] = CAMERAS, tokenizer_max_length: int | None = None,
+                preset: str = "tiny") -> dict:
+    """A lerobot-style config.json dict for a random policy of ``preset``'s sizes."""
+    sizes = _preset(preset)
+    res = sizes.vision.image_size
     mode = MODES[kind]
     return {
         "type": kind, "n_obs_steps": 1,
@@ -60,17 +83,23 @@ def tiny_config(kind: str, chunk_size: int = 10, state_dim: int = 8, action_dim:
         "num_inference_steps": 10, "min_period": 4e-3, "max_period": 4.0, "image_resolution": [res, res],
         "empty_cameras": 0, "tokenizer_max_length": tokenizer_max_length or (48 if kind == "pi05" else 24),
         "normalization_mapping": {"VISUAL": "IDENTITY", "STATE": mode, "ACTION": mode},
-        SIZES_KEY: {"paligemma": TINY_PALIGEMMA.to_dict(), "expert": TINY_EXPERT.to_dict(),
-                    "vision": asdict(TINY_VISION), "vocab_size": tiny_spm_model().vocab_size},
+        SIZES_KEY: {"paligemma": sizes.paligemma.to_dict(), "expert": sizes.expert.to_dict(),
+                    "vision": asdict(sizes.vision), "vocab_size": tiny_spm_model().vocab_size},
         RANDOM_WEIGHTS_KEY: True,
     }
 
 
-def write_tiny_policy(kind: str, out_dir: str | Path, seed: int = 0, **overrides) -> Path:
-    """Write a tiny random ``kind`` ("pi0" | "pi05") checkpoint to ``out_dir``; returns the directory."""
+def _preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise ConfigError(f"pi0 has presets {', '.join(PRESETS)}, not {name!r}")
+    return PRESETS[name]
+
+
+def write_tiny_policy(kind: str, out_dir: str | Path, seed: int = 0, preset: str = "tiny", **overrides) -> Path:
+    """Write a random ``kind`` ("pi0" | "pi05") checkpoint of ``preset``'s sizes to ``out_dir``; returns the directory."""
+    raw = tiny_config(kind, preset=preset, **{**_preset(preset).defaults, **overrides})
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    raw = tiny_config(kind, **overrides)
     (out / "config.json").write_text(json.dumps(raw, indent=2))
     config = PolicyConfig.from_dict(raw)
     gen = torch.Generator().manual_seed(seed)

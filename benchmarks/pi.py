@@ -1,0 +1,245 @@
+"""pi0 action chunks: walkserve against transformers' PI0 ``sample_actions``, side by side in one run.
+
+    ./dev bench pi [--quick] [--preset bench|tiny] [--requests N] [--concurrency C] [--rounds R] [--threads T]
+
+Both run the same random-weight lerobot-layout pi0 checkpoint (``walkserve tiny
+pi0 --preset bench``: the released shapes with widths / 8 and 6 layers, two
+224 px cameras of 256 tokens, horizon 50, 10 flow steps; ``--quick``: the tiny
+preset and fewer requests) on the same requests (explicit noise), in float32
+on the CPU with the same thread count:
+
+- reference: ``PI0ForConditionalGeneration.sample_actions`` in this process, one request at a time (the
+  prefix once, then 10 expert steps over its cache); served to C clients it still runs one at a time;
+- walkserve: ``AsyncEngine`` with one worker (the runtime path of every API route, without HTTP); C
+  clients each send their next request when their last chunk arrives.
+
+Reported: chunk latency p50/p95 at concurrency 1 and at C; chunks per second at
+C; the ratios (targets: latency <= 1.1x the reference's, throughput >= 3x); the
+prefix / flow split of each (the reference's prefix alone timed on the same
+inputs; walkserve's from its engines' busy time per request); and the expert's
+batch sizes (requests per expert call). Rounds alternate the two systems so a
+shared machine's drift hits both alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import conditions, pct, table
+
+CAMERAS = ("base_0_rgb", "left_wrist_0_rgb")  # DROID's two views; the third slot is absent (masked)
+
+
+@dataclass
+class Served:
+    latencies: list[float] = field(default_factory=list)
+    wall: float = 0.0
+    requests: int = 0
+    engine: dict[str, float] = field(default_factory=dict)  # stats deltas
+    nodes: dict[str, float] = field(default_factory=dict)
+
+
+def observations(n: int, horizon: int, resolution: int, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [{**{c: rng.integers(0, 256, (resolution, resolution, 3), dtype=np.uint8) for c in CAMERAS},
+             "state": rng.uniform(-1, 1, 8).astype(np.float32), "prompt": f"pick up object {i} and place it left",
+             "noise": rng.standard_normal((horizon, 32)).astype(np.float32)} for i in range(n)]
+
+
+def reference_run(model, inputs: list, concurrency: int) -> Served:
+    """One at a time: latency of a request that waits behind the others of its wave of ``concurrency``."""
+    from walkserve.testing.pi0_reference import sample_actions
+
+    out = Served()
+    t0 = time.perf_counter()
+    for start in range(0, len(inputs), concurrency):
+        wave = time.perf_counter()
+        for x in inputs[start:start + concurrency]:
+            sample_actions(model, x)
+            out.latencies.append(time.perf_counter() - wave)
+    out.wall, out.requests = time.perf_counter() - t0, len(inputs)
+    return out
+
+
+def reference_prefix_s(model, inputs: list) -> float:
+    from walkserve.testing.pi0_reference import prefix_only
+
+    t0 = time.perf_counter()
+    for x in inputs:
+        prefix_only(model, x)
+    return (time.perf_counter() - t0) / len(inputs)
+
+
+async def _one(engine, spec) -> float:
+    from walkserve.core.outputs import RequestFinished
+
+    t0 = time.perf_counter()
+    async for event in engine.generate(spec):
+        if isinstance(event, RequestFinished) and event.reason.value != "stop":
+            raise RuntimeError(f"request failed: {event.error}")
+    return time.perf_counter() - t0
+
+
+async def served_run(engine, specs: list, concurrency: int) -> Served:
+    out = Served()
+    queue = list(specs)
+    await engine.refresh_status()
+    before = _snapshot(engine)
+
+    async def client():
+        while queue:
+            out.latencies.append(await _one(engine, queue.pop(0)))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    out.wall, out.requests = time.perf_counter() - t0, len(specs)
+    await engine.refresh_status()
+    after = _snapshot(engine)
+    out.engine = {k: after[0].get(k, 0.0) - before[0].get(k, 0.0) for k in after[0]}
+    out.nodes = {k: after[1].get(k, 0.0) - before[1].get(k, 0.0) for k in after[1]}
+    return out
+
+
+def _snapshot(engine) -> tuple[dict[str, float], dict[str, float]]:
+    stats = engine.stats()
+    kv = next((v for k, v in stats.engines.items() if k.startswith("expert@")), {})
+    nodes = {f"{n}.{k}": float(v) for n, s in stats.nodes.items() for k, v in s.items()}
+    return dict(kv), nodes
+
+
+def split_ms(run: Served) -> dict[str, float]:
+    """Per request: prefix (vision + PaliGemma) and flow (expert + flow head) compute, from the engines' busy time."""
+    n = max(run.requests, 1)
+    e, nodes = run.engine, run.nodes
+    prefix = e.get("forward_s.lm", 0.0) + nodes.get("vision.busy_s", 0.0)
+    flow = e.get("forward_s.expert", 0.0) + sum(nodes.get(f"{k}.busy_s", 0.0) for k in ("flow_start", "flow_step",
+                                                                                         "actions", "state_embed"))
+    return {"prefix": 1e3 * prefix / n, "flow": 1e3 * flow / n}
+
+
+def expert_batch(run: Served) -> tuple[float, float]:
+    """(requests per expert call, rows per call) over the run (pi0's state token appends included)."""
+    calls = run.engine.get("forwards.expert", 0.0)
+    return (run.engine.get("forward_chunks.expert", 0.0) / calls if calls else float("nan"),
+            run.engine.get("forward_rows.expert", 0.0) / calls if calls else float("nan"))
+
+
+def merge(runs: list[Served]) -> Served:
+    out = Served()
+    for r in runs:
+        out.latencies += r.latencies
+        out.wall += r.wall
+        out.requests += r.requests
+        for k, v in r.engine.items():
+            out.engine[k] = out.engine.get(k, 0.0) + v
+        for k, v in r.nodes.items():
+            out.nodes[k] = out.nodes.get(k, 0.0) + v
+    return out
+
+
+async def _measure(path: Path, args) -> dict:
+    import torch
+
+    from walkserve.core.config import RuntimeConfig
+    from walkserve.core.sampling import SamplingParams
+    from walkserve.entrypoint.engine import AsyncEngine
+    from walkserve.models.pi0.files import load_policy_files
+    from walkserve.models.pi0.inputs import InputSpec, validate_inputs
+    from walkserve.models.pi0.request import prepare_request
+    from walkserve.testing.pi0_reference import load_reference, reference_inputs
+
+    torch.set_num_threads(args.threads)
+    load = os.getloadavg()[0]
+    files = load_policy_files(path)
+    config = files.config
+    obs = observations(args.requests, config.chunk_size, config.image_resolution[0])
+    prepared = [prepare_request(files, validate_inputs(InputSpec.from_config(config), o)) for o in obs]
+    ref_inputs = [reference_inputs(config, p) for p in prepared]
+    reference = load_reference(path)
+    engine = await AsyncEngine.start("pi0", model_path=str(path),
+                                     config=RuntimeConfig(worker_threads=args.threads, status_interval_s=0.05))
+    try:
+        processor = engine.processor
+        specs = lambda: [processor.build_request("act", {"inputs": o}, SamplingParams(), {}) for o in obs]  # noqa: E731
+        reference_run(reference, ref_inputs[:2], 1)  # warm-up both
+        await served_run(engine, specs()[:2], 1)
+        runs: dict[str, list[Served]] = {"ref1": [], "ws1": [], "refC": [], "wsC": []}
+        for _ in range(args.rounds):
+            runs["ref1"].append(reference_run(reference, ref_inputs, 1))
+            runs["ws1"].append(await served_run(engine, specs(), 1))
+            runs["refC"].append(reference_run(reference, ref_inputs, args.concurrency))
+            runs["wsC"].append(await served_run(engine, specs(), args.concurrency))
+        prefix = reference_prefix_s(reference, ref_inputs)
+    finally:
+        await engine.shutdown(drain_s=0)
+    return {"config": config, "prefix_ref_ms": 1e3 * prefix, "load": (load, os.getloadavg()[0]),
+            **{k: merge(v) for k, v in runs.items()}}
+
+
+def report(m: dict, args) -> str:
+    c = m["config"]
+    ref1, ws1, refc, wsc = m["ref1"], m["ws1"], m["refC"], m["wsC"]
+    conc = args.concurrency
+    lat = lambda r, q: 1e3 * pct(r.latencies, q)  # noqa: E731
+    rate = lambda r: r.requests / r.wall if r.wall else float("nan")  # noqa: E731
+    rows = []
+    for name, one, many in (("transformers PI0 (one at a time)", ref1, refc), ("walkserve", ws1, wsc)):
+        rows.append([name, lat(one, 0.5), lat(one, 0.95), rate(one), lat(many, 0.5), lat(many, 0.95), rate(many)])
+    p50_ratio = lat(ws1, 0.5) / lat(ref1, 0.5)
+    p95_ratio = lat(ws1, 0.95) / lat(ref1, 0.95)
+    throughput = rate(wsc) / rate(refc)
+    ws_split1, ws_splitc = split_ms(ws1), split_ms(wsc)
+    ref_flow = lat(ref1, 0.5) - m["prefix_ref_ms"]
+    b1, bc = expert_batch(ws1), expert_batch(wsc)
+    lines = [
+        f"pi0 action chunks, preset {args.preset}: PaliGemma {c.paligemma.hidden_size}x{c.paligemma.num_hidden_layers}, "
+        f"expert {c.expert.hidden_size}x{c.expert.num_hidden_layers}, SigLIP {c.vision.hidden_size}x"
+        f"{c.vision.num_hidden_layers} at {c.vision.image_size} px, {len(CAMERAS)} cameras ({c.image_tokens} tokens "
+        f"each), horizon {c.chunk_size}, {c.num_inference_steps} flow steps, float32; {args.requests} requests x "
+        f"{args.rounds} rounds per column; {conditions()}",
+        "",
+        table(["system", "c=1 p50 ms", "c=1 p95 ms", "c=1 chunks/s", f"c={conc} p50 ms", f"c={conc} p95 ms",
+               f"c={conc} chunks/s"], rows),
+        "",
+        f"- concurrency 1: p50 {p50_ratio:.2f}x, p95 {p95_ratio:.2f}x the reference's latency (target <= 1.1x)",
+        f"- concurrency {conc}: {throughput:.2f}x the reference's chunks per second (target >= 3x)",
+        f"- phase split per request, c=1: reference prefix {m['prefix_ref_ms']:.1f} ms, flow {ref_flow:.1f} ms; "
+        f"walkserve compute prefix {ws_split1['prefix']:.1f} ms, flow {ws_split1['flow']:.1f} ms "
+        f"(the rest of its {lat(ws1, 0.5):.1f} ms is the runtime's own work); c={conc}: walkserve prefix "
+        f"{ws_splitc['prefix']:.1f} ms, flow {ws_splitc['flow']:.1f} ms per request",
+        f"- expert batch: {b1[0]:.2f} requests ({b1[1]:.0f} rows) per expert call at c=1, {bc[0]:.2f} requests "
+        f"({bc[1]:.0f} rows) at c={conc} (one call per flow step for every request in the loop)",
+        f"- conditions: walkserve's one worker and the reference use the same thread count and never run at the "
+        f"same time; load average {m['load'][0]:.2f} before, {m['load'][1]:.2f} after (on a shared machine rerun "
+        f"for figures to quote)",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="./dev bench pi", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="the tiny preset, few requests: a smoke run (< 60 s)")
+    p.add_argument("--preset", choices=["tiny", "bench"], default=None, help="checkpoint sizes (default: bench)")
+    p.add_argument("--requests", type=int, default=None, help="requests per column and round (default 16; quick 8)")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 2; quick 1)")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    args.preset = args.preset or ("tiny" if args.quick else "bench")
+    args.requests = args.requests or (8 if args.quick else 16)
+    args.rounds = args.rounds or (1 if args.quick else 2)
+    from walkserve.models.pi0.tiny import write_tiny_policy
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_tiny_policy("pi0", Path(tmp) / f"pi0-{args.preset}", seed=0, preset=args.preset)
+        measured = asyncio.run(_measure(path, args))
+    print(report(measured, args))
+    return 0

@@ -1,0 +1,39 @@
+"""``./dev bench pi --quick`` runs end to end (transformers' PI0 and walkserve, both concurrencies) within a minute."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_quick_pi_benchmark_prints_the_table_and_the_ratios():
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "pi", "--quick"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=240)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert elapsed < 60, f"--quick took {elapsed:.0f} s"
+    assert "| system | c=1 p50 ms | c=1 p95 ms | c=1 chunks/s | c=8 p50 ms | c=8 p95 ms | c=8 chunks/s |" in out, out
+    for system in ("transformers PI0 (one at a time)", "walkserve"):
+        row = re.search(rf"^\| {re.escape(system)} \|(( [\d.,]+ \|){{6}})$", out, re.MULTILINE)
+        assert row is not None, out
+        assert all(float(v.replace(",", "")) > 0 for v in row.group(1).split("|") if v.strip()), out
+    assert re.search(r"concurrency 1: p50 [\d.]+x, p95 [\d.]+x the reference's latency", out), out
+    assert re.search(r"concurrency 8: [\d.]+x the reference's chunks per second", out), out
+    assert re.search(r"walkserve compute prefix [\d.]+ ms, flow [\d.]+ ms", out), out
+    # every request's 10 flow steps share the expert calls with the others' at c=8: more than one per call
+    batch = re.search(r"expert batch: ([\d.]+) requests .* at c=1, ([\d.]+) requests", out)
+    assert batch is not None, out
+    assert float(batch.group(1)) == 1.0 and float(batch.group(2)) > 1.5, out
+    assert "load average" in out, out
