@@ -1,12 +1,13 @@
 """pi0 action chunks: walkserve against transformers' PI0 ``sample_actions``, side by side in one run.
 
     ./dev bench pi [--quick] [--preset bench|tiny] [--requests N] [--concurrency C] [--rounds R] [--threads T]
+                   [--device cpu|cuda]
 
 Both run the same random-weight lerobot-layout pi0 checkpoint (``walkserve tiny
 pi0 --preset bench``: the released shapes with widths / 8 and 6 layers, two
 224 px cameras of 256 tokens, horizon 50, 10 flow steps; ``--quick``: the tiny
 preset and fewer requests) on the same requests (explicit noise), in float32
-on the CPU with the same thread count:
+on the same device (the CPU by default, with the same thread count):
 
 - reference: ``PI0ForConditionalGeneration.sample_actions`` in this process, one request at a time (the
   prefix once, then 10 expert steps over its cache); served to C clients it still runs one at a time;
@@ -162,9 +163,9 @@ async def _measure(path: Path, args) -> dict:
     config = files.config
     obs = observations(args.requests, config.chunk_size, config.image_resolution[0])
     prepared = [prepare_request(files, validate_inputs(InputSpec.from_config(config), o)) for o in obs]
-    ref_inputs = [reference_inputs(config, p) for p in prepared]
-    reference = load_reference(path)
-    engine = await AsyncEngine.start("pi0", model_path=str(path),
+    ref_inputs = [reference_inputs(config, p, device=args.device) for p in prepared]
+    reference = load_reference(path, args.device)
+    engine = await AsyncEngine.start("pi0", placement=placement(path, args.device), model_path=str(path),
                                      config=RuntimeConfig(worker_threads=args.threads, status_interval_s=0.05))
     try:
         processor = engine.processor
@@ -182,6 +183,17 @@ async def _measure(path: Path, args) -> dict:
         await engine.shutdown(drain_s=0)
     return {"config": config, "prefix_ref_ms": 1e3 * prefix, "load": (load, os.getloadavg()[0]),
             **{k: merge(v) for k, v in runs.items()}}
+
+
+def placement(path: Path, device: str) -> dict:
+    """pi0's default placement (every node on rank 0) on ``device`` (``cuda`` means cuda:0)."""
+    from walkserve.models.base import ModelRef
+    from walkserve.models.pi0.model import RobotPolicy
+
+    data = RobotPolicy(ModelRef("pi0", str(path))).default_placement()
+    for rank in data["ranks"]:
+        rank["device"] = "cuda:0" if device == "cuda" else device
+    return data
 
 
 def report(m: dict, args) -> str:
@@ -203,8 +215,8 @@ def report(m: dict, args) -> str:
         f"pi0 action chunks, preset {args.preset}: PaliGemma {c.paligemma.hidden_size}x{c.paligemma.num_hidden_layers}, "
         f"expert {c.expert.hidden_size}x{c.expert.num_hidden_layers}, SigLIP {c.vision.hidden_size}x"
         f"{c.vision.num_hidden_layers} at {c.vision.image_size} px, {len(CAMERAS)} cameras ({c.image_tokens} tokens "
-        f"each), horizon {c.chunk_size}, {c.num_inference_steps} flow steps, float32; {args.requests} requests x "
-        f"{args.rounds} rounds per column; {conditions()}",
+        f"each), horizon {c.chunk_size}, {c.num_inference_steps} flow steps, float32 on {args.device}; {args.requests} requests x "
+        f"{args.rounds} rounds per column; {conditions(args.device)}",
         "",
         table(["system", "c=1 p50 ms", "c=1 p95 ms", "c=1 chunks/s", f"c={conc} p50 ms", f"c={conc} p95 ms",
                f"c={conc} chunks/s"], rows),
@@ -232,6 +244,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 2; quick 1)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (both systems on that device; default cpu)")
     args = p.parse_args(argv)
     args.preset = args.preset or ("tiny" if args.quick else "bench")
     args.requests = args.requests or (8 if args.quick else 16)

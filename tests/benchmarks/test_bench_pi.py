@@ -1,4 +1,5 @@
-"""``./dev bench pi --quick`` runs end to end (transformers' PI0 and walkserve, both concurrencies) within a minute."""
+"""``./dev bench pi --quick --device cpu`` (as ``scripts/gpu_check.sh --dry-run`` calls it) runs end to end:
+transformers' PI0 and walkserve at both concurrencies, within a minute."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_quick_pi_benchmark_prints_the_table_and_the_ratios():
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "benchmarks", "pi", "--quick"], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "pi", "--quick", "--device", "cpu"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=240)
     elapsed = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -31,8 +31,8 @@ class ReferenceInputs:
     noise: torch.Tensor  # [1, H, 32]
 
 
-def load_reference(path: str | Path):
-    """The checkpoint at ``path`` in transformers' PI0ForConditionalGeneration (eval mode, float32)."""
+def load_reference(path: str | Path, device: str = "cpu"):
+    """The checkpoint at ``path`` in transformers' PI0ForConditionalGeneration (eval mode, float32, on ``device``)."""
     from transformers import (
         GemmaConfig,
         PaliGemmaConfig,
@@ -61,10 +61,11 @@ def load_reference(path: str | Path):
     bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     if bad:
         raise ValueError(f"{path}: transformers' PI0 did not load the checkpoint cleanly: {bad}")
-    return model.eval()
+    return model.eval().to(device)
 
 
-def reference_inputs(config: PolicyConfig, request: PreparedRequest, pad_to: int | None = None) -> ReferenceInputs:
+def reference_inputs(config: PolicyConfig, request: PreparedRequest, pad_to: int | None = None,
+                     device: str = "cpu") -> ReferenceInputs:
     """One request as PI0ForConditionalGeneration's batch of one (the prompt right-padded to ``pad_to`` ids)."""
     assert request.state is not None and request.noise is not None, "a pi0 request with explicit noise"
     n, res = len(request.cameras), config.image_resolution[0]
@@ -73,16 +74,19 @@ def reference_inputs(config: PolicyConfig, request: PreparedRequest, pad_to: int
     slots = torch.full((len(config.cameras), 3, res, res), -1.0)
     present = torch.tensor([cam in request.cameras for cam in config.cameras])
     slots[present] = torch.stack([camera_pixels(image, res) for image in request.images])
-    return ReferenceInputs(torch.tensor([ids + [0] * (length - len(ids))]),
-                           torch.tensor([[1] * len(ids) + [0] * (length - len(ids))]), slots[None], present[None],
-                           torch.from_numpy(request.state)[None], torch.from_numpy(request.noise)[None])
+    tensors = (torch.tensor([ids + [0] * (length - len(ids))]), torch.tensor([[1] * len(ids) + [0] * (length - len(ids))]),
+               slots[None], present[None], torch.from_numpy(request.state)[None], torch.from_numpy(request.noise)[None])
+    return ReferenceInputs(*(t.to(device) for t in tensors))
 
 
 @torch.inference_mode()
 def sample_actions(model, x: ReferenceInputs) -> torch.Tensor:
-    """The chunk [1, H, 32]: the prefix once, then the flow over its cache (transformers' own loop)."""
-    return model.sample_actions(state=x.state, input_ids=x.input_ids, pixel_values=x.pixel_values, noise=x.noise,
-                                attention_mask=x.attention_mask, pixel_attention_mask=x.pixel_attention_mask)
+    """The chunk [1, H, 32]: the prefix once, then the flow over its cache (transformers' own loop); on a GPU
+    it returns once the device has finished."""
+    chunk = model.sample_actions(state=x.state, input_ids=x.input_ids, pixel_values=x.pixel_values, noise=x.noise,
+                                 attention_mask=x.attention_mask, pixel_attention_mask=x.pixel_attention_mask)
+    _sync(chunk.device)
+    return chunk
 
 
 @torch.inference_mode()
@@ -91,3 +95,9 @@ def prefix_only(model, x: ReferenceInputs) -> None:
     embeds = model.model.embed_prefix(x.input_ids, x.pixel_values, x.pixel_attention_mask)
     model.model.vlm(inputs_embeds=embeds, attention_mask=x.attention_mask, position_ids=x.attention_mask.cumsum(-1) - 1,
                     token_type_ids=torch.zeros_like(x.attention_mask), use_cache=True)
+    _sync(embeds.device)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
