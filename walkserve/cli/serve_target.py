@@ -2,8 +2,9 @@
 
     (no MODEL, no --model-path)   the embedded tiny random-weight Orpheus (cli/embedded.py)
     MODEL = auto, or only a path  the family read from the checkpoint (config.json architecture or model_type;
-                                  a directory with lm/ and snac/, or --snac-path: orpheus)
-    MODEL = orpheus|llama|qwen2|qwen3|qwen3-omni (or any registered family)
+                                  a directory with lm/ and snac/, or --snac-path: orpheus; ema.safetensors
+                                  with llm_config.json: bagel)
+    MODEL = orpheus|llama|qwen2|qwen3|qwen3-omni|bagel (or any registered family)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from walkserve.core.errors import ConfigError
 from walkserve.models.base import ModelRef
 from walkserve.models.orpheus.tokens import AUDIO_TOKEN_RANGE
 
-SERVED_FAMILIES = ("orpheus", "llama", "qwen2", "qwen3", "qwen3-omni")
+SERVED_FAMILIES = ("orpheus", "llama", "qwen2", "qwen3", "qwen3-omni", "bagel")
 # Orpheus's audio codes end here: a Llama vocabulary at least this large is an Orpheus LM
 ORPHEUS_MIN_VOCAB = AUDIO_TOKEN_RANGE[1]
 
@@ -74,6 +75,10 @@ def detect_family(model_path: str | None, snac_path: str | None) -> str:
         raise ConfigError(f"{root}: no config.json, so the model family is unknown; name it (walkserve serve FAMILY ...)")
     if _is_qwen3_omni(root / "config.json"):
         return "qwen3-omni"
+    from walkserve.models.bagel.model import is_bagel_dir
+
+    if is_bagel_dir(root):  # BAGEL's config.json holds no architecture; its layout says what it is
+        return "bagel"
     from walkserve.models.llama.config import LMConfig
 
     config = LMConfig.from_file(root)

@@ -7,5 +7,6 @@ register("qwen2", "walkserve.models.llama.model:build")
 register("qwen3", "walkserve.models.llama.model:build")
 register("orpheus", "walkserve.models.orpheus.model:build")
 register("qwen3-omni", "walkserve.models.qwen3_omni.model:build")
+register("bagel", "walkserve.models.bagel.model:build")
 # Other families (the fixture models of walkserve.testing among them) come from the "walkserve.models"
 # entry points (pyproject.toml), read by the registry.
