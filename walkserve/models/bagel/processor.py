@@ -9,7 +9,8 @@
 Parameters (``BagelImageParams``) take the task's defaults (``params.py``);
 the request carries the inputs and resolved parameters the state machine
 reads (``machine.py``). Understanding decodes greedily by default, at most
-512 tokens (the app's), stopping at ``<|im_end|>``; a think plan at most 1024.
+``max_tokens`` (default 512, the app's) tokens, stopping at ``<|im_end|>``;
+a think plan likewise, default 1024.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class BagelProcessor(Processor):
             max_context=self.max_context,
             random_weights=_random_weights(path),
             description=f"BAGEL MoT ({self.config.llm.num_hidden_layers} layers, two experts)",
-            default_sampling={"temperature": 0.0, "max_tokens": UNDERSTAND_MAX_TOKENS},
+            default_sampling={"temperature": 0.0},  # greedy, as the app; max_tokens per task below
         )
 
     def card(self) -> ModelCard:
@@ -115,10 +116,10 @@ class BagelProcessor(Processor):
         if settings.think:
             inputs["system_token_ids"] = ints(self.tokenize(GEN_THINK_SYSTEM_PROMPT))
         modalities = self._image_modalities(payload.get("modalities"))
-        context = self._context_tokens(inputs, 0) + (THINK_MAX_TOKENS if settings.think else 0)
-        max_new_tokens(context, self.max_context, None, f"{where}prompt")
-        sampling = dataclasses.replace(sampling, max_tokens=THINK_MAX_TOKENS,
-                                       stop_token_ids=(self.tokens.im_end,), ignore_eos=False)
+        plan = (sampling.max_tokens or THINK_MAX_TOKENS) if settings.think else 1  # the think plan's bound
+        max_new_tokens(self._context_tokens(inputs, 0), self.max_context, plan, f"{where}prompt")
+        sampling = dataclasses.replace(sampling, max_tokens=plan, stop_token_ids=(self.tokens.im_end,),
+                                       ignore_eos=False)
         return RequestSpec(inputs, task="image", modalities=modalities, sampling=sampling, params=params)
 
     @staticmethod
