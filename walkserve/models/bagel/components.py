@@ -20,7 +20,13 @@ import torch
 from walkserve.models.bagel.config import BagelConfig
 from walkserve.models.bagel.mot import MoTLM
 from walkserve.models.bagel.nodes import LatentNode, VaeDecoderNode, VaeEncoderNode, VitNode
-from walkserve.models.bagel.weights import load_latents, load_lm, load_vae_decoder, load_vae_encoder, load_vit
+from walkserve.models.bagel.weights import (
+    load_latents,
+    load_lm,
+    load_vae_decoder,
+    load_vae_encoder,
+    load_vit,
+)
 from walkserve.models.base import BuildContext
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -48,3 +54,7 @@ def build_vae_encoder(ctx: BuildContext, path: str | Path, side_dtype: str) -> V
 
 def build_vae_decoder(ctx: BuildContext, path: str | Path, side_dtype: str) -> VaeDecoderNode:
     return VaeDecoderNode(load_vae_decoder(path, BagelConfig.from_dir(path), ctx.device, _dtype(side_dtype)))
+
+
+BUILDERS = {"lm": build_lm, "vit": build_vit, "latents": build_latents, "vae_encoder": build_vae_encoder,
+            "vae_decoder": build_vae_decoder}

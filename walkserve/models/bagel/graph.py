@@ -54,7 +54,6 @@ from walkserve.models.llama.graph import stop_rule
 LM, LM_CFG_TEXT, LM_CFG_IMG = "lm", "lm_cfg_text", "lm_cfg_img"
 PASS_NODES = {GEN: LM, CFG_TEXT: LM_CFG_TEXT, CFG_IMG: LM_CFG_IMG}  # context -> the node of its passes
 VELOCITY = {GEN: "velocity", CFG_TEXT: "velocity_cfg_text", CFG_IMG: "velocity_cfg_img"}
-COMPONENTS = ("lm", "vit", "vae_encoder", "latents", "vae_decoder")
 MAX_IMAGES = 4  # ViT images of one understanding request (one prefill_vit walk each)
 MAX_TEXTS = 2  # text segments into gen only (a think system prompt and the question)
 

@@ -45,7 +45,16 @@ from walkserve.models.bagel.graph import (
     image_gen_name,
     repeated,
 )
-from walkserve.models.bagel.layout import CFG_IMG, CFG_TEXT, GEN, VAE, VIT, Append, SequenceLayout, SpecialTokens
+from walkserve.models.bagel.layout import (
+    CFG_IMG,
+    CFG_TEXT,
+    GEN,
+    VAE,
+    VIT,
+    Append,
+    SequenceLayout,
+    SpecialTokens,
+)
 
 FLOW_T2I, FLOW_EDIT, FLOW_UND = "text_to_image", "edit", "understand"
 FLOWS = (FLOW_T2I, FLOW_EDIT, FLOW_UND)

@@ -87,11 +87,11 @@ class BagelModel(Model):
         path, side = self.path, str(self.ref.options.get("side_dtype", "float32"))
         sizes = weight_bytes(path)
         kv = self.kv_options()
-        specs = {"lm": ComponentSpec("lm", "kv", partial(_build, "build_lm", path), weight_bytes=sizes["lm"],
+        specs = {"lm": ComponentSpec("lm", "kv", partial(_build, "lm", path), weight_bytes=sizes["lm"],
                                      state_bytes=partial(lm_state_bytes, path, kv), stateful=True, options=kv)}
         batch = {"max_batch": int(self.ref.options.get("stateless_max_batch", STATELESS_MAX_BATCH))}
         for name in STATELESS:
-            specs[name] = ComponentSpec(name, "stateless", partial(_build, f"build_{name}", path, side_dtype=side),
+            specs[name] = ComponentSpec(name, "stateless", partial(_build, name, path, side_dtype=side),
                                         weight_bytes=sizes[name], options=batch)
         return specs
 
@@ -99,11 +99,11 @@ class BagelModel(Model):
         return BagelProcessor(self.path, model_id=self.ref.options.get("model_id"))
 
 
-def _build(builder: str, path: Path, ctx: BuildContext, **kwargs: Any) -> Any:
+def _build(component: str, path: Path, ctx: BuildContext, **kwargs: Any) -> Any:
     """Import the torch side only in the worker that builds the component."""
-    from walkserve.models.bagel import components
+    from walkserve.models.bagel.components import BUILDERS
 
-    return getattr(components, builder)(ctx, path, **kwargs)
+    return BUILDERS[component](ctx, path, **kwargs)
 
 
 def build(ref: ModelRef) -> BagelModel:

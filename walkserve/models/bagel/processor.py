@@ -20,7 +20,6 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from walkserve.core.array import ArrayData
 from walkserve.core.context import max_new_tokens
 from walkserve.core.errors import InvalidRequest
 from walkserve.core.request import RequestSpec
@@ -34,9 +33,20 @@ from walkserve.models.bagel.inputs import (
     initial_noise,
     understanding_image,
 )
-from walkserve.models.bagel.layout import GEN_THINK_SYSTEM_PROMPT, VLM_THINK_SYSTEM_PROMPT, SpecialTokens
+from walkserve.models.bagel.layout import (
+    GEN_THINK_SYSTEM_PROMPT,
+    VLM_THINK_SYSTEM_PROMPT,
+    SpecialTokens,
+)
 from walkserve.models.bagel.machine import FLOW_EDIT, FLOW_T2I, FLOW_UND, LATENT_PATCH_PX, ints
-from walkserve.models.bagel.params import EDIT, GENERATE, BagelImageParams, ImageLimits, parse_image_params
+from walkserve.models.bagel.memory import parameter_counts
+from walkserve.models.bagel.params import (
+    EDIT,
+    GENERATE,
+    BagelImageParams,
+    ImageLimits,
+    parse_image_params,
+)
 from walkserve.models.detokenizer import IncrementalDetokenizer
 from walkserve.models.llama.config import RANDOM_WEIGHTS_KEY
 from walkserve.models.processor import ModelCard, Processor
@@ -64,7 +74,7 @@ class BagelProcessor(Processor):
             capabilities=frozenset({"images", "image_edit", "chat", "image_in", "generate"}),
             max_context=self.max_context,
             random_weights=_random_weights(path),
-            description=f"BAGEL MoT ({self.config.llm.num_hidden_layers} layers, two experts)",
+            description=_description(path, self.config),
             default_sampling={"temperature": 0.0},  # greedy, as the app; max_tokens per task below
         )
 
@@ -183,6 +193,12 @@ def _settings_params(settings: Any) -> dict[str, Any]:
     fields.pop("size"), fields.pop("n")
     fields["cfg_interval"] = list(fields["cfg_interval"])
     return fields
+
+
+def _description(path: Path, config: BagelConfig) -> str:
+    total, active = parameter_counts(path)
+    return (f"BAGEL MoT: {config.llm.num_hidden_layers} layers, two experts; {total / 1e9:.2f}B parameters, "
+            f"{active / 1e9:.2f}B active per token in the LLM")
 
 
 def _random_weights(path: Path) -> bool:
