@@ -256,21 +256,6 @@ def test_an_unreadable_edit_image_is_a_400_naming_it(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "image[0]"
 
 
-def test_cfg_parallel_placement_is_refused_until_contexts_can_move(tiny_dir):
-    """Expressible (every node of every walk placed, each context's passes on its own rank) but not servable:
-    cfg_text is a fork of gen on rank 0 and the lm component keeps per-request state there."""
-    from walkserve.core.errors import PlacementError
-    from walkserve.entrypoint.engine import AsyncEngine
-    from walkserve.placement.plan import parse_placement
-
-    parsed = parse_placement(cpu_placement("bagel-cfg-parallel"), "bagel-cfg-parallel.yaml")
-    import asyncio
-
-    with pytest.raises(PlacementError, match="component 'lm' keeps per-request state"):
-        asyncio.run(AsyncEngine.start("bagel", cpu_placement("bagel-cfg-parallel"), model_path=str(tiny_dir)))
-    assert sorted(parsed.ranks) == [0, 1, 2]
-
-
 def test_checkpoint_dir_is_detected(tiny_dir):
     from walkserve.cli.serve_target import detect_family
 

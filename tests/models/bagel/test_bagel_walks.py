@@ -70,7 +70,7 @@ def test_each_flow_runs_its_walks_in_the_release_order(model, proc):
     assert set(gen["positions_cfg_img"].tolist()) == {sys_len + prompt_len}  # cfg_img lacks the plan
     edit = proc.build_request("image", {"prompt": "blue", "images": [image(30, 40)]}, greedy, proc.check_params({}))
     starts = walks_of(model, edit)
-    assert [s.walk for s in starts] == ["prefill_vae", "prefill_vit", "prefill_text", "image_gen", "vae_decode"]
+    assert [s.walk for s in starts] == ["prefill_vae", "prefill_vit_edit", "prefill_text", "image_gen", "vae_decode"]
     vae, vit = starts[0].inputs, starts[1].inputs
     n = vae["embed_rows"].numel
     assert vae["expert"].tolist() == [0] + [1] * n + [0] and set(vae["positions"].tolist()) == {0}
@@ -218,3 +218,40 @@ def test_the_memory_check_counts_the_released_model_on_a_gpu(released):
     check("80GiB", 80 << 30)  # an H100: weights ~29.5 GB, a KV pool of half the rest, one step's activations
     with pytest.raises(PlacementError, match="weights of lm"):
         check("24GiB", 24 << 30)
+
+
+def test_understanding_stops_at_im_end_unless_ignore_eos(proc):
+    messages = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    stops = proc.build_request("chat", messages, SamplingParams(max_tokens=4), proc.check_params({}))
+    assert stops.sampling.stop_token_ids == (proc.tokens.im_end,)
+    exact = proc.build_request("chat", messages, SamplingParams(max_tokens=4, ignore_eos=True), proc.check_params({}))
+    assert exact.sampling.stop_token_ids == () and exact.sampling.max_tokens == 4
+
+
+def test_the_cfg_parallel_placement_takes_the_walks_that_write_each_context_on_its_rank(model):
+    """On bagel-cfg-parallel the model turns cfg_parallel on: cfg_text is written by lm_cfg_text (no fork from
+    gen, which lives on another rank) and the check passes; the forking walks there are refused, naming it."""
+    import yaml
+
+    from walkserve.cli.placement_arg import placement_path
+    from walkserve.graph.kv import declared_ops
+    from walkserve.placement.plan import parse_placement
+    from walkserve.placement.resolve import check_state_kept_together, walk_nodes
+
+    data = yaml.safe_load(placement_path("bagel-cfg-parallel").read_text())
+    parallel = model.for_placement(data)
+    assert parallel.ref.options["cfg_parallel"] is True
+    assert model.for_placement(yaml.safe_load(placement_path("bagel").read_text())) is model
+    placement = parse_placement(data, "bagel-cfg-parallel.yaml")
+    graph = parallel.graph()
+    check_state_kept_together(placement, graph, walk_nodes(graph), {"lm"})
+    ops = {w: {n: [(o.op, o.context) for o in declared_ops(graph.plans[w].nodes[n].params)]
+               for n in graph.plans[w].nodes if n.startswith("lm")} for w in ("prefill_text", "prefill_system",
+                                                                            "prefill_vae", "prefill_vit_edit")}
+    assert ops["prefill_text"] == {"lm": [("append", "gen")], "lm_cfg_img": [("append", "cfg_img")]}
+    assert ops["prefill_system"]["lm_cfg_text"] == [("append", "cfg_text")]
+    assert ops["prefill_vae"]["lm_cfg_text"] == ops["prefill_vit_edit"]["lm_cfg_text"] == [("append", "cfg_text")]
+    forking = BagelModel(ModelRef("bagel", model.ref.path, {"cfg_parallel": False}))
+    assert forking.for_placement(data) is forking
+    with pytest.raises(PlacementError, match="its context 'cfg_text' must be placed on the same ranks"):
+        check_state_kept_together(placement, forking.graph(), walk_nodes(forking.graph()), {"lm"})

@@ -13,6 +13,7 @@ Walks (the state machine, ``machine.py``, picks them per task):
     prefill_system    lm: append to gen                                  lm_cfg_img: append to cfg_img
     prefill_text_gen  lm: append to gen only (understanding; ``_2`` for a second text)
     prefill_vit       vit(image) -> lm: append the ViT block to gen (full mask, one position; ``_2``.. per image)
+    prefill_vit_edit  the same for an edit's input image
     prefill_vae       vae_encoder(image, seed) -> latent_embed (t = 0) -> lm: append the VAE block to gen
     decode            DynamicLoop[ lm: append the token to gen ] from <|im_start|>, tokens to the client
     think             the same loop; the plan's ids come out
@@ -26,6 +27,18 @@ Walks (the state machine, ``machine.py``, picks them per task):
 
 The three passes of a step do not depend on each other, so a loop cohort runs
 them (for every request in the loop) as one KV-engine call, one forward.
+
+``cfg_parallel`` (the ``bagel-cfg-parallel`` placement: each context on its own rank) writes every
+context by its own node, so no context is read on a rank other than the one that wrote it:
+
+    prefill_system    lm_cfg_text also appends the system prompt to cfg_text
+    prefill_vae       lm_cfg_text also appends the VAE block (the same embeddings and positions)
+    prefill_vit_edit  lm_cfg_text also appends the edit image's ViT block
+    prefill_text      no fork: cfg_text already holds gen's content but this text
+
+which leaves cfg_text as the fork would (the generation prompt is the last prefill of a generation).
+The edit image's ViT block has its own walk (``prefill_vit_edit``) so understanding's ViT blocks
+stay on gen alone.
 """
 
 from __future__ import annotations
@@ -58,7 +71,7 @@ MAX_IMAGES = 4  # ViT images of one understanding request (one prefill_vit walk 
 MAX_TEXTS = 2  # text segments into gen only (a think system prompt and the question)
 
 PREFILL_TEXT, PREFILL_SYSTEM, PREFILL_TEXT_GEN = "prefill_text", "prefill_system", "prefill_text_gen"
-PREFILL_VIT, PREFILL_VAE = "prefill_vit", "prefill_vae"
+PREFILL_VIT, PREFILL_VAE, PREFILL_VIT_EDIT = "prefill_vit", "prefill_vae", "prefill_vit_edit"
 DECODE, THINK = "decode", "think"
 IMAGE_GEN, VAE_DECODE = "image_gen", "vae_decode"
 
@@ -73,15 +86,13 @@ def _denoise_steps(params: Mapping[str, Any]) -> int:
 
 
 # ---- prefill ---------------------------------------------------------------------------------------
-def text_walk(name: str, fork_first: bool, cfg_img: bool) -> Walk:
-    """A text block appended to gen (after a fork gen -> cfg_text when ``fork_first``) and, with
-    ``cfg_img``, to cfg_img; each context takes its running positions."""
+def text_walk(name: str, fork_first: bool, also: tuple[str, ...] = ()) -> Walk:
+    """A text block appended to gen (after a fork gen -> cfg_text when ``fork_first``) and to each context
+    of ``also`` (cfg_img, and cfg_text when it is written by its own node); each takes its running positions."""
     ops = (fork(GEN, into=CFG_TEXT), append(GEN)) if fork_first else (append(GEN),)
     nodes = [GraphNode(LM, ["tokens"], params=kv_params(*ops))]
-    edges = [GraphEdge("input.tokens", f"{LM}.tokens")]
-    if cfg_img:
-        nodes.append(GraphNode(LM_CFG_IMG, ["tokens"], component=LM, params=kv_params(append(CFG_IMG))))
-        edges.append(GraphEdge("input.tokens", f"{LM_CFG_IMG}.tokens"))
+    nodes += [GraphNode(PASS_NODES[c], ["tokens"], component=LM, params=kv_params(append(c))) for c in also]
+    edges = [GraphEdge("input.tokens", f"{n.name}.tokens") for n in nodes]
     return Walk(name, Parallel(*nodes) if len(nodes) > 1 else nodes[0], edges=edges, inputs=["tokens"])
 
 
@@ -89,19 +100,32 @@ def _block_edges(node: str, slots: tuple[str, ...]) -> list[GraphEdge]:
     return [GraphEdge(f"input.{s}", f"{node}.{s}") for s in slots]
 
 
-def vit_walk(name: str) -> Walk:
-    """A ViT image block into gen: [<|vision_start|>, ViT rows, <|vision_end|>], full mask, one position."""
-    block = GraphNode(LM, ["tokens", "embeds", "embed_rows", "positions"], params=kv_params(append(GEN, mask="full")))
-    edges = [GraphEdge("input.image", "vit.image"), GraphEdge("vit.embeds", f"{LM}.embeds")]
-    edges += _block_edges(LM, ("tokens", "embed_rows", "positions"))
+def _blocks(contexts: tuple[str, ...], source: str, slots: tuple[str, ...], **fields) -> tuple[GraphNode | Parallel,
+                                                                                                list[GraphEdge]]:
+    """The image block appended (full mask) to each of ``contexts`` by its own node, embeddings from ``source``."""
+    nodes = [GraphNode(PASS_NODES[c], ["tokens", "embeds", *slots], component=LM,
+                       params=kv_params(append(c, mask="full", **fields))) for c in contexts]
+    edges = []
+    for n in nodes:
+        edges.append(GraphEdge(source, f"{n.name}.embeds"))
+        edges += _block_edges(n.name, ("tokens", *slots))
+    return (Parallel(*nodes) if len(nodes) > 1 else nodes[0]), edges
+
+
+def vit_walk(name: str, contexts: tuple[str, ...] = (GEN,)) -> Walk:
+    """A ViT image block into gen (and cfg_text, written by its own node): [<|vision_start|>, ViT rows,
+    <|vision_end|>], full mask, one position."""
+    block, edges = _blocks(contexts, "vit.embeds", ("embed_rows", "positions"))
+    edges.insert(0, GraphEdge("input.image", "vit.image"))
     body = Sequential(GraphNode("vit", ["image"], ["embeds"]), block)
     return Walk(name, body, edges=edges, inputs=["image", "tokens", "embed_rows", "positions"])
 
 
-def vae_walk() -> Walk:
-    """A VAE image block into gen: the sampled posterior's clean latents (t = 0), the generation expert."""
-    block = GraphNode(LM, ["tokens", "embeds", "embed_rows", "positions", "expert"],
-                      params=kv_params(append(GEN, mask="full", token_inputs=("expert",))))
+def vae_walk(contexts: tuple[str, ...] = (GEN,)) -> Walk:
+    """A VAE image block into gen (and cfg_text): the sampled posterior's clean latents (t = 0), the
+    generation expert."""
+    block, block_edges = _blocks(contexts, "latent_embed.embeds", ("embed_rows", "positions", "expert"),
+                                 token_inputs=("expert",))
     body = Sequential(
         GraphNode("vae_encoder", ["image", "seed"], ["latents"]),
         GraphNode("latent_embed", ["latents", "grid"], ["embeds"], component="latents", op="embed"),
@@ -109,8 +133,7 @@ def vae_walk() -> Walk:
     )
     edges = [GraphEdge("input.image", "vae_encoder.image"), GraphEdge("input.seed", "vae_encoder.seed"),
              GraphEdge("vae_encoder.latents", "latent_embed.latents"), GraphEdge("input.grid", "latent_embed.grid"),
-             GraphEdge("latent_embed.embeds", f"{LM}.embeds")]
-    edges += _block_edges(LM, ("tokens", "embed_rows", "positions", "expert"))
+             *block_edges]
     return Walk(PREFILL_VAE, body, edges=edges,
                 inputs=["image", "seed", "grid", "tokens", "embed_rows", "positions", "expert"])
 
@@ -197,16 +220,18 @@ def vae_decode_walk() -> Walk:
     return Walk(VAE_DECODE, node, edges=edges, inputs=["latents", "grid"])
 
 
-def walks() -> list[Walk]:
-    out = [text_walk(PREFILL_TEXT, fork_first=True, cfg_img=True),
-           text_walk(PREFILL_SYSTEM, fork_first=False, cfg_img=True)]
-    out += [text_walk(repeated(PREFILL_TEXT_GEN, i), fork_first=False, cfg_img=False) for i in range(MAX_TEXTS)]
+def walks(cfg_parallel: bool = False) -> list[Walk]:
+    """Every walk; ``cfg_parallel``: cfg_text written by its own node instead of forked from gen."""
+    cfg_text = (CFG_TEXT,) if cfg_parallel else ()
+    out = [text_walk(PREFILL_TEXT, fork_first=not cfg_parallel, also=(CFG_IMG,)),
+           text_walk(PREFILL_SYSTEM, fork_first=False, also=(*cfg_text, CFG_IMG))]
+    out += [text_walk(repeated(PREFILL_TEXT_GEN, i), fork_first=False) for i in range(MAX_TEXTS)]
     out += [vit_walk(repeated(PREFILL_VIT, i)) for i in range(MAX_IMAGES)]
-    out += [vae_walk(), decode_walk(), think_walk()]
+    out += [vit_walk(PREFILL_VIT_EDIT, (GEN, *cfg_text)), vae_walk((GEN, *cfg_text)), decode_walk(), think_walk()]
     out += [image_gen_walk(stream, think) for think in (False, True) for stream in (False, True)]
     out.append(vae_decode_walk())
     return out
 
 
-def build_graph(state_machine: StateMachine) -> WalkGraph:
-    return WalkGraph("bagel", walks(), state_machine)
+def build_graph(state_machine: StateMachine, cfg_parallel: bool = False) -> WalkGraph:
+    return WalkGraph("bagel", walks(cfg_parallel), state_machine)

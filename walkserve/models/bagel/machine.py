@@ -16,7 +16,7 @@ The processor writes the request (``RequestSpec``):
 and the machine replays the layout (``layout.py``) to place every block:
 
     text-to-image  [prefill_system] prefill_text [think] image_gen vae_decode
-    edit           [prefill_system] prefill_vae prefill_vit prefill_text [think] image_gen vae_decode
+    edit           [prefill_system] prefill_vae prefill_vit_edit prefill_text [think] image_gen vae_decode
     understand     [prefill_text_gen] prefill_vit .. prefill_vit_<k> prefill_text_gen[_2] decode
 
 Each walk name occurs once per request, so ``next`` knows where the request
@@ -40,6 +40,7 @@ from walkserve.models.bagel.graph import (
     PREFILL_TEXT_GEN,
     PREFILL_VAE,
     PREFILL_VIT,
+    PREFILL_VIT_EDIT,
     THINK,
     VAE_DECODE,
     image_gen_name,
@@ -116,7 +117,7 @@ class BagelMachine(StateMachine):
             starts.append(self._text(PREFILL_SYSTEM, layout, system, (GEN, CFG_IMG)))
         if flow == FLOW_EDIT:
             starts.append(self._vae_block(request, layout))
-            starts.append(self._vit_block(PREFILL_VIT, request.inputs["vit_image"], layout))
+            starts.append(self._vit_block(PREFILL_VIT_EDIT, request.inputs["vit_image"], layout))
         layout.fork(GEN, CFG_TEXT)
         starts.append(self._text(PREFILL_TEXT, layout, prompt, (GEN, CFG_IMG)))
         if not request.params.get("think"):

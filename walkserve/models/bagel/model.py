@@ -7,7 +7,9 @@ rank; a request's gen, cfg_text and cfg_img are named contexts in it), the
 ViT, the VAE encoder and decoder and the latent embedder on the stateless
 engine. The walks and the state machine are in ``graph.py`` and
 ``machine.py``; the memory the placement check counts is in ``memory.py``.
-Options: ``kv`` (KVCacheEngine options over BAGEL's defaults: 16-token
+Options: ``cfg_parallel`` (the walks write cfg_text by its own node instead of forking it from gen, so
+each context can live on its own rank; set for a placement that splits the contexts, see
+``for_placement``), ``kv`` (KVCacheEngine options over BAGEL's defaults: 16-token
 blocks, ``max_batch_tokens`` = three 4,098-row queries), ``side_dtype``
 (float32 by default: the ViT, VAE and latent embedder), ``stateless_max_batch``.
 Importing this module imports no torch.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
@@ -24,7 +27,7 @@ from typing import Any
 from walkserve.core.errors import ConfigError
 from walkserve.graph.walk import WalkGraph
 from walkserve.models.bagel.config import CONFIG_FILE, EMA_FILE, LLM_CONFIG_FILE, BagelConfig
-from walkserve.models.bagel.graph import build_graph
+from walkserve.models.bagel.graph import IMAGE_GEN, PASS_NODES, build_graph
 from walkserve.models.bagel.layout import SpecialTokens
 from walkserve.models.bagel.machine import BagelMachine
 from walkserve.models.bagel.memory import default_max_batch_tokens, lm_state_bytes, weight_bytes
@@ -77,7 +80,14 @@ class BagelModel(Model):
         return special_tokens(self.path)
 
     def graph(self) -> WalkGraph:
-        return build_graph(BagelMachine(self.tokens))
+        return build_graph(BagelMachine(self.tokens), cfg_parallel=bool(self.ref.options.get("cfg_parallel")))
+
+    def for_placement(self, placement: Mapping[str, Any]) -> BagelModel:
+        """With ``cfg_parallel`` unset, turn it on for a placement that runs a guidance context's passes on other
+        ranks than gen's (``bagel-cfg-parallel``): each context is then written where it is read."""
+        if "cfg_parallel" in self.ref.options or not contexts_apart(placement):
+            return self
+        return BagelModel(replace(self.ref, options={**self.ref.options, "cfg_parallel": True}))
 
     def kv_options(self) -> dict[str, Any]:
         defaults = {"block_size": 16, "max_batch_tokens": default_max_batch_tokens(BagelConfig.from_dir(self.path))}
@@ -97,6 +107,15 @@ class BagelModel(Model):
 
     def processor(self) -> BagelProcessor:
         return BagelProcessor(self.path, model_id=self.ref.options.get("model_id"))
+
+
+def contexts_apart(placement: Mapping[str, Any]) -> bool:
+    """Whether the flow's passes over cfg_text or cfg_img run on other ranks than those over gen."""
+    from walkserve.placement.plan import parse_placement
+
+    parsed = parse_placement(placement, "<placement>")
+    ranks = {node: parsed.ranks_for(IMAGE_GEN, node) for node in PASS_NODES.values()}
+    return len(set(ranks.values())) > 1
 
 
 def _build(component: str, path: Path, ctx: BuildContext, **kwargs: Any) -> Any:
