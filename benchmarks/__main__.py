@@ -12,6 +12,7 @@ BENCHMARKS = {
     "vjepa-offline": "benchmarks.vjepa_offline",
     "moe": "benchmarks.moe",
     "omni-thinker": "benchmarks.omni_thinker",
+    "bagel": "benchmarks.bagel",
 }
 
 

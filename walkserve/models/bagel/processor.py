@@ -154,8 +154,8 @@ class BagelProcessor(Processor):
         max_tokens = max_new_tokens(context, self.max_context, sampling.max_tokens, field)
         if sampling.max_tokens is None:
             max_tokens = min(max_tokens, THINK_MAX_TOKENS if options.think else UNDERSTAND_MAX_TOKENS)
-        sampling = dataclasses.replace(sampling, max_tokens=max_tokens, stop_token_ids=(self.tokens.im_end,),
-                                       ignore_eos=False)
+        stop = () if sampling.ignore_eos else (self.tokens.im_end,)  # ignore_eos: exactly max_tokens tokens
+        sampling = dataclasses.replace(sampling, max_tokens=max_tokens, stop_token_ids=stop)
         return RequestSpec(inputs, task="chat", modalities=("text",), sampling=sampling,
                            params={"flow": FLOW_UND, "think": options.think})
 
