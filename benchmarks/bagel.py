@@ -112,8 +112,8 @@ def report(path: Path, work: Workload, refs: tuple[RunResult, RunResult], runs: 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="./dev bench bagel", description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="the tiny checkpoint, 32x32 images, 6 timesteps, "
-                   "concurrency 1/2 and 4 (a smoke run)")
+    p.add_argument("--quick", action="store_true", help="the tiny checkpoint, 32x32 images, 4 timesteps, "
+                   "concurrency 1/2 and 2 (a smoke run)")
     p.add_argument("--threads", type=int, default=1, help="torch threads for (ref) and each worker (default 1)")
     p.add_argument("--size", type=int, default=None, help="image side in pixels, a multiple of 16 (default 128)")
     p.add_argument("--timesteps", type=int, default=None, help="num_timesteps (default 50: 49 steps)")
@@ -121,13 +121,13 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     from walkserve.models.bagel.tiny import write_tiny_bagel
 
-    gen_levels, und_levels = ([1, 2], [4]) if args.quick else ([1, 4], [16])
+    gen_levels, und_levels = ([1, 2], [2]) if args.quick else ([1, 4], [16])
     before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="walkserve-bench-bagel-") as tmp:
         path = write_tiny_bagel(Path(tmp) / "bagel-bench", seed=3, **(QUICK if args.quick else BENCH))
-        work = Workload(path, args.size or (32 if args.quick else 128), args.timesteps or (6 if args.quick else 50),
-                        gen_requests=2 if args.quick else 3, und_requests=4, new_tokens=args.tokens or
-                        (4 if args.quick else 32), threads=args.threads)
+        work = Workload(path, args.size or (32 if args.quick else 128), args.timesteps or (4 if args.quick else 50),
+                        gen_requests=2 if args.quick else 3, und_requests=2 if args.quick else 4,
+                        new_tokens=args.tokens or (4 if args.quick else 32), threads=args.threads)
         print(f"offline loop: {work.gen_requests} images, {work.und_requests} answers ...", flush=True)
         refs = offline(work)
         print(f"walkserve {PLACEMENT}: generation at {gen_levels}, understanding at {und_levels} ...", flush=True)
