@@ -255,3 +255,18 @@ def test_the_cfg_parallel_placement_takes_the_walks_that_write_each_context_on_i
     assert forking.for_placement(data) is forking
     with pytest.raises(PlacementError, match="its context 'cfg_text' must be placed on the same ranks"):
         check_state_kept_together(placement, forking.graph(), walk_nodes(forking.graph()), {"lm"})
+
+
+def test_the_memory_report_gives_the_released_sizes_per_rank(released):
+    import yaml
+
+    from walkserve.cli.placement_arg import placement_path
+    from walkserve.placement.plan import parse_placement
+
+    model = BagelModel(ModelRef("bagel", str(released)))
+    data = yaml.safe_load(placement_path("bagel-cfg-parallel").read_text())
+    lines = model.memory_report(parse_placement(data, "bagel-cfg-parallel.yaml"))
+    assert lines[0].startswith(f"checkpoint {released.name}: 14.69B parameters (7.62B active per LLM token), 27.36 GiB")
+    assert "KV 56 KiB per token in bf16; a flow step queries up to 3 x 4,098 rows" in lines[0]
+    assert lines[1].startswith("rank 0 (cuda:0): latents 0.05 GiB, lm 26.34 GiB, vae_decoder 0.09 GiB")
+    assert lines[2] == "rank 1 (cuda:1): latents 0.05 GiB, lm 26.34 GiB; plus lm's KV pool (its own contexts)"

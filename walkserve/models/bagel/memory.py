@@ -13,7 +13,7 @@ The released model, in bf16: lm ~28.2 GB, vit ~0.8 GB, the rest < 0.3 GB.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ PREFIXES = {
 }
 GEN_SUFFIX = "_moe_gen"
 ACTIVATION_ITEMSIZE = 4  # float32 upper bound for intermediate activations
+GIB = 2**30
 MARKERS = 2  # <|vision_start|>, <|vision_end|> around a query's latents
 
 
@@ -101,3 +102,18 @@ def lm_state_bytes(path: str | Path, options: Mapping[str, Any], device: str, fr
         pool = default_kv_bytes(device, free_bytes)
     rows = int(options.get("max_batch_tokens") or default_max_batch_tokens(config))
     return pool + step_activation_bytes(llm, rows)
+
+
+def describe(path: str | Path, hosted: Mapping[int, tuple[str, Sequence[str]]]) -> list[str]:
+    """What ``walkserve serve`` prints: the checkpoint's sizes, then per rank (device, components) what it loads."""
+    config = BagelConfig.from_dir(path)
+    sizes = weight_bytes(path)
+    total, active = parameter_counts(path)
+    lines = [f"checkpoint {Path(path).name}: {total / 1e9:.2f}B parameters ({active / 1e9:.2f}B active per LLM token), "
+             f"{sum(sizes.values()) / GIB:.2f} GiB as stored; KV {kv_bytes_per_token(config.llm) / 1024:g} KiB per "
+             f"token in bf16; a flow step queries up to 3 x {query_rows(config):,} rows"]
+    for rank, (device, components) in sorted(hosted.items()):
+        parts = ", ".join(f"{c} {sizes[c] / GIB:.2f} GiB" for c in components)
+        kv = "; plus lm's KV pool (its own contexts)" if "lm" in components else ""
+        lines.append(f"rank {rank} ({device}): {parts}{kv}")
+    return lines

@@ -18,11 +18,11 @@ Importing this module imports no torch.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import cached_property, partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from walkserve.core.errors import ConfigError
 from walkserve.graph.walk import WalkGraph
@@ -30,9 +30,17 @@ from walkserve.models.bagel.config import CONFIG_FILE, EMA_FILE, LLM_CONFIG_FILE
 from walkserve.models.bagel.graph import IMAGE_GEN, PASS_NODES, build_graph
 from walkserve.models.bagel.layout import SpecialTokens
 from walkserve.models.bagel.machine import BagelMachine
-from walkserve.models.bagel.memory import default_max_batch_tokens, lm_state_bytes, weight_bytes
+from walkserve.models.bagel.memory import (
+    default_max_batch_tokens,
+    describe,
+    lm_state_bytes,
+    weight_bytes,
+)
 from walkserve.models.bagel.processor import BagelProcessor
 from walkserve.models.base import BuildContext, ComponentSpec, Model, ModelRef
+
+if TYPE_CHECKING:
+    from walkserve.placement.plan import Placement
 
 STATELESS = ("vit", "vae_encoder", "latents", "vae_decoder")
 STATELESS_MAX_BATCH = 16
@@ -88,6 +96,16 @@ class BagelModel(Model):
         if "cfg_parallel" in self.ref.options or not contexts_apart(placement):
             return self
         return BagelModel(replace(self.ref, options={**self.ref.options, "cfg_parallel": True}))
+
+    def memory_report(self, placement: Placement, device_memory: Callable[[str], int | None] | None = None) -> list[str]:
+        """The release's sizes from the file headers, per rank what it loads (the placement check sizes the pool)."""
+        from walkserve.placement.resolve import walk_nodes
+
+        graph = self.graph()
+        walks = walk_nodes(graph)
+        hosted = {rank: (spec.device, sorted({graph.plans[w].nodes[n].component for w, n in placement.nodes_on(rank, walks)}))
+                  for rank, spec in placement.ranks.items()}
+        return describe(self.path, hosted)
 
     def kv_options(self) -> dict[str, Any]:
         defaults = {"block_size": 16, "max_batch_tokens": default_max_batch_tokens(BagelConfig.from_dir(self.path))}
