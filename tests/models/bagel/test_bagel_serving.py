@@ -227,6 +227,17 @@ def test_generate_streams_each_steps_latent_as_ndjson(server):
     assert events[-2]["data"]["shape"] == [32, 32, 3]
 
 
+def test_generate_streams_each_steps_preview_then_the_image(server):
+    payload = {"task": "image", "inputs": {"prompt": "snow"}, "params": {"size": "32x48", "num_timesteps": 4},
+               "modalities": ["preview"], "sampling": {"seed": 2}, "image_format": "raw"}
+    with httpx.stream("POST", f"{server.url}/v1/generate", json=payload, timeout=60) as r:
+        outputs = [e for e in (json.loads(line) for line in r.iter_lines() if line) if e["type"] == "output"]
+    assert [(e["modality"], e["node"], e["iteration"]) for e in outputs] == [
+        ("image", "preview", [0]), ("image", "preview", [1]), ("image", "preview", [2]), ("image", "vae_decoder", [])]
+    assert outputs[0]["data"]["shape"] == [48, 32, 3]
+    assert outputs[-2]["data"] == outputs[-1]["data"]  # the last step's preview is the image
+
+
 @pytest.mark.parametrize(("route", "body", "param"), [
     ("images/generations", {"prompt": "x", "size": "40x32"}, "size"),  # not a multiple of 16
     ("images/generations", {"prompt": "x", "size": "1024x1024"}, "size"),  # past the tiny latent table (128)

@@ -88,6 +88,8 @@ def test_the_three_guidance_passes_are_one_cohort_stage(model):
     for walk in ("image_gen", "image_gen_think", "image_gen_latents", "image_gen_think_latents"):
         stages = index_of(graph.plans[walk]).cohorts["denoise"].stages
         assert stages[0] == tuple(PASS_NODES.values()) and stages[-1] == ("cfg_step",)
+    stages = index_of(graph.plans["image_gen_think_latents_previews"]).cohorts["denoise"].stages
+    assert stages[0] == tuple(PASS_NODES.values()) and stages[-2:] == (("cfg_step",), ("preview",))
 
 
 @pytest.mark.parametrize(("task", "payload", "params", "param"), [

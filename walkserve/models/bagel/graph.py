@@ -22,7 +22,8 @@ Walks (the state machine, ``machine.py``, picks them per task):
                           lm / lm_cfg_text / lm_cfg_img: query [start, latents, end] -> hidden    (one stage:
                           velocity / velocity_cfg_text / velocity_cfg_img: llm2vae               one forward)
                           cfg_step: CFG + renorm + Euler, and the next step's latent embeddings
-                      -> output.latents (the last x); ``..._latents`` also streams every x
+                      -> output.latents (the last x); ``..._latents`` also streams every x,
+                      ``..._previews`` every x decoded by ``preview`` (vae_decoder) after cfg_step
     vae_decode        vae_decoder(latents) -> client: image
 
 The three passes of a step do not depend on each other, so a loop cohort runs
@@ -74,6 +75,7 @@ PREFILL_TEXT, PREFILL_SYSTEM, PREFILL_TEXT_GEN = "prefill_text", "prefill_system
 PREFILL_VIT, PREFILL_VAE, PREFILL_VIT_EDIT = "prefill_vit", "prefill_vae", "prefill_vit_edit"
 DECODE, THINK = "decode", "think"
 IMAGE_GEN, VAE_DECODE = "image_gen", "vae_decode"
+PREVIEW = "preview"  # the node decoding each step's x in the ``_previews`` flows
 
 
 def repeated(kind: str, index: int) -> str:
@@ -168,15 +170,18 @@ def _pass(context: str) -> tuple[GraphNode, GraphNode]:
     return lm, vel
 
 
-def image_gen_walk(stream: bool, think: bool) -> Walk:
+def image_gen_walk(stream: bool, think: bool, previews: bool = False) -> Walk:
     """``num_timesteps - 1`` flow steps from the noise, each querying the three contexts; the last x out.
 
     With ``think``, ``lm_plan`` first rolls gen back to before the decoded plan (``plan_length`` tokens) and
-    appends the plan's text block (``plan_tokens``); the flow starts once it is in."""
+    appends the plan's text block (``plan_tokens``); the flow starts once it is in. ``stream`` sends every
+    step's x to the client, ``previews`` every step's x decoded (node ``preview``, an image per step)."""
     passes = {c: _pass(c) for c in (GEN, CFG_TEXT, CFG_IMG)}
     step = GraphNode("cfg_step", ["x", "v", "v_cfg_text", "v_cfg_img", "grid"], ["x", "embeds"],
                      component="latents", op="step")
-    body = Sequential(Parallel(*(lm for lm, _ in passes.values())), Parallel(*(v for _, v in passes.values())), step)
+    tail = [GraphNode(PREVIEW, ["latents", "grid"], ["image"], component="vae_decoder")] if previews else []
+    body = Sequential(Parallel(*(lm for lm, _ in passes.values())), Parallel(*(v for _, v in passes.values())), step,
+                      *tail)
     lm_names = [lm.name for lm, _ in passes.values()]
     loop = Loop(body, iterations=_denoise_steps, name="denoise", outputs={"cfg_step.x": LAST},
                 carry={"cfg_step.x": "cfg_step.x", "cfg_step.embeds": [f"{n}.embeds" for n in lm_names]})
@@ -199,14 +204,17 @@ def image_gen_walk(stream: bool, think: bool) -> Walk:
     edges.append(GraphEdge("cfg_step.x", "output.latents"))
     if stream:
         edges.append(GraphEdge("cfg_step.x", Client("latent")))
+    if previews:
+        edges += [GraphEdge("cfg_step.x", f"{PREVIEW}.latents"), GraphEdge("input.grid", f"{PREVIEW}.grid"),
+                  GraphEdge(f"{PREVIEW}.image", Client("image"))]
     inputs = ["noise", "seed", "grid", "tokens", "embed_rows", "expert", *(_positions_input(c) for c in passes)]
     inputs += ["plan_tokens", "plan_length"] if think else []
-    return Walk(image_gen_name(stream, think), Sequential(*first, loop), edges=edges, inputs=inputs,
+    return Walk(image_gen_name(stream, think, previews), Sequential(*first, loop), edges=edges, inputs=inputs,
                 outputs=["latents"])
 
 
-def image_gen_name(stream: bool, think: bool) -> str:
-    return IMAGE_GEN + ("_think" if think else "") + ("_latents" if stream else "")
+def image_gen_name(stream: bool, think: bool, previews: bool = False) -> str:
+    return IMAGE_GEN + ("_think" if think else "") + ("_latents" if stream else "") + ("_previews" if previews else "")
 
 
 def _positions_input(context: str) -> str:
@@ -228,7 +236,8 @@ def walks(cfg_parallel: bool = False) -> list[Walk]:
     out += [text_walk(repeated(PREFILL_TEXT_GEN, i), fork_first=False) for i in range(MAX_TEXTS)]
     out += [vit_walk(repeated(PREFILL_VIT, i)) for i in range(MAX_IMAGES)]
     out += [vit_walk(PREFILL_VIT_EDIT, (GEN, *cfg_text)), vae_walk((GEN, *cfg_text)), decode_walk(), think_walk()]
-    out += [image_gen_walk(stream, think) for think in (False, True) for stream in (False, True)]
+    out += [image_gen_walk(stream, think, previews) for think in (False, True) for stream in (False, True)
+            for previews in (False, True)]
     out.append(vae_decode_walk())
     return out
 

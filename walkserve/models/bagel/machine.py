@@ -11,7 +11,8 @@ The processor writes the request (``RequestSpec``):
              seed, vae_seed     int               the noise's and the VAE posterior's generators
     params   flow ("text_to_image" | "edit" | "understand"), think, height, width (text-to-image),
              num_timesteps, timestep_shift, cfg_* (``params.ImageSettings``)
-    modalities  "image" (decode the final latent), "latent" (stream every step's latent), or both
+    modalities  "image" (decode the final latent), "latent" (stream every step's latent), "preview" (stream
+                every step's latent decoded, as images from node ``preview``), any of them together
 
 and the machine replays the layout (``layout.py``) to place every block:
 
@@ -185,7 +186,8 @@ class BagelMachine(StateMachine):
             "positions_cfg_img": ints(queries[CFG_IMG].positions()),
             **(plan or {}),
         }
-        return WalkStart(image_gen_name("latent" in request.modalities, plan is not None), inputs)
+        return WalkStart(image_gen_name("latent" in request.modalities, plan is not None,
+                                        "preview" in request.modalities), inputs)
 
     @staticmethod
     def _grid(request: RequestSpec) -> tuple[int, int]:

@@ -54,7 +54,7 @@ from walkserve.models.tokenizer import Tokenizer
 
 UNDERSTAND_MAX_TOKENS = 512  # the app's
 THINK_MAX_TOKENS = 1024
-IMAGE_MODALITIES = ("image", "latent", "text")  # text: a think plan's tokens
+IMAGE_MODALITIES = ("image", "latent", "preview", "text")  # text: a think plan's tokens; preview: each step decoded
 
 
 class BagelProcessor(Processor):
