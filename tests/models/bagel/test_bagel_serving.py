@@ -196,14 +196,15 @@ def test_understanding_and_think_mode_give_the_offline_loops_greedy_tokens(serve
 # ---- the OpenAI image routes -------------------------------------------------------------------
 def test_images_generations_and_edits_routes(server, offline, tiny_dir):
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
-    out = client.images.generate(prompt="two moons", n=2, size="64x32", extra_body={
-        "seed": 4, "num_timesteps": 6, "cfg_text_scale": 3.0, "cfg_interval": [0.0, 1.0], "timestep_shift": 2.0})
+    out = client.images.generate(prompt="two moons", n=2, size="64x32", output_format="png", extra_body={
+        "seed": 4, "num_timesteps": 6, "cfg_text_scale": 3.0, "cfg_img_scale": 1.2, "cfg_interval": [0.0, 1.0],
+        "cfg_renorm_type": "channel", "cfg_renorm_min": 0.1, "timestep_shift": 2.0, "think": False})
     pictures = [Image.open(io.BytesIO(base64.b64decode(d.b64_json))) for d in out.data]
     assert [p.size for p in pictures] == [(64, 32), (64, 32)]
     assert np.asarray(pictures[0]).tobytes() != np.asarray(pictures[1]).tobytes()  # seeds 4 and 5
     proc_ids = server.engine.processor.tokenize("two moons")
     want = offline.generate(proc_ids, noise_of(8, 4), size=(32, 64), num_timesteps=6, shift=2.0,
-                            guidance=Guidance(3.0, 1.5, (0.0, 1.0), "global", 0.0))
+                            guidance=Guidance(3.0, 1.2, (0.0, 1.0), "channel", 0.1))
     want_pixels = offline.decode_image(want, (32, 64)).numpy().astype(int)
     assert np.abs(np.asarray(pictures[0]).astype(int) - want_pixels).max() <= 1
 
