@@ -13,6 +13,7 @@ BENCHMARKS = {
     "moe": "benchmarks.moe",
     "omni-thinker": "benchmarks.omni_thinker",
     "pi": "benchmarks.pi",
+    "bagel": "benchmarks.bagel",
 }
 
 

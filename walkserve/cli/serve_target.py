@@ -2,8 +2,9 @@
 
     (no MODEL, no --model-path)   the embedded tiny random-weight Orpheus (cli/embedded.py)
     MODEL = auto, or only a path  the family read from the checkpoint (config.json architecture or model_type;
-                                  a directory with lm/ and snac/, or --snac-path: orpheus)
-    MODEL = orpheus|llama|qwen2|qwen3|qwen3-omni|pi0|pi05 (or any registered family)
+                                  a directory with lm/ and snac/, or --snac-path: orpheus; ema.safetensors
+                                  with llm_config.json: bagel)
+    MODEL = orpheus|llama|qwen2|qwen3|qwen3-omni|bagel|pi0|pi05 (or any registered family)
 
 pi0 / pi0.5 checkpoints are recognised by config.json's ``"type"``; their
 tokenizer is PaliGemma's SentencePiece model, given with --tokenizer-path.
@@ -19,7 +20,7 @@ from walkserve.core.errors import ConfigError
 from walkserve.models.base import ModelRef
 from walkserve.models.orpheus.tokens import AUDIO_TOKEN_RANGE
 
-SERVED_FAMILIES = ("orpheus", "llama", "qwen2", "qwen3", "qwen3-omni", "pi0", "pi05")
+SERVED_FAMILIES = ("orpheus", "llama", "qwen2", "qwen3", "qwen3-omni", "bagel", "pi0", "pi05")
 POLICY_FAMILIES = ("pi0", "pi05")  # lerobot's config.json "type"
 # Orpheus's audio codes end here: a Llama vocabulary at least this large is an Orpheus LM
 ORPHEUS_MIN_VOCAB = AUDIO_TOKEN_RANGE[1]
@@ -84,6 +85,10 @@ def detect_family(model_path: str | None, snac_path: str | None) -> str:
     policy = _policy_type(root)
     if policy is not None:
         return policy
+    from walkserve.models.bagel.model import is_bagel_dir
+
+    if is_bagel_dir(root):  # BAGEL's config.json holds no architecture; its layout says what it is
+        return "bagel"
     from walkserve.models.llama.config import LMConfig
 
     config = LMConfig.from_file(root)

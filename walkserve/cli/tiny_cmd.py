@@ -33,7 +33,7 @@ FAMILIES: dict[str, TinyFamily] = {
     "orpheus": TinyFamily(("tiny", "bench"), lambda a: _call(
         "walkserve.models.orpheus.tiny:write_tiny_orpheus", a.out_dir, lm=a.preset, snac=a.snac, seed=a.seed)),
     "bagel": TinyFamily(("tiny",), lambda a: _call(
-        "walkserve.models.bagel.tiny:write_tiny_bagel", a.out_dir, seed=a.seed), serves=False),
+        "walkserve.models.bagel.tiny:write_tiny_bagel", a.out_dir, seed=a.seed)),
     **{kind: TinyFamily(("tiny", "bench"), lambda a, kind=kind: _call(
         "walkserve.models.pi0.tiny:write_tiny_policy", kind, a.out_dir, seed=a.seed, preset=a.preset))
        for kind in ("pi0", "pi05")},

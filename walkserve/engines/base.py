@@ -128,6 +128,15 @@ class Engine(ABC):
         """
         raise NotImplementedError
 
+    def run_groups(self, groups: list[Group]) -> list[list[dict[str, Any] | str]]:
+        """Several nodes' groups of one cohort step (nodes independent of each other), per group its results.
+
+        The default runs them one after the other; an engine that can batch
+        them together (the KV engine: one forward for the CFG passes of every
+        member) overrides it.
+        """
+        return [self.run_group(g) for g in groups]
+
     runs_groups = False
     kv_contexts = False  # True: the worker binds each firing's declared context operations (Firing.kv, Group.kv)
 

@@ -183,6 +183,7 @@ class AsyncEngine(EngineClient):
             model = load_model(model)
         config = config or RuntimeConfig()
         data, source = resolve_placement(model, placement)
+        model = model.for_placement(data)
         comps = model.components()
         for name, comp in comps.items():  # typed engine options: a bad one fails here, naming it
             engine_options(comp.engine, name, comp.options, config.engine_options.get(comp.engine))

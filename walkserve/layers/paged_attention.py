@@ -263,6 +263,8 @@ class TorchPagedAttention(AttentionContext):
         shape = (rows, blocks.numel() // rows * bs, hkv, dh)
         keys = self.scratch.get("k", shape, k_cache.dtype, k_cache.device)
         values = self.scratch.get("v", shape, v_cache.dtype, v_cache.device)
+        if not blocks.numel():  # a query over contexts that hold nothing yet (BAGEL's cfg_text of a text prompt)
+            return keys, values
         torch.index_select(k_cache.view(n, -1), 0, blocks, out=keys.view(blocks.numel(), -1))
         torch.index_select(v_cache.view(n, -1), 0, blocks, out=values.view(blocks.numel(), -1))
         return keys, values

@@ -94,6 +94,12 @@ class Model(ABC):
         check of ``placement.resolve`` still runs)."""
         return []
 
+    def for_placement(self, placement: Mapping[str, Any]) -> Model:
+        """The model to serve ``placement`` (a mapping of the placement file's schema). A family whose walks
+        depend on where its nodes run returns a copy whose ``ref.options`` say so (the conductor and the
+        workers rebuild the model from those options); the default serves every placement as it is."""
+        return self
+
     def default_placement(self) -> dict:
         """A placement (same schema as the YAML file) used when none is given: all nodes on rank 0."""
         names = self.graph().node_names()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from walkserve.core.errors import PlacementError
+from walkserve.graph.kv import declared_ops
 from walkserve.graph.walk import WalkGraph
 from walkserve.placement.plan import Placement
 
@@ -37,20 +39,7 @@ def check_placement(
     walks = walk_nodes(graph)
     placement.check_covers(walks)
     check_kv_shares(placement, graph, walks, kv_shares or {})
-    for comp, nodes in graph.components().items():
-        if comp not in stateful:
-            continue
-        seen: dict[tuple[int, ...], str] = {}
-        for w, names in walks.items():
-            for n in names:
-                if n in nodes:
-                    seen.setdefault(placement.ranks_for(w, n), f"node {n!r} in walk {w!r}")
-        if len(seen) > 1:
-            where = "; ".join(f"{what} on ranks {list(r)}" for r, what in seen.items())
-            raise PlacementError(
-                f"{placement.source}: component {comp!r} keeps per-request state, so every node that runs it "
-                f"must be placed on the same ranks ({where}); moving that state between ranks is not supported yet"
-            )
+    check_state_kept_together(placement, graph, walks, stateful)
     demands = {rank: rank_demands(placement, rank, graph, walks, weight_bytes, state_bytes, device_free)
                for rank in placement.ranks}
     placement.check_memory(demands)
@@ -91,6 +80,37 @@ def rank_demands(
             size = size(spec.device, free)
         if size:
             out.append((f"state of {comp}", size))
+    return out
+
+
+def check_state_kept_together(placement: Placement, graph: WalkGraph, walks: Mapping[str, list[str]],
+                              stateful: set[str]) -> None:
+    """A stateful component's per-request state stays where it was made: every node touching one of its KV
+    contexts (writing, reading, forking from or into it; a node without declared operations touches
+    ``main``) must be placed on the same ranks. Nodes over different contexts may sit on different ranks."""
+    seen: dict[tuple[str, str], tuple[tuple[int, ...], str]] = {}  # (component, context) -> (ranks, where)
+    for w, names in walks.items():
+        for n in names:
+            node = graph.plans[w].nodes[n]
+            if node.component not in stateful:
+                continue
+            ranks = placement.ranks_for(w, n)
+            for context in touched_contexts(node.params):
+                first = seen.setdefault((node.component, context), (ranks, f"node {n!r} in walk {w!r}"))
+                if first[0] != ranks:
+                    raise PlacementError(
+                        f"{placement.source}: component {node.component!r} keeps per-request state, so every node "
+                        f"that touches its context {context!r} must be placed on the same ranks ({first[1]} on ranks "
+                        f"{list(first[0])}; node {n!r} in walk {w!r} on ranks {list(ranks)}); moving that state "
+                        f"between ranks is not supported yet"
+                    )
+
+
+def touched_contexts(params: Mapping[str, Any]) -> set[str]:
+    """The KV contexts a node's declared operations write, read or fork."""
+    out: set[str] = set()
+    for op in declared_ops(params):
+        out.update((op.context, *op.reads, *((op.source,) if op.source else ())))
     return out
 
 

@@ -5,9 +5,11 @@ futures, the hand-over to this thread and back, routing and the stop rule;
 for a decode loop that is most of the runtime's cost. A cohort runs the body
 of a qualifying loop (``cohort_plan``) for all its members at once:
 
-    step:  for each body node in order: one engine call for every member
-           (``Engine.run_group``; engines without it get one Firing per member
-           and are stepped as usual, the step waits for their results)
+    step:  for each stage of the body (nodes independent of each other), one
+           engine call for every member and every node of the stage that
+           engine runs (``Engine.run_groups``: the CFG passes of a flow step
+           are one forward); engines without groups get one Firing per member
+           and are stepped as usual, the step waits for their results
            then, per member: carries move on, the stop rule or the bound says
            whether the iteration counts, exposed outputs are reported
     join:  a member enters at iteration 0 with the values captured from
@@ -87,7 +89,7 @@ class Cohort:
         self.plan, self.engines, self.firing_id = plan, engines, firing_id
         self.members: list[Member] = []
         self.joining: list[Member] = []
-        self.stage: int | None = None  # the body node being run, None between steps
+        self.stage: int | None = None  # the body stage being run, None between steps
         self.issued = False
         self.batch: list[Member] = []
         self.pending: dict[int, tuple[Member, str]] = {}  # firing id -> (member, component)
@@ -133,14 +135,14 @@ class Cohort:
             if not self.members:
                 return self._take_report() if self.report.failed else None
             self.stage, self.issued, self.batch = 0, False, list(self.members)
-        nodes = self.plan.nodes
-        while self.stage < len(nodes):
+        stages = self.plan.stages
+        while self.stage < len(stages):
             if self.issued:
                 if self.pending:
                     return None
                 self.stage, self.issued = self.stage + 1, False
                 continue
-            self._issue(nodes[self.stage])
+            self._issue_stage(stages[self.stage])
             self.issued = True
         self._finish()
         self.stage = None
@@ -150,7 +152,38 @@ class Cohort:
         report, self.report = self.report, CohortReport(self.plan.walk, self.plan.scope)
         return report
 
-    def _issue(self, node: str) -> None:
+    def _issue_stage(self, stage: tuple[str, ...]) -> None:
+        """Every node of the stage for every live member; nodes on one group engine go in one call."""
+        by_engine: dict[str, list[tuple[str, list[Member], Group]]] = {}
+        for node in stage:
+            issued = self._issue(node)
+            if issued is not None:
+                by_engine.setdefault(self.plan.specs[node].component, []).append((node, *issued))
+        for component, groups in by_engine.items():
+            engine = self.engines[component]
+            try:
+                results = engine.run_groups([g for _, _, g in groups]) if len(groups) > 1 else [engine.run_group(groups[0][2])]
+            except Exception as e:
+                log.exception("engine %s failed a group", component)
+                results = [[f"engine {component!r} failed: {type(e).__name__}: {e}"] * len(g.request_ids) for _, _, g in groups]
+            for (node, alive, _), outs in zip(groups, results):
+                self._store_group(node, alive, outs)
+
+    def _store_group(self, node: str, alive: list[Member], results: list) -> None:
+        component = self.plan.specs[node].component
+        if len(results) != len(alive):
+            results = [f"engine {component!r} returned {len(results)} results for {len(alive)} firings"] * len(alive)
+        for m, out in zip(alive, results):
+            if m.dead:  # failed by another node of the stage
+                continue
+            if type(out) is dict:
+                m.cur[node] = out
+            else:
+                self._store(m, node, out)
+
+    def _issue(self, node: str) -> tuple[list[Member], Group] | None:
+        """The node for every live member: a Group for an engine that runs groups (returned, not yet run),
+        else one submitted Firing per member."""
         spec, slots = self.plan.specs[node], self.plan.slots[node]
         alive, inputs = [], []
         for m in self.batch:
@@ -164,33 +197,20 @@ class Cohort:
                 continue
             alive.append(m)
         if not alive:
-            return
+            return None
         engine = self.engines[spec.component]
         if getattr(engine, "kv_contexts", False):
             alive, inputs, kv = self._bind(node, spec.params, alive, inputs)
             if not alive:
-                return
+                return None
         self.report.firings += len(alive)
         if engine.runs_groups:
-            group = Group(
+            return alive, Group(
                 self.plan.walk, node, spec.component, spec.op, spec.outputs, spec.params,
                 [m.request_id for m in alive], [(*m.outer, m.k) for m in alive], inputs,
                 [m.params for m in alive], [_sampling(m, node) for m in alive],
                 kv if getattr(engine, "kv_contexts", False) else None,
             )
-            try:
-                results = engine.run_group(group)
-            except Exception as e:
-                log.exception("engine %s failed a group", spec.component)
-                results = [f"engine {spec.component!r} failed: {type(e).__name__}: {e}"] * len(alive)
-            if len(results) != len(alive):
-                results = [f"engine {spec.component!r} returned {len(results)} results for {len(alive)} firings"] * len(alive)
-            for m, out in zip(alive, results):
-                if type(out) is dict:
-                    m.cur[node] = out
-                else:
-                    self._store(m, node, out)
-            return
         for m, inp in zip(alive, inputs, strict=True):
             firing = Firing(
                 self.firing_id(self), m.request_id, self.plan.walk, node, spec.component, spec.op,
@@ -198,6 +218,7 @@ class Cohort:
             )
             self.pending[firing.id] = (m, spec.component)
             engine.submit(firing)
+        return None
 
     def _bind(self, node: str, params: Any, alive: list[Member], inputs: list[dict]) -> tuple[list, list, list]:
         """Each member's context operations bound to its inputs (a member whose inputs do not fit fails)."""

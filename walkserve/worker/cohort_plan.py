@@ -6,7 +6,10 @@ loop's exits (last / accumulated value). One request's instance of such a
 loop then runs inside the compute thread together with every other request's
 instance of the same loop (``worker.cohort``): one engine call per body node
 per step for the whole cohort, the stop rule applied between steps, and only
-the exposed iterations reported.
+the exposed iterations reported. Body nodes that do not depend on each other
+in one iteration form a *stage*; the nodes of one stage that share an engine
+run in one call (``Engine.run_groups``): the three guidance passes of a CFG
+step are one forward.
 
 A body slot is read as (slot, how, a, b):
 
@@ -45,6 +48,7 @@ class CohortPlan:
     depth: int  # the scope's position in a path
     dynamic: bool
     nodes: tuple[str, ...]  # the body, in dependency order
+    stages: tuple[tuple[str, ...], ...]  # ``nodes`` cut into stages of nodes independent of each other
     specs: dict[str, NodeSpec]
     slots: dict[str, tuple[tuple[str, int, Any, Any], ...]]  # node -> ((slot, how, a, b), ...)
     entry: tuple[tuple[tuple[str, str], tuple], ...]  # ((consumer, slot), recipe) captured at entry
@@ -73,7 +77,7 @@ def _cohort_plan(plan: WalkPlan, idx: PlanIndex, sid: str) -> CohortPlan | None:
     if reads is None or leaves is None:
         return None
     slots, entry, carries, deps = reads
-    order = _order(body, deps)
+    stages = _stages(body, deps)
     stop = None
     if plan.scopes[sid].kind == "dynamic":
         stop_node = next((n for n, (s, _, _) in idx.stop_of.items() if s == sid), None)
@@ -81,11 +85,13 @@ def _cohort_plan(plan: WalkPlan, idx: PlanIndex, sid: str) -> CohortPlan | None:
             return None
         _, out, rule = idx.stop_of[stop_node]
         stop = (stop_node, out, rule)
-    if order is None:
+    if stages is None:
         return None
     nodes = plan.nodes
     specs = {n: NodeSpec(nodes[n].component, nodes[n].op, nodes[n].outputs, nodes[n].params) for n in body}
-    return CohortPlan(plan.name, sid, idx.depth[sid], stop is not None, order, specs, slots, entry, carries, stop, *leaves)
+    order = tuple(n for stage in stages for n in stage)
+    return CohortPlan(plan.name, sid, idx.depth[sid], stop is not None, order, stages, specs, slots, entry, carries,
+                      stop, *leaves)
 
 
 def _reads(idx: PlanIndex, sid: str, body: list[str], chain_len: int) -> tuple | None:
@@ -140,12 +146,15 @@ def _leaves(plan: WalkPlan, sid: str, body: list[str]) -> tuple[tuple, tuple] | 
     return tuple(client), tuple(exits)
 
 
-def _order(body: list[str], deps: dict[str, set[str]]) -> tuple[str, ...] | None:
-    """The body in dependency order (None if the same-iteration edges had a cycle, which a plan never has)."""
-    done: list[str] = []
+def _stages(body: list[str], deps: dict[str, set[str]]) -> tuple[tuple[str, ...], ...] | None:
+    """The body in dependency order, as stages: each stage's nodes read only earlier stages' outputs of the
+    iteration (None if the same-iteration edges had a cycle, which a plan never has)."""
+    done: set[str] = set()
+    stages: list[tuple[str, ...]] = []
     while len(done) < len(body):
-        ready = [n for n in body if n not in done and deps[n] <= set(done)]
+        ready = tuple(n for n in body if n not in done and deps[n] <= done)
         if not ready:
             return None
-        done.extend(ready)
-    return tuple(done)
+        stages.append(ready)
+        done.update(ready)
+    return tuple(stages)

@@ -168,6 +168,16 @@ def test_cfg_three_contexts_a_fork_and_49_queries_leave_the_pool_unchanged(tiny_
     assert torch.equal(engine.pool.k, k_before) and torch.equal(engine.pool.v, v_before)
 
 
+def test_a_query_over_an_empty_context_attends_to_itself_only(tiny_lm):
+    """BAGEL's cfg_text of a text-to-image request is a fork of the still empty gen: its query sees only its
+    own rows, in the same step as a query over a filled context."""
+    s = Scenario(tiny_lm, _engine(tiny_lm, max_batch_tokens=64))
+    s.run([s.append("t2i", "gen", 6, 1)])
+    s.run([s.bookkeeping("t2i", fork("never", "cfg_text"))])
+    s.run([s.query("t2i", ("cfg_text",), 5, 2, positions=torch.zeros(5, dtype=torch.long)),
+           s.query("t2i", ("gen",), 5, 2, positions=torch.full((5,), 6))])
+
+
 def test_vjepa_block_causal_appends_equal_full_recomputation_at_every_step(tiny_lm):
     """258-token steps in miniature: frames of 6 rows (2 conditioning + 4 frame tokens), embeddings only."""
     d, frame = tiny_lm.config.hidden_size, 6

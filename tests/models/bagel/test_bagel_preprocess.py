@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from walkserve.models.bagel.components import build_cfg_step, build_lm, build_vae_encoder, build_vit
+from walkserve.models.bagel.components import build_latents, build_lm, build_vae_encoder, build_vit
 from walkserve.models.bagel.preprocess import image_inputs, pixels, to_rgb
 from walkserve.models.bagel.sizes import ResizeRule
 from walkserve.models.base import BuildContext
@@ -31,9 +31,10 @@ def test_builders_load_their_own_part(tiny_dir, parts):
     ctx = BuildContext(rank=0, device="cpu", dtype="float32")
     lm = build_lm(ctx, tiny_dir)
     assert torch.equal(lm.lm_head.weight, parts.lm.lm_head.weight)
-    vit = build_vit(ctx, tiny_dir)
+    vit = build_vit(ctx, tiny_dir, side_dtype="float32").vit
     assert torch.equal(vit.connector.fc1.weight, parts.vit.connector.fc1.weight)
-    assert build_vae_encoder(ctx, tiny_dir).config == parts.config.vae
-    assert hasattr(build_cfg_step(ctx), "forward_batch")
+    assert build_vae_encoder(ctx, tiny_dir, side_dtype="float32").encoder.config == parts.config.vae
+    latents = build_latents(ctx, tiny_dir, side_dtype="bfloat16")
+    assert hasattr(latents, "forward_batch") and latents.latents.vae2llm.weight.dtype == torch.bfloat16
     bf16 = build_lm(BuildContext(rank=0, device="cpu", dtype="bfloat16"), tiny_dir)
     assert bf16.lm_head.weight.dtype == torch.bfloat16

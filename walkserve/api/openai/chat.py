@@ -79,6 +79,8 @@ async def plan_chat(state: AppState, body: ChatCompletionRequest) -> TextPlan:
         overrides["logprobs"] = body.top_logprobs or 0
     sampling = build_sampling(state.card, overrides, stops)
     params = {"voice": audio.voice} if audio and audio.voice else {}
+    if body.think is not None:
+        params["think"] = body.think
     specs, trackers = [], []
     for i in range(body.n):
         spec = await state.build_request("chat", payload, with_seed_offset(sampling, i), params)

@@ -36,16 +36,33 @@ def parse_size(size: str | None, max_pixels: int) -> tuple[int, int] | None:
     return width, height
 
 
+def form_extensions(fields: dict[str, Any]) -> dict[str, Any]:
+    """The extension fields of a multipart form, as JSON would give them (``cfg_interval`` as "a,b" or "[a, b]")."""
+    out = {k: v for k, v in fields.items() if v is not None}
+    interval = out.get("cfg_interval")
+    if isinstance(interval, str):
+        parts = interval.strip().strip("[]").split(",")
+        try:
+            out["cfg_interval"] = [float(p) for p in parts]
+        except ValueError:
+            raise bad_request("cfg_interval must be two numbers: start,end (e.g. 0.4,1.0)", "cfg_interval") from None
+        if len(parts) != 2:
+            raise bad_request("cfg_interval must be two numbers: start,end (e.g. 0.4,1.0)", "cfg_interval")
+    return out
+
+
 def check_response_format(response_format: str | None) -> None:
     if response_format not in (None, "b64_json"):
         raise bad_request("only response_format 'b64_json' is supported (this server does not host files)", "response_format", "unsupported_format")
 
 
 async def plan_images(
-    state: AppState, payload: dict[str, Any], n: int, size: str | None, seed: int | None, steps: int | None
+    state: AppState, payload: dict[str, Any], n: int, size: str | None, seed: int | None, steps: int | None,
+    extensions: dict[str, Any] | None = None,
 ) -> list[RequestSpec]:
+    """``n`` requests (seeds offset per image); ``extensions``: the model's own parameters the client set."""
     check_n(n, state.config)
-    params: dict[str, Any] = {}
+    params: dict[str, Any] = dict(extensions or {})
     if (dims := parse_size(size, state.config.max_image_pixels)) is not None:
         params["size"] = dims
     if steps is not None:

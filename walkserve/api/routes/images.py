@@ -13,6 +13,7 @@ from walkserve.api.openai.images import (
     ROUTE_EDITS,
     ROUTE_GENERATIONS,
     check_response_format,
+    form_extensions,
     images_response,
     plan_images,
 )
@@ -31,7 +32,7 @@ async def generations(body: ImageGenerationRequest, request: Request) -> Respons
     state.check_model(body.model)
     state.require("images", "image generation")
     check_response_format(body.response_format)
-    specs = await plan_images(state, {"prompt": body.prompt}, body.n, body.size, body.seed, body.steps)
+    specs = await plan_images(state, {"prompt": body.prompt}, body.n, body.size, body.seed, body.steps, body.extensions())
     return await collect(request, images_response(state, specs, ROUTE_GENERATIONS, body.output_format))
 
 
@@ -48,6 +49,14 @@ async def edits(
     response_format: Annotated[str | None, Form(max_length=16)] = None,
     output_format: Annotated[str, Form(pattern="^(png|jpeg|webp)$")] = "png",
     seed: Annotated[Seed | None, Form()] = None,
+    num_timesteps: Annotated[int | None, Form()] = None,
+    cfg_text_scale: Annotated[float | None, Form(allow_inf_nan=False)] = None,
+    cfg_img_scale: Annotated[float | None, Form(allow_inf_nan=False)] = None,
+    cfg_interval: Annotated[str | None, Form(max_length=64, description="start,end")] = None,
+    cfg_renorm_type: Annotated[str | None, Form(max_length=32)] = None,
+    cfg_renorm_min: Annotated[float | None, Form(allow_inf_nan=False)] = None,
+    timestep_shift: Annotated[float | None, Form(allow_inf_nan=False)] = None,
+    think: Annotated[bool | None, Form()] = None,
 ) -> Response:
     state = app_state(request)
     state.check_ready()
@@ -62,5 +71,10 @@ async def edits(
     payload = {"prompt": prompt, "images": pictures}
     if mask is not None:
         payload["mask"] = await state.media.image_from_bytes(await mask.read(), "mask")
-    specs = await plan_images(state, payload, n, size, seed, None)
+    extensions = form_extensions({
+        "num_timesteps": num_timesteps, "cfg_text_scale": cfg_text_scale, "cfg_img_scale": cfg_img_scale,
+        "cfg_interval": cfg_interval, "cfg_renorm_type": cfg_renorm_type, "cfg_renorm_min": cfg_renorm_min,
+        "timestep_shift": timestep_shift, "think": think,
+    })
+    specs = await plan_images(state, payload, n, size, seed, None, extensions)
     return await collect(request, images_response(state, specs, ROUTE_EDITS, output_format))

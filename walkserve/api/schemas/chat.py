@@ -66,6 +66,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Count | None = None
     modalities: Annotated[list[Literal["text", "audio"]], Field(min_length=1, max_length=2)] | None = None
     audio: ChatAudio | None = None
+    think: bool | None = None  # extension: a model's think mode (BAGEL), passed to its parameters when set
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: bool | None = None

@@ -111,6 +111,7 @@ class KVCacheEngine(Engine):
             self.runner.graphs = DecodeGraphs(backend, self.pool, sizes, graph_blocks(self.models, block_size),
                                               graph_capture)
         self._ready: list[FiringResult] = []
+        self.forwards = 0  # steps that ran the models (each one batch over every scheduled chunk)
         self._queues: dict[str, deque[list]] = defaultdict(deque)  # request -> [[firing, ops, next op index]]
 
     # ---- Engine contract -------------------------------------------------
@@ -138,6 +139,7 @@ class KVCacheEngine(Engine):
         plan = self.scheduler.schedule()
         if not plan.chunks:
             return results
+        self.forwards += 1
         try:
             outputs = self.runner.execute(plan.chunks)
         except Exception as err:  # a failing batch fails its requests, never the worker loop
@@ -158,26 +160,34 @@ class KVCacheEngine(Engine):
 
     def run_group(self, group: Group) -> list[dict[str, Any] | str]:
         """Every member as a firing, stepped until all are answered (other firings' results wait for ``step``)."""
-        ids = []
-        for i, rid in enumerate(group.request_ids):
-            firing = Firing(next(_group_ids), rid, group.walk, group.node, group.component, group.op, group.paths[i],
-                            group.inputs[i], group.outputs, group.params[i], group.sampling[i], group.node_params,
-                            kv=group.kv[i] if group.kv else None)
-            ids.append(firing.id)
-            self.submit(firing)
+        return self.run_groups([group])[0]
+
+    def run_groups(self, groups: list[Group]) -> list[list[dict[str, Any] | str]]:
+        """Every member of every group submitted first, then stepped until all are answered: the queries of
+        several nodes (a CFG step's passes) and of every member share the steps' forwards."""
+        ids: list[list[int]] = []
+        for group in groups:
+            ids.append([])
+            for i, rid in enumerate(group.request_ids):
+                firing = Firing(next(_group_ids), rid, group.walk, group.node, group.component, group.op,
+                                group.paths[i], group.inputs[i], group.outputs, group.params[i], group.sampling[i],
+                                group.node_params, kv=group.kv[i] if group.kv else None)
+                ids[-1].append(firing.id)
+                self.submit(firing)
+        wanted = {fid for part in ids for fid in part}
         answers: dict[int, dict[str, Any] | str] = {}
         others: list[FiringResult] = []
-        while len(answers) < len(ids):
+        while len(answers) < len(wanted):
             stepped = self.step()
             for r in stepped:
-                if r.firing.id in answers or r.firing.id not in set(ids):
+                if r.firing.id in answers or r.firing.id not in wanted:
                     others.append(r)
                 else:
                     answers[r.firing.id] = r.outputs if r.error is None else r.error
             if not stepped and not self.has_work():
                 break
         self._ready = others + self._ready
-        return [answers.get(fid, f"{self.component}: the firing was never answered") for fid in ids]
+        return [[answers.get(fid, f"{self.component}: the firing was never answered") for fid in part] for part in ids]
 
     def has_work(self) -> bool:
         return (bool(self._ready) or bool(self.scheduler.queries)
@@ -199,6 +209,7 @@ class KVCacheEngine(Engine):
             "kv_blocks_total": bm.num_blocks,
             "kv_blocks_cached": bm.num_evictable,
             "kv_contexts": len(self.scheduler.contexts),
+            "forward_steps": self.forwards,
             "preemptions": self.scheduler.preemptions,
             "prefix_hit_tokens": self.scheduler.prefix_hit_tokens,
             "running": self.scheduler.num_running(),

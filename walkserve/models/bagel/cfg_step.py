@@ -26,13 +26,14 @@ def guidance_of(item: dict[str, torch.Tensor]) -> Guidance:
 
 
 class CfgStep:
+    @staticmethod
+    def step(item: dict[str, torch.Tensor], guidance: Guidance, t: float, t_next: float) -> torch.Tensor:
+        """One request's x at t_next: the guided velocity of its passes, one Euler step."""
+        v = guidance.combine(t, item["v"].float(), _opt(item, "v_cfg_text"), _opt(item, "v_cfg_img"))
+        return euler_step(item["x"].float(), v, t, t_next)
+
     def forward_batch(self, inputs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
-        out = []
-        for item in inputs:
-            t, t_next = float(item["t"]), float(item["t_next"])
-            v = guidance_of(item).combine(t, item["v"].float(), _opt(item, "v_cfg_text"), _opt(item, "v_cfg_img"))
-            out.append({"x": euler_step(item["x"].float(), v, t, t_next)})
-        return out
+        return [{"x": self.step(item, guidance_of(item), float(item["t"]), float(item["t_next"]))} for item in inputs]
 
 
 def _opt(item: dict[str, torch.Tensor], key: str) -> torch.Tensor | None:

@@ -108,21 +108,24 @@ class OfflineBagel:
 
     @torch.no_grad()
     def understand(self, prompt_ids: Sequence[int], vit_pixels: Sequence[torch.Tensor] = (),
-                   max_new_tokens: int = 512, system_ids: Sequence[int] | None = None) -> list[int]:
-        """Greedy answer ids (without <|im_end|>) about the images (ViT-resized pixels, each [3, h, w])."""
+                   max_new_tokens: int = 512, system_ids: Sequence[int] | None = None,
+                   ignore_end: bool = False) -> list[int]:
+        """Greedy answer ids (without <|im_end|>) about the images (ViT-resized pixels, each [3, h, w]);
+        ``ignore_end``: exactly ``max_new_tokens`` of them, <|im_end|> or not."""
         layout, contexts = SequenceLayout(self.tokens), DenseContexts(self.parts.lm)
         rows = [self.parts.vit.forward_batch([{"pixels": p}])[0]["embeds"] for p in vit_pixels]
         inputs = [ImageInput(0, r.shape[0]) for r in rows] + [TextInput(tuple(prompt_ids))]
         self._run(contexts, plan_understanding_prefill(layout, inputs, system_ids), rows)
-        return self.decode(layout, contexts, GEN, max_new_tokens)
+        return self.decode(layout, contexts, GEN, max_new_tokens, ignore_end)
 
-    def decode(self, layout: SequenceLayout, contexts: DenseContexts, context: str, max_tokens: int) -> list[int]:
+    def decode(self, layout: SequenceLayout, contexts: DenseContexts, context: str, max_tokens: int,
+               ignore_end: bool = False) -> list[int]:
         """Greedy decode on ``context`` from <|im_start|>: every token but the final <|im_end|> is written."""
         lm, out = self.parts.lm, []
         hidden = contexts.run(decode_start(layout, context))
         while True:
             token = int(lm.compute_logits(hidden[-1:]).argmax(-1))
-            if token == self.tokens.im_end or len(out) == max_tokens:
+            if (token == self.tokens.im_end and not ignore_end) or len(out) == max_tokens:
                 return out
             out.append(token)
             hidden = contexts.run(layout.tokens_append(context, [token]))

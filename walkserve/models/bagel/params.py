@@ -21,6 +21,7 @@ from typing import Any, Literal
 import msgspec
 
 from walkserve.core.errors import InvalidRequest
+from walkserve.core.params import Params
 
 GENERATE, EDIT = "generate", "edit"
 RENORM_TYPES = ("global", "channel", "text_channel")
@@ -61,8 +62,12 @@ TASK_DEFAULTS = {
 }
 
 
-class BagelImageParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """What a client may set; None takes the task's default."""
+class BagelImageParams(Params, frozen=True):
+    """What a client may set; None takes the task's default.
+
+    ``size`` is ``"WIDTHxHEIGHT"`` or, as the image routes pass it, ``[width, height]``;
+    ``steps`` (the image routes' generic field) counts Euler steps: ``num_timesteps - 1``.
+    """
 
     num_timesteps: int | None = None
     cfg_text_scale: float | None = None
@@ -72,7 +77,8 @@ class BagelImageParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     cfg_renorm_min: float | None = None
     timestep_shift: float | None = None
     think: bool = False
-    size: str | None = None
+    size: str | tuple[int, int] | None = None
+    steps: int | None = None
     n: int = 1
 
     def resolve(self, task: str, limits: ImageLimits = ImageLimits()) -> ImageSettings:
@@ -80,7 +86,7 @@ class BagelImageParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
         if task not in TASK_DEFAULTS:
             raise ValueError(f"unknown task {task!r}")
         d = TASK_DEFAULTS[task]
-        _check_range("num_timesteps", self.num_timesteps, 2, MAX_TIMESTEPS)
+        num_timesteps = self._num_timesteps()
         for name in ("cfg_text_scale", "cfg_img_scale"):
             _check_range(name, getattr(self, name), 0.0, MAX_SCALE)
         _check_range("cfg_renorm_min", self.cfg_renorm_min, 0.0, 1.0)
@@ -95,7 +101,7 @@ class BagelImageParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
                 raise InvalidRequest("an edit keeps the input image's size; leave size out (or auto)", "size")
             size = parse_size(self.size, limits)
         return ImageSettings(
-            num_timesteps=_pick(self.num_timesteps, d.num_timesteps),
+            num_timesteps=_pick(num_timesteps, d.num_timesteps),
             cfg_text_scale=float(_pick(self.cfg_text_scale, d.cfg_text_scale)),
             cfg_img_scale=float(_pick(self.cfg_img_scale, d.cfg_img_scale)),
             cfg_interval=tuple(float(v) for v in _pick(self.cfg_interval, d.cfg_interval)),
@@ -106,6 +112,16 @@ class BagelImageParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             size=size,
             n=self.n,
         )
+
+
+    def _num_timesteps(self) -> int | None:
+        if self.steps is not None:
+            if self.num_timesteps is not None:
+                raise InvalidRequest("give num_timesteps or steps (= num_timesteps - 1), not both", "steps")
+            _check_range("steps", self.steps, 1, MAX_TIMESTEPS - 1)
+            return self.steps + 1
+        _check_range("num_timesteps", self.num_timesteps, 2, MAX_TIMESTEPS)
+        return self.num_timesteps
 
 
 def parse_image_params(data: Mapping[str, Any]) -> BagelImageParams:
@@ -122,12 +138,16 @@ def parse_image_params(data: Mapping[str, Any]) -> BagelImageParams:
         raise InvalidRequest(text, field) from None
 
 
-def parse_size(size: str, limits: ImageLimits) -> tuple[int, int]:
-    """'WIDTHxHEIGHT' -> (width, height): both multiples of 16 within the limits."""
-    width_text, sep, height_text = size.partition("x")
-    if not sep or not width_text.isdigit() or not height_text.isdigit():
-        raise InvalidRequest(f"size must be WIDTHxHEIGHT (e.g. 1024x1024) or auto, got {size!r}", "size")
-    width, height = int(width_text), int(height_text)
+def parse_size(size: str | tuple[int, int], limits: ImageLimits) -> tuple[int, int]:
+    """'WIDTHxHEIGHT' (or (width, height)) -> (width, height): both multiples of 16 within the limits."""
+    if isinstance(size, str):
+        width_text, sep, height_text = size.partition("x")
+        if not sep or not width_text.isdigit() or not height_text.isdigit():
+            raise InvalidRequest(f"size must be WIDTHxHEIGHT (e.g. 1024x1024) or auto, got {size!r}", "size")
+        width, height = int(width_text), int(height_text)
+    else:
+        width, height = (int(v) for v in size)
+        size = f"{width}x{height}"
     for side in (width, height):
         if side % SIZE_STRIDE or not limits.min_side <= side <= limits.max_side:
             raise InvalidRequest(
