@@ -1,0 +1,99 @@
+"""VJEPA2: the ``vjepa2`` family — a V-JEPA 2 encoder, and with a V-JEPA 2-AC checkpoint its world model.
+
+    ModelRef(family="vjepa2", path=<checkpoint dir>, options={"model_id": ..., "kv": {...}})
+
+The directory is an HF V-JEPA 2 checkpoint (``facebook/vjepa2-*``: the task
+``encode``) or one written by ``walkserve convert vjepa2-ac`` (``model_type``
+``vjepa2-ac``: ``encode``, ``rollout`` and ``plan``); config.json says which.
+Components: ``encoder`` (stateless), and for the AC model ``predictor`` (the
+KV engine; one block per step: ``block_size`` = 2 + F tokens, so a fork shares
+whole steps and never copies one), ``stepper`` and ``planner`` (stateless,
+no weights). Options: ``model_id``, ``kv`` (KVCacheEngine options over the
+defaults below), ``encoder_max_batch``. Importing this module imports no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from walkserve.graph.walk import WalkGraph
+from walkserve.models.base import BuildContext, ComponentSpec, Model, ModelRef
+from walkserve.models.llama.model import checkpoint_dir
+from walkserve.models.llama.safetensors_files import tensor_bytes
+from walkserve.models.vjepa2.config import VJEPA2ACConfig, read_config
+from walkserve.models.vjepa2.graph import build_graph
+from walkserve.models.vjepa2.processor import VJEPA2Processor
+from walkserve.placement.memory import default_kv_bytes
+
+ENCODER_MAX_BATCH = 8
+# one forward may hold a CEM step of many candidates (K x 258 rows); a rollout step is 258
+MAX_BATCH_TOKENS = 16384
+
+
+def kv_options(config: VJEPA2ACConfig, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The predictor's KV engine options: a block per step, room for a CEM step in one forward."""
+    return {"block_size": config.predictor.tokens_per_step, "max_batch_tokens": MAX_BATCH_TOKENS,
+            **dict(overrides or {})}
+
+
+def kv_pool_bytes(config: VJEPA2ACConfig, options: Mapping[str, Any], device: str, free_bytes: int | None) -> int:
+    """The KV pool the predictor allocates on ``device``, for the placement's memory check."""
+    if options.get("kv_bytes"):
+        return int(options["kv_bytes"])
+    if options.get("num_blocks"):
+        p = config.predictor
+        per_token = 2 * p.num_hidden_layers * p.num_key_value_heads * p.head_dim * 4  # K and V, at most 4 bytes
+        return int(options["num_blocks"]) * int(options["block_size"]) * per_token
+    return default_kv_bytes(device, free_bytes)
+
+
+def _builder(name: str, path: Path):
+    def build(ctx: BuildContext) -> Any:
+        from walkserve.models.vjepa2 import components  # imports torch: only where the weights load
+
+        return getattr(components, name)(ctx, path)
+
+    return build
+
+
+class VJEPA2(Model):
+    """V-JEPA 2 video features; with the AC predictor, action-conditioned rollouts and CEM planning."""
+
+    def __init__(self, ref: ModelRef):
+        self.ref = ref
+        self.path = checkpoint_dir(ref, "the V-JEPA 2 checkpoint") if ref.path else None
+        self.config = read_config(self.path) if self.path else None
+        self.ac = isinstance(self.config, VJEPA2ACConfig)
+
+    def graph(self) -> WalkGraph:
+        return build_graph(self.config.predictor.frame_tokens if self.ac else None)
+
+    def components(self) -> dict[str, ComponentSpec]:
+        path = checkpoint_dir(self.ref, "its weights")
+        options = self.ref.options
+        out = {"encoder": ComponentSpec("encoder", "stateless", _builder("build_encoder", path),
+                                        weight_bytes=tensor_bytes(path, prefix="encoder."),
+                                        options={"max_batch": int(options.get("encoder_max_batch", ENCODER_MAX_BATCH))})}
+        if not self.ac:
+            return out
+        kv = kv_options(self.config, options.get("kv"))
+        out["predictor"] = ComponentSpec("predictor", "kv", _builder("build_ac_predictor", path),
+                                         weight_bytes=tensor_bytes(path, prefix="predictor."),
+                                         state_bytes=partial(kv_pool_bytes, self.config, kv), stateful=True,
+                                         options=kv)
+        out["stepper"] = ComponentSpec("stepper", "stateless", _builder("build_stepper", path))
+        out["planner"] = ComponentSpec("planner", "stateless", _builder("build_planner", path))
+        return out
+
+    def processor(self) -> VJEPA2Processor:
+        path = checkpoint_dir(self.ref, "its config")
+        model_id = self.ref.options.get("model_id") or path.name
+        return VJEPA2Processor(self.config, model_id)
+
+
+def build(ref: ModelRef) -> VJEPA2:
+    """Registry factory of the ``vjepa2`` family."""
+    return VJEPA2(ref)
