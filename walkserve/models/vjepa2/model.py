@@ -54,7 +54,9 @@ def _builder(name: str, path: Path):
     def build(ctx: BuildContext) -> Any:
         from walkserve.models.vjepa2 import components  # imports torch: only where the weights load
 
-        return getattr(components, name)(ctx, path)
+        builders = {"encoder": components.build_encoder, "predictor": components.build_ac_predictor,
+                    "stepper": components.build_stepper, "planner": components.build_planner}
+        return builders[name](ctx, path)
 
     return build
 
@@ -74,18 +76,18 @@ class VJEPA2(Model):
     def components(self) -> dict[str, ComponentSpec]:
         path = checkpoint_dir(self.ref, "its weights")
         options = self.ref.options
-        out = {"encoder": ComponentSpec("encoder", "stateless", _builder("build_encoder", path),
+        out = {"encoder": ComponentSpec("encoder", "stateless", _builder("encoder", path),
                                         weight_bytes=tensor_bytes(path, prefix="encoder."),
                                         options={"max_batch": int(options.get("encoder_max_batch", ENCODER_MAX_BATCH))})}
         if not self.ac:
             return out
         kv = kv_options(self.config, options.get("kv"))
-        out["predictor"] = ComponentSpec("predictor", "kv", _builder("build_ac_predictor", path),
+        out["predictor"] = ComponentSpec("predictor", "kv", _builder("predictor", path),
                                          weight_bytes=tensor_bytes(path, prefix="predictor."),
                                          state_bytes=partial(kv_pool_bytes, self.config, kv), stateful=True,
                                          options=kv)
-        out["stepper"] = ComponentSpec("stepper", "stateless", _builder("build_stepper", path))
-        out["planner"] = ComponentSpec("planner", "stateless", _builder("build_planner", path))
+        out["stepper"] = ComponentSpec("stepper", "stateless", _builder("stepper", path))
+        out["planner"] = ComponentSpec("planner", "stateless", _builder("planner", path))
         return out
 
     def processor(self) -> VJEPA2Processor:
