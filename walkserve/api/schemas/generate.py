@@ -31,7 +31,13 @@ class AudioInput(ApiModel):
     url: str = Field(description="A data: URL, or an allowlisted http(s) URL.")
 
 
-TypedInput = Annotated[ArrayInput | ImageInput | AudioInput, Field(discriminator="type")]
+class VideoInput(ApiModel):
+    type: Literal["video"]
+    url: str = Field(description="A video file as a data: URL or an allowlisted http(s) URL, or its frames as "
+                                 "data:video/jpeg;base64,<frame>,<frame>,... (or video/png).")
+
+
+TypedInput = Annotated[ArrayInput | ImageInput | AudioInput | VideoInput, Field(discriminator="type")]
 InputValue = TypedInput | Scalar | Annotated[list[JsonInt | Float], Field(max_length=1_000_000)]
 
 

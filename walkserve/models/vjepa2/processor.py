@@ -37,6 +37,7 @@ from walkserve.models.vjepa2.validate import (
     check_square,
     check_vectors,
 )
+from walkserve.models.vjepa2.video_file import decode_video_file
 
 EMBEDDING = "embedding"
 Count = Annotated[int, Meta(ge=1)]
@@ -70,7 +71,7 @@ class VJEPA2Processor(Processor):
     def __init__(self, config: VJEPA2Config | VJEPA2ACConfig, model_id: str):
         self.config = config
         self.ac = isinstance(config, VJEPA2ACConfig)
-        caps = {"encode", "embeddings", "image_in"} | ({"rollout", "plan"} if self.ac else set())
+        caps = {"encode", "embeddings", "image_in", "video_in"} | ({"rollout", "plan"} if self.ac else set())
         self._card = ModelCard(id=model_id, family="vjepa2", capabilities=frozenset(caps),
                                random_weights=config.random_weights,
                                description="V-JEPA 2-AC world model" if self.ac else "V-JEPA 2 video encoder")
@@ -150,6 +151,8 @@ def _frames(inputs: dict[str, Any], name: str, image_ok: bool) -> ArrayData:
         raise InvalidRequest(f"inputs.{name} is required", param=name)
     if isinstance(value, list):
         value = list_to_array(value, name)
+    if isinstance(value, bytes):  # a video file (the native route's video input)
+        value = decode_video_file(value, name)
     if not isinstance(value, ArrayData):
         raise InvalidRequest(f"{name} must be images, a video or an array, got {type(value).__name__}", param=name)
     if image_ok and len(value.shape) == 3:
