@@ -14,7 +14,7 @@ defaults below), ``encoder_max_batch``. Importing this module imports no torch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,11 +22,11 @@ from typing import Any
 from walkserve.graph.walk import WalkGraph
 from walkserve.models.base import BuildContext, ComponentSpec, Model, ModelRef
 from walkserve.models.llama.model import checkpoint_dir
-from walkserve.models.llama.safetensors_files import tensor_bytes
+from walkserve.models.vjepa2 import memory
 from walkserve.models.vjepa2.config import VJEPA2ACConfig, read_config
 from walkserve.models.vjepa2.graph import build_graph
 from walkserve.models.vjepa2.processor import VJEPA2Processor
-from walkserve.placement.memory import default_kv_bytes
+from walkserve.placement.plan import Placement
 
 ENCODER_MAX_BATCH = 8
 # one forward may hold a CEM step of many candidates (K x 258 rows); a rollout step is 258
@@ -41,13 +41,7 @@ def kv_options(config: VJEPA2ACConfig, overrides: Mapping[str, Any] | None) -> d
 
 def kv_pool_bytes(config: VJEPA2ACConfig, options: Mapping[str, Any], device: str, free_bytes: int | None) -> int:
     """The KV pool the predictor allocates on ``device``, for the placement's memory check."""
-    if options.get("kv_bytes"):
-        return int(options["kv_bytes"])
-    if options.get("num_blocks"):
-        p = config.predictor
-        per_token = 2 * p.num_hidden_layers * p.num_key_value_heads * p.head_dim * 4  # K and V, at most 4 bytes
-        return int(options["num_blocks"]) * int(options["block_size"]) * per_token
-    return default_kv_bytes(device, free_bytes)
+    return memory.pool_bytes(options, memory.kv_bytes_per_token(config.predictor, config.dtype), device, free_bytes)
 
 
 def _builder(name: str, path: Path):
@@ -77,18 +71,34 @@ class VJEPA2(Model):
         path = checkpoint_dir(self.ref, "its weights")
         options = self.ref.options
         out = {"encoder": ComponentSpec("encoder", "stateless", _builder("encoder", path),
-                                        weight_bytes=tensor_bytes(path, prefix="encoder."),
+                                        weight_bytes=memory.weight_bytes(path, "encoder"),
                                         options={"max_batch": int(options.get("encoder_max_batch", ENCODER_MAX_BATCH))})}
         if not self.ac:
             return out
         kv = kv_options(self.config, options.get("kv"))
         out["predictor"] = ComponentSpec("predictor", "kv", _builder("predictor", path),
-                                         weight_bytes=tensor_bytes(path, prefix="predictor."),
+                                         weight_bytes=memory.weight_bytes(path, "predictor"),
                                          state_bytes=partial(kv_pool_bytes, self.config, kv), stateful=True,
                                          options=kv)
         out["stepper"] = ComponentSpec("stepper", "stateless", _builder("stepper", path))
         out["planner"] = ComponentSpec("planner", "stateless", _builder("planner", path))
         return out
+
+    def memory_report(self, placement: Placement, device_memory: Callable[[str], int | None] | None = None) -> list[str]:
+        """Per rank: the weights as stored, KV per token and step, the pool in steps; PlacementError when a rank
+        cannot hold them."""
+        from walkserve.placement.resolve import walk_nodes
+
+        path, graph = checkpoint_dir(self.ref, "its weights"), self.graph()
+        walks = walk_nodes(graph)
+        hosted = {rank: sorted({graph.plans[w].nodes[n].component for w, n in placement.nodes_on(rank, walks)})
+                  for rank in placement.ranks}
+        dtype = getattr(self.config, "dtype", "float32")
+        stored = sum(memory.weight_bytes(path, c) for c in memory.PREFIX)
+        head = f"checkpoint {path.name}: {stored / memory.GIB:.2f} GiB as stored ({dtype})"
+        kv = kv_options(self.config, self.ref.options.get("kv")) if self.ac else {}
+        return [head, *memory.rank_lines(path, placement, hosted, self.config.predictor if self.ac else None, kv,
+                                         dtype, device_memory)]
 
     def processor(self) -> VJEPA2Processor:
         path = checkpoint_dir(self.ref, "its config")
