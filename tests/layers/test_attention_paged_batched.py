@@ -87,3 +87,25 @@ def test_block_causal_prefills_and_padded_prefixes_run_batched():
     seqs += [(3, 5, "causal", 0)]
     calls, singles = _run(seqs, seed=2, consecutive=False)
     assert (calls, singles) == (2, 1)
+
+
+def test_flashinfer_serves_a_cem_step_over_shared_prefix_blocks():
+    """K candidates forked from one prefix read the same prefix blocks and append to their own: the FlashInfer
+    backend (over the CPU stand-in with FlashInfer's semantics) equals the PyTorch path, which batches them."""
+    from tests.layers import fake_flashinfer
+    from walkserve.layers.flashinfer_attention import FlashInferBackend
+
+    gen = torch.Generator().manual_seed(7)
+    prefix = [10, 11]  # two whole steps, shared
+    tables = [prefix + [20 + k] for k in range(5)]
+    batch = PagedBatch([BS] * 5, [3 * BS] * 5, tables, BS, ["full"] * 5, [0] * 5)
+    base = torch.randn(2, LAYERS, NUM_BLOCKS, BS, HKV, DH, generator=gen)
+    torch_pool, fi_pool = (base[0].clone(), base[1].clone()), (base[0].clone(), base[1].clone())
+    ours = TorchPagedBackend().context(*torch_pool, batch)
+    assert len(ours.batched) == 1 and not ours.others
+    theirs = FlashInferBackend(torch.device("cpu"), module=fake_flashinfer).context(*fi_pool, batch)
+    for layer in range(LAYERS):
+        q, k, v = (torch.randn(5 * BS, h, DH, generator=gen) for h in (HQ, HKV, HKV))
+        torch.testing.assert_close(theirs.forward(layer, q, k, v, SCALE), ours.forward(layer, q, k, v, SCALE),
+                                   atol=1e-5, rtol=1e-5)
+    assert torch.equal(torch_pool[0], fi_pool[0]) and torch.equal(torch_pool[1], fi_pool[1])

@@ -29,6 +29,7 @@ from tests.api.real_server import in_thread_server
 from walkserve.core.config import RuntimeConfig
 from walkserve.models.vjepa2.cem import CEMConfig, plan
 from walkserve.models.vjepa2.encoder_component import EncoderComponent
+from walkserve.models.vjepa2.preprocess import as_given_pixels
 from walkserve.models.vjepa2.rollout import official_rollout
 from walkserve.models.vjepa2.tiny import write_tiny_vjepa2_ac
 from walkserve.models.vjepa2.video_file import decode_video_file
@@ -237,6 +238,20 @@ def test_video_inputs_frames_url_and_file(server, oracle):
         assert len(outputs) == len(want)
         for event, w in zip(outputs, want):
             torch.testing.assert_close(out_array(event["data"]), w, **TOL)
+
+
+def test_encode_without_resizing_keeps_the_frames_own_grid(server, ac_dir):
+    """``resize: false``: a 48x80 clip (3 x 5 patches) is encoded as given, 2 x 15 tokens, as the encoder runs it."""
+    frames = RNG.integers(0, 256, (4, 48, 80, 3), dtype=np.uint8)
+    body = {"task": "encode", "inputs": {"video": arr(frames)}, "params": {"resize": False}, "stream": False}
+    r = httpx.post(f"{server.url}/v1/generate", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    got = out_array(r.json()["outputs"][0]["data"])
+    encoder = load_encoder(ac_dir)
+    with torch.inference_mode():
+        want = encoder(as_given_pixels(torch.from_numpy(frames))[None])[0]  # [30, E]
+    assert got.shape == (30, 128)
+    torch.testing.assert_close(got, want, **TOL)
 
 
 def test_embeddings_through_the_openai_client(server, oracle):

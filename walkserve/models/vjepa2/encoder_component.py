@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from walkserve.models.vjepa2.encoder import VisionEncoder
-from walkserve.models.vjepa2.preprocess import ac_frame_pixels, video_pixels
+from walkserve.models.vjepa2.preprocess import ac_frame_pixels, as_given_pixels, video_pixels
 from walkserve.models.vjepa2.rollout import normalize_features
 from walkserve.models.vjepa2.stepper import output_dtype
 
@@ -48,14 +48,15 @@ class EncoderComponent:
     def device(self) -> torch.device:
         return self.encoder.layernorm.weight.device
 
-    def clip(self, frames: torch.Tensor, mode: str | None = None) -> torch.Tensor:
-        """Frames [T, H, W, 3] -> the encoder input of ``mode``: [B, 3, t, crop, crop] (B = 1, or T frames)."""
+    def clip(self, frames: torch.Tensor, mode: str | None = None, resize: bool = True) -> torch.Tensor:
+        """Frames [T, H, W, 3] -> the encoder input of ``mode``: [B, 3, t, crop, crop] (B = 1, or T frames);
+        with ``resize`` false a video clip keeps its own size (whole patches), [1, 3, T, H, W]."""
         cfg = self.encoder.config
         frames = torch.as_tensor(frames).to(self.device)
         if (mode or self.mode) == "ac_frames":
             pixels = ac_frame_pixels(frames, cfg.crop_size)  # [T, 3, crop, crop]
             return pixels[:, :, None].expand(-1, -1, cfg.tubelet_size, -1, -1)  # [T, 3, tubelet, crop, crop]
-        pixels = video_pixels(frames, cfg.crop_size)  # [3, T, crop, crop]
+        pixels = video_pixels(frames, cfg.crop_size) if resize else as_given_pixels(frames)  # [3, T, h, w]
         if pixels.shape[1] == 1:  # an image: one tubelet of the repeated frame
             pixels = pixels.expand(-1, cfg.tubelet_size, -1, -1)
         if pixels.shape[1] % cfg.tubelet_size:
@@ -80,7 +81,8 @@ class EncoderComponent:
     def forward_batch(self, firings: Sequence[Any]) -> list[dict[str, torch.Tensor]]:
         """One ``{"features": ...}`` per firing (a Firing, or its ``inputs`` dict), in order."""
         modes = [_mode(f, self.mode) for f in firings]
-        clips = [self.clip(_frames(f, mode), mode) for f, mode in zip(firings, modes)]
+        clips = [self.clip(_frames(f, mode), mode, getattr(f, "params", {}).get("resize", True) is not False)
+                 for f, mode in zip(firings, modes)]
         out = []
         for f, mode, x in zip(firings, modes, self.encode(clips, modes)):
             params = getattr(f, "params", {})
