@@ -1,7 +1,8 @@
 """V-JEPA 2-AC served over HTTP by the full runtime, against the offline loops on the same weights.
 
-One server per module, on the shipped ``vjepa2-ac`` placement, over a tiny random AC checkpoint (16 tokens
-per frame, so P = 18 rows a step). Requests of every task run concurrently, joining while others are
+One server per module, on the shipped ``vjepa2-ac-split`` placement (every encoder node on rank 1, so the
+frame tokens cross ranks to the predictor), over a tiny random AC checkpoint (16 tokens per frame, so
+P = 18 rows a step). Requests of every task run concurrently, joining while others are
 mid-flight: rollouts of different lengths and context sizes (streamed, one frame per step), a plan from
 one and from two context frames (K candidate contexts of one request per CEM step), video features from
 an array, a frames data URL and a video file, and /v1/embeddings through the openai client. Each answer
@@ -48,7 +49,7 @@ def ac_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(ac_dir):
     with in_thread_server("vjepa2", ac_dir, RuntimeConfig(max_running=16),
-                          placement=str(placement_path("vjepa2-ac")), max_media_parts=4) as s:
+                          placement=str(placement_path("vjepa2-ac-split")), max_media_parts=4) as s:
         yield s
 
 
