@@ -75,3 +75,29 @@ def test_a_fanned_chunk_that_does_not_split_is_an_error(tiny_lm):
     engine.submit(f)
     results = engine.step()
     assert len(results) == 1 and "must be one integer >= 1" in results[0].error
+
+
+def _steps(model, num_blocks: int, steps: int = 3, k: int = 10) -> list[torch.Tensor]:
+    d = model.config.hidden_size
+    engine = KVCacheEngine("lm", model, "cpu", torch.float32, block_size=FRAME, num_blocks=num_blocks,
+                           max_batch_tokens=64, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    f = firing("p", kv_params(append("prefix", mask="block_causal", frame=FRAME, rows=ALL)),
+               {"embeds": torch.randn(2 * FRAME, d, generator=gen)})
+    run(engine, [f])
+    params = kv_params(fork("prefix", into="cand", fan="reset"), append("cand", fan="k", mask="full", rows=Rows.tail(TAIL)))
+    outs = []
+    for step in range(steps):
+        inputs = {"embeds": torch.randn(k * FRAME, d, generator=gen), "k": torch.tensor([k]),
+                  "reset": torch.tensor([k if step == 0 else 0])}
+        f = firing("p", params, inputs)
+        outs.append(run(engine, [f])[f.id]["hidden"])
+        engine.block_manager.check()
+    return outs
+
+
+def test_candidates_beyond_the_pool_are_preempted_and_recomputed_not_lost(tiny_lm):
+    """10 candidates of up to 5 steps each in a pool of 8 blocks: members run in turns (the ones waiting are
+    preempted and recomputed from their steps), and every step's answer equals the run with room for all."""
+    for tight, roomy in zip(_steps(tiny_lm, 8), _steps(tiny_lm, 200)):
+        torch.testing.assert_close(tight, roomy, **TOL)

@@ -187,7 +187,7 @@ def want_clips(oracle, video: np.ndarray, clip: int) -> list[torch.Tensor]:
 
 # -- the tests -----------------------------------------------------------------------------------------
 def test_concurrent_mixed_requests_equal_the_offline_oracle(server, oracle):
-    """Rollouts of horizon 6, 3 and 4 (C = 2, 1, 1), two plans and an encode, joining mid-flight."""
+    """Rollouts of horizon 6, 3, 4 and 1 (C = 2, 1, 1, 3), two plans and an encode, joining mid-flight."""
     long = Stream(server.url, rollout_body(2, 6))
     long.wait_for(1)
     short = Stream(server.url, rollout_body(1, 3))
@@ -196,8 +196,10 @@ def test_concurrent_mixed_requests_equal_the_offline_oracle(server, oracle):
     half = Stream(server.url, rollout_body(1, 4, every_state=True, dtype="float16"))
     plan_two = Stream(server.url, plan_body(2, seed=5))
     encode = Stream(server.url, {"task": "encode", "inputs": {"video": arr(VIDEO)}, "params": {"clip_frames": 4}})
+    one = Stream(server.url, rollout_body(3, 1))
     check_rollout(long.result(), want_rollout(oracle, 2, 6))
     check_rollout(short.result(), want_rollout(oracle, 1, 3))
+    check_rollout(one.result(), want_rollout(oracle, 3, 1))
     check_rollout(half.result(), want_rollout(oracle, 1, 4, every_state=True), {"atol": 2e-3, "rtol": 2e-3})
     assert {e["data"]["dtype"] for e in half.events if e["type"] == "output"} == {"float16"}
     check_plan(oracle, plan_one.result(), 1, 3)
