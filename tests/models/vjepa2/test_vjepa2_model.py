@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from walkserve.cli.main import main
+from walkserve.cli.serve_banner import routes_for
 from walkserve.cli.serve_target import resolve_target
 from walkserve.core.errors import InvalidRequest, PlacementError
 from walkserve.core.sampling import SamplingParams
@@ -70,6 +71,8 @@ def test_walks_and_shipped_placements_per_checkpoint(dirs):
         _check(hf, load_placement(placement_path("vjepa2-ac")))
     card = hf.processor().card()
     assert {"encode", "embeddings"} <= card.capabilities and "rollout" not in card.capabilities
+    assert {"POST /v1/generate", "POST /v1/embeddings"} <= set(routes_for(card))  # the banner of walkserve serve
+    assert "POST /v1/chat/completions" not in routes_for(ac.processor().card())
     with pytest.raises(InvalidRequest) as e:
         hf.processor().build_request("rollout", {"inputs": {}}, SamplingParams(), {})
     assert e.value.param == "task" and "V-JEPA 2-AC checkpoint" in str(e.value)

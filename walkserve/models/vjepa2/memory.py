@@ -58,7 +58,8 @@ def rank_lines(path: Path, placement: Placement, hosted: Mapping[int, list[str]]
         if predictor is not None and "predictor" in comps:
             per_token = kv_bytes_per_token(predictor, dtype)
             per_step = per_token * predictor.tokens_per_step
-            line += f"; KV {per_token / 1024:.1f} KiB per token ({dtype}) = {per_step / MIB:.1f} MiB per step"
+            step = f"{per_step / MIB:.1f} MiB" if per_step >= MIB else f"{per_step / 1024:.1f} KiB"
+            line += f"; KV {per_token / 1024:.1f} KiB per token ({dtype}) = {step} per step"
             free = None if budget is None else max(0, budget - total)
             if spec.device == "cpu" or free is not None or kv.get("kv_bytes") or kv.get("num_blocks"):
                 pool = pool_bytes(kv, per_token, spec.device, free)
