@@ -9,6 +9,7 @@ BENCHMARKS = {
     "runtime": "benchmarks.runtime",
     "lm": "benchmarks.lm",
     "tts": "benchmarks.tts",
+    "vjepa": "benchmarks.vjepa",
     "vjepa-offline": "benchmarks.vjepa_offline",
     "moe": "benchmarks.moe",
     "omni-thinker": "benchmarks.omni_thinker",

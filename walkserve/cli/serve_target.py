@@ -4,10 +4,11 @@
     MODEL = auto, or only a path  the family read from the checkpoint (config.json architecture or model_type;
                                   a directory with lm/ and snac/, or --snac-path: orpheus; ema.safetensors
                                   with llm_config.json: bagel)
-    MODEL = orpheus|llama|qwen2|qwen3|qwen3-omni|bagel|pi0|pi05 (or any registered family)
+    MODEL = orpheus|llama|qwen2|qwen3|qwen3-omni|bagel|pi0|pi05|vjepa2 (or any registered family)
 
 pi0 / pi0.5 checkpoints are recognised by config.json's ``"type"``; their
 tokenizer is PaliGemma's SentencePiece model, given with --tokenizer-path.
+V-JEPA 2 by its ``model_type`` (``vjepa2``: HF; ``vjepa2-ac``: converted by walkserve convert vjepa2-ac).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from walkserve.core.errors import ConfigError
 from walkserve.models.base import ModelRef
 from walkserve.models.orpheus.tokens import AUDIO_TOKEN_RANGE
 
-SERVED_FAMILIES = ("orpheus", "llama", "qwen2", "qwen3", "qwen3-omni", "bagel", "pi0", "pi05")
+SERVED_FAMILIES = ("orpheus", "llama", "qwen2", "qwen3", "qwen3-omni", "bagel", "pi0", "pi05", "vjepa2")
 POLICY_FAMILIES = ("pi0", "pi05")  # lerobot's config.json "type"
+VJEPA2_MODEL_TYPES = ("vjepa2", "vjepa2-ac")  # HF V-JEPA 2; our converted V-JEPA 2-AC
 # Orpheus's audio codes end here: a Llama vocabulary at least this large is an Orpheus LM
 ORPHEUS_MIN_VOCAB = AUDIO_TOKEN_RANGE[1]
 
@@ -85,6 +87,8 @@ def detect_family(model_path: str | None, snac_path: str | None) -> str:
     policy = _policy_type(root)
     if policy is not None:
         return policy
+    if _model_type(root / "config.json") in VJEPA2_MODEL_TYPES:
+        return "vjepa2"
     from walkserve.models.bagel.model import is_bagel_dir
 
     if is_bagel_dir(root):  # BAGEL's config.json holds no architecture; its layout says what it is
@@ -96,6 +100,16 @@ def detect_family(model_path: str | None, snac_path: str | None) -> str:
         raise ConfigError(f"{root} looks like an Orpheus LM (audio codes in its vocabulary); serve it with: "
                           f"walkserve serve orpheus --model-path {root} --snac-path SNAC_DIR")
     return config.family
+
+
+def _model_type(config_file: Path) -> str | None:
+    import json
+
+    try:
+        data = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return None  # LMConfig reports what is wrong with the file
+    return data.get("model_type") if isinstance(data, dict) else None
 
 
 def _is_qwen3_omni(config_file: Path) -> bool:

@@ -17,6 +17,7 @@ class TinyFamily:
     presets: tuple[str, ...]
     writer: Callable[[argparse.Namespace], Path]
     serves: bool = True
+    serve_as: str | None = None  # the family ``walkserve serve`` names it by, when not its own name
 
 
 def _call(target: str, *args, **kwargs) -> Path:
@@ -38,9 +39,10 @@ FAMILIES: dict[str, TinyFamily] = {
         "walkserve.models.pi0.tiny:write_tiny_policy", kind, a.out_dir, seed=a.seed, preset=a.preset))
        for kind in ("pi0", "pi05")},
     "vjepa2": TinyFamily(("tiny",), lambda a: _call(
-        "walkserve.models.vjepa2.tiny:write_tiny_vjepa2", a.out_dir, preset=a.preset, seed=a.seed), serves=False),
+        "walkserve.models.vjepa2.tiny:write_tiny_vjepa2", a.out_dir, preset=a.preset, seed=a.seed)),
     "vjepa2-ac": TinyFamily(("tiny", "bench"), lambda a: _call(
-        "walkserve.models.vjepa2.tiny:write_tiny_vjepa2_ac", a.out_dir, preset=a.preset, seed=a.seed), serves=False),
+        "walkserve.models.vjepa2.tiny:write_tiny_vjepa2_ac", a.out_dir, preset=a.preset, seed=a.seed),
+        serve_as="vjepa2"),
     "qwen3-omni": TinyFamily(("tiny",), lambda a: _call(
         "walkserve.models.qwen3_omni.tiny:write_tiny_qwen3_omni", a.out_dir, seed=a.seed)),
 }
@@ -72,5 +74,5 @@ def run(args: argparse.Namespace) -> int:
     out = family.writer(args)
     print(f"wrote a random-weight {args.family} checkpoint ({args.preset}) to {out}")
     if family.serves:
-        print(f"serve it with: walkserve serve {args.family} --model-path {out}")
+        print(f"serve it with: walkserve serve {family.serve_as or args.family} --model-path {out}")
     return 0

@@ -19,6 +19,19 @@ Operations (``op``):
   truncate  roll ``context`` back to ``length`` tokens (an int, or an input slot);
   drop      free ``context``.
 
+Fans: an operation declared with ``fan="slot"`` applies to K contexts at once, ``context[0]`` …
+``context[K-1]`` (``fan_context``), K read from that input slot (an int; 0 is allowed for a fork,
+truncate or drop, which then does nothing: a node may reset its members only on some firings). An append's or query's
+chunk is then K member chunks of T / K rows each, side by side (tokens, embeddings, the last axis of
+positions, targets, row masks and token inputs split in K equal parts); each member runs as its own
+chunk in the same batch, and the firing is answered once all have run, with each output the
+members' concatenated along dim 0 (a last-row ``logits`` [V] stacked to [K, V]). A fork fans one
+source out to K contexts; a truncate or drop applies to each. (V-JEPA 2-AC's CEM: K candidate
+rollouts of one request, batched, each forked from one shared prefix.)
+
+    kv_params(fork("prefix", into="cand", fan="k"))                 cand[0..K-1] = snapshots of prefix
+    kv_params(append("cand", fan="k", mask="full", rows=Rows.tail(F)))   one step of every candidate
+
 Masks, per chunk (the cached prefix is always visible in full):
   causal        row i sees the chunk's rows 0..i
   full          every row sees the whole chunk (image blocks, pi0's prefix and suffix)
@@ -50,14 +63,15 @@ from walkserve.core.errors import GraphError
 
 OPS = ("append", "query", "fork", "truncate", "drop")
 MASKS = ("causal", "full", "block_causal")
-ROW_KINDS = ("last", "all", "range", "where")
+ROW_KINDS = ("last", "all", "range", "tail", "where")
 KV_PARAM = "kv"  # GraphNode.params key holding the node's tuple of ContextOpSpec
 DEFAULT_CONTEXT = "main"
 
 
 @dataclass(frozen=True)
 class Rows:
-    """Which rows of a chunk come out: the last, all, ``[start, stop)`` (chunk-relative), or where slot ``slot`` (bool [T]) is true."""
+    """Which rows of a chunk come out: the last, all, ``[start, stop)`` (chunk-relative), the last ``start``
+    rows (``tail``), or where slot ``slot`` (bool [T]) is true."""
 
     kind: str = "last"
     start: int = 0
@@ -71,10 +85,17 @@ class Rows:
             raise GraphError("rows 'where' needs the input slot holding the bool row mask")
         if self.kind == "range" and (self.start < 0 or (self.stop is not None and self.stop <= self.start)):
             raise GraphError(f"rows range [{self.start}, {self.stop}) is empty or negative")
+        if self.kind == "tail" and (self.start < 1 or self.stop is not None):
+            raise GraphError(f"rows tail needs a count >= 1, got {self.start}")
 
     @staticmethod
     def range(start: int, stop: int | None = None) -> Rows:
         return Rows("range", start, stop)
+
+    @staticmethod
+    def tail(n: int) -> Rows:
+        """The last ``n`` rows of the chunk (a V-JEPA step's frame tokens, whatever the steps before them)."""
+        return Rows("tail", n)
 
     @staticmethod
     def where(slot: str) -> Rows:
@@ -104,6 +125,7 @@ class ContextOpSpec:
     embed_rows: str = "embed_rows"
     positions: str = "positions"
     targets: str = "targets"
+    fan: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reads", tuple(self.reads))
@@ -123,7 +145,7 @@ class ContextOpSpec:
             raise GraphError("only a query reads other contexts (reads=...)")
         if any(not isinstance(k, int) or k < 0 for k in self.capture.values()):
             raise GraphError(f"capture maps output names to layer indices >= 0, got {self.capture}")
-        simple = self.op == "append" and self.mask == "causal" and self.rows == LAST
+        simple = self.op == "append" and self.mask == "causal" and self.rows == LAST and not self.fan
         object.__setattr__(self, "_tokens_only", simple and not self.capture and not self.token_inputs)
 
     @property
@@ -152,22 +174,28 @@ def query(*reads: str, **fields: Any) -> ContextOpSpec:
     return ContextOpSpec("query", reads[0], reads=reads, **fields)
 
 
-def fork(source: str, into: str) -> ContextOpSpec:
-    """``into`` becomes a copy-on-write snapshot of ``source``."""
-    return ContextOpSpec("fork", into, source=source)
+def fork(source: str, into: str, fan: str = "") -> ContextOpSpec:
+    """``into`` becomes a copy-on-write snapshot of ``source`` (with ``fan``: each of ``into[0..K-1]``)."""
+    return ContextOpSpec("fork", into, source=source, fan=fan)
 
 
-def truncate(context: str, length: int | str) -> ContextOpSpec:
+def truncate(context: str, length: int | str, fan: str = "") -> ContextOpSpec:
     """Roll ``context`` back to ``length`` tokens (an int, or the input slot holding it)."""
-    return ContextOpSpec("truncate", context, length=length)
+    return ContextOpSpec("truncate", context, length=length, fan=fan)
 
 
-def drop(context: str) -> ContextOpSpec:
-    return ContextOpSpec("drop", context)
+def drop(context: str, fan: str = "") -> ContextOpSpec:
+    return ContextOpSpec("drop", context, fan=fan)
+
+
+def fan_context(context: str, member: int) -> str:
+    """The name of member ``member`` of a fanned context: ``"cand"``, 3 -> ``"cand[3]"``."""
+    return f"{context}[{member}]"
 
 
 def kv_params(*ops: ContextOpSpec, **other: Any) -> dict[str, Any]:
-    """GraphNode params declaring the node's context operations, in order (at most one append or query)."""
+    """GraphNode params declaring the node's context operations, in order (at most one append or query;
+    a fanned one runs one forward chunk per member)."""
     if not ops:
         raise GraphError("kv_params needs at least one context operation")
     if sum(op.computes for op in ops) > 1:

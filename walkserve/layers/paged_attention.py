@@ -140,9 +140,56 @@ def _slots(tables: torch.Tensor, seqs: torch.Tensor, positions: torch.Tensor, bl
     return tables[seqs, positions // block_size] * block_size + positions % block_size
 
 
+MAX_BATCHED_KEYS = 1 << 16  # key rows gathered for one batched SDPA call (bounds the scratch buffers)
+
+
+def _batch_appends(others: list[tuple], block_size: int, device: torch.device) -> tuple[list[tuple], list[tuple]]:
+    """Multi-row appends with the same rows and blocks (K candidate steps of one CEM request, equal prefills)
+    as batched calls ``(batch rows [B*n], B, n, block ids [B*W], mask [B, 1, n, W*bs] or None)``; the rest alone."""
+    groups: dict[tuple, list[tuple]] = {}
+    singles = []
+    for item in others:
+        start, end, blocks, allowed, from_pool = item
+        if from_pool and not isinstance(allowed, str):
+            groups.setdefault((end - start, _count(blocks), allowed is None), []).append(item)
+        else:
+            singles.append(item)
+    batched = []
+    for (n, width, unmasked), items in groups.items():
+        if len(items) == 1:
+            singles.extend(items)
+            continue
+        per_call = max(1, MAX_BATCHED_KEYS // (width * block_size))
+        for lo in range(0, len(items), per_call):
+            part = items[lo : lo + per_call]
+            rows = torch.cat([torch.arange(s, e, device=device) for s, e, *_ in part])  # [B*n]
+            blocks = torch.cat([_ids(b, device) for _, _, b, _, _ in part])  # [B*W]
+            mask = None if unmasked else torch.stack([a for _, _, _, a, _ in part])[:, None]  # [B, 1, n, W*bs]
+            batched.append((rows, len(part), n, blocks, mask))
+    return singles, batched
+
+
+def _count(blocks: torch.Tensor | tuple[int, int]) -> int:
+    return blocks[1] if isinstance(blocks, tuple) else blocks.numel()
+
+
+def _ids(blocks: torch.Tensor | tuple[int, int], device: torch.device) -> torch.Tensor:
+    if isinstance(blocks, tuple):
+        return torch.arange(blocks[0], blocks[0] + blocks[1], device=device)
+    return blocks
+
+
+def _blocks(table: list[int], device: torch.device) -> torch.Tensor | tuple[int, int]:
+    """A block table as a ``(first, count)`` span when its ids are consecutive, else an id tensor."""
+    if table and table[-1] - table[0] == len(table) - 1 and table == list(range(table[0], table[0] + len(table))):
+        return table[0], len(table)
+    return torch.tensor(table, dtype=torch.long, device=device)
+
+
 def chunk_mask(kind: str, n: int, frame: int, device: torch.device) -> torch.Tensor | None:
-    """bool [n, n] among a chunk's rows (True = may attend); None for full."""
-    if kind == "full":
+    """bool [n, n] among a chunk's rows (True = may attend); None when every row sees every row (full, or a
+    block-causal chunk of one frame)."""
+    if kind == "full" or (kind == "block_causal" and n <= frame):
         return None
     if kind == "block_causal":
         f = torch.arange(n, device=device) // frame
@@ -181,9 +228,11 @@ class TorchPagedAttention(AttentionContext):
     each sequence's blocks (whole blocks, indices precomputed once per step)
     into scratch buffers reused by every layer. One-row appends run as one
     padded SDPA call with an additive key bias and the query heads of each KV
-    head folded into the query axis (no K/V expansion for GQA); every other
-    sequence runs in its own SDPA call with a bool mask (prefix visible, the
-    chunk under its mask kind). A batch of decodes only skips every row scatter.
+    head folded into the query axis (no K/V expansion for GQA); multi-row
+    appends of the same rows and blocks (a CEM step's K candidates) run as
+    one batched SDPA call; every other sequence runs in its own SDPA call with
+    a bool mask (prefix visible, the chunk under its mask kind), or none when
+    it sees every key. A batch of decodes only skips every row scatter.
     """
 
     def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch, scratch: Scratch):
@@ -203,21 +252,29 @@ class TorchPagedAttention(AttentionContext):
             bias = torch.zeros(mask.shape, dtype=k_cache.dtype, device=device).masked_fill_(~mask, _neg(k_cache.dtype))
             self.decode_bias = bias[:, None, None, :]  # [B, 1, 1, W * bs]
         one_row = set(decodes)
-        self.others = [self._plan(batch, index, i, starts[i], starts[i + 1]) for i in range(len(batch.query_lens))
-                       if i not in one_row]
+        others = [self._plan(batch, index, i, starts[i], starts[i + 1]) for i in range(len(batch.query_lens))
+                  if i not in one_row]
+        self.others, self.batched = _batch_appends(others, batch.block_size, device)
 
     @staticmethod
     def _plan(batch: PagedBatch, index: PagedIndex, i: int, start: int, end: int) -> tuple:
-        """(rows, blocks to gather, key mask or None, whether the chunk's own k/v come from the pool)."""
+        """(rows, blocks to gather, key mask or None, whether the chunk's own k/v come from the pool).
+
+        An append's blocks are a ``(first, count)`` span when its table is consecutive ids (read as a view of
+        the pool, nothing copied), else an id tensor; its mask is None when it sees every key it gathers.
+        """
         n, device = end - start, index.tables.device
         inner = chunk_mask(batch.mask(i), n, batch.frames[i] if batch.frames else 0, device)  # [n, n] or None
         if not batch.is_query(i):
-            blocks, valid = index.padded_blocks([i])  # [W], [1, W * bs]
-            prefix = batch.kv_lens[i] - n
+            bs, kv = batch.block_size, batch.kv_lens[i]
+            prefix = kv - n
             if inner is not None and batch.mask(i) == "causal" and prefix == 0:
-                return start, end, blocks[: -(-n // batch.block_size)], "causal", True
-            keys = valid.shape[1]
-            allowed = torch.zeros(n, keys, dtype=torch.bool, device=device)
+                return start, end, _blocks(batch.block_tables[i][: -(-n // bs)], device), "causal", True
+            width = -(-kv // bs)
+            blocks = _blocks(batch.block_tables[i][:width], device)
+            if inner is None and width * bs == kv:  # the whole chunk and its prefix, no padding: no mask
+                return start, end, blocks, None, True
+            allowed = torch.zeros(n, width * bs, dtype=torch.bool, device=device)
             allowed[:, :prefix] = True
             allowed[:, prefix : prefix + n] = True if inner is None else inner
             return start, end, blocks, allowed, True
@@ -246,6 +303,9 @@ class TorchPagedAttention(AttentionContext):
         if self.decode_blocks is not None:
             keys, values = self._gather(k_cache, v_cache, self.decode_blocks, len(self.decode_rows))
             out[self.decode_rows] = _decode(q[self.decode_rows], keys, values, self.decode_bias, scale)
+        for rows, b, n, blocks, mask in self.batched:  # appends of equal shape: one SDPA call each
+            keys, values = self._gather(k_cache, v_cache, blocks, b)  # [B, W * bs, Hkv, Dh]
+            out[rows] = _attend_batch(q[rows].view(b, n, *q.shape[1:]), keys, values, mask, scale).flatten(0, 1)
         for start, end, blocks, allowed, from_pool in self.others:
             keys, values = self._gather(k_cache, v_cache, blocks, 1)  # [1, W * bs, Hkv, Dh]
             keys, values = keys[0], values[0]
@@ -257,9 +317,14 @@ class TorchPagedAttention(AttentionContext):
             out[start:end] = _attend(q[start:end], keys, values, allowed, scale)
         return out
 
-    def _gather(self, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor, rows: int):
-        """K and V of ``blocks`` [B * W] as [B, W * bs, Hkv, Dh] views of the scratch buffers."""
+    def _gather(self, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor | tuple[int, int], rows: int):
+        """K and V of ``blocks`` [B * W] as [B, W * bs, Hkv, Dh] views of the scratch buffers (of the pool itself
+        for a ``(first, count)`` span of consecutive blocks)."""
         n, bs, hkv, dh = k_cache.shape
+        if isinstance(blocks, tuple):
+            first, count = blocks
+            shape = (rows, count // rows * bs, hkv, dh)
+            return k_cache[first : first + count].view(shape), v_cache[first : first + count].view(shape)
         shape = (rows, blocks.numel() // rows * bs, hkv, dh)
         keys = self.scratch.get("k", shape, k_cache.dtype, k_cache.device)
         values = self.scratch.get("v", shape, v_cache.dtype, v_cache.device)
@@ -297,6 +362,20 @@ def _decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: tor
         scale=scale,
     )
     return out.reshape(b, hq, dh).to(q.dtype)  # [B, Hq, Dh]
+
+
+def _attend_batch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                  scale: float) -> torch.Tensor:
+    """q [B, n, Hq, Dh] over k, v [B, L, Hkv, Dh] under ``mask`` (bool [B, 1, n, L]) or none: [B, n, Hq, Dh]."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2).to(k.dtype),  # [B, Hq, n, Dh]
+        k.transpose(1, 2),  # [B, Hkv, L, Dh]
+        v.transpose(1, 2),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=q.shape[2] != k.shape[2],
+    )
+    return out.transpose(1, 2).to(q.dtype)  # [B, n, Hq, Dh]
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | str, scale: float) -> torch.Tensor:

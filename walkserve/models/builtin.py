@@ -10,5 +10,6 @@ register("qwen3-omni", "walkserve.models.qwen3_omni.model:build")
 register("pi0", "walkserve.models.pi0.model:build")
 register("pi05", "walkserve.models.pi0.model:build")
 register("bagel", "walkserve.models.bagel.model:build")
+register("vjepa2", "walkserve.models.vjepa2.model:build")
 # Other families (the fixture models of walkserve.testing among them) come from the "walkserve.models"
 # entry points (pyproject.toml), read by the registry.

@@ -18,7 +18,7 @@ DEFAULT_MAX_TOKENS = SamplingParams.__dataclass_fields__["max_tokens"].default
 
 # Capabilities a model card may list; the API answers 400 for routes whose capability is missing.
 CAPABILITIES = ("completions", "chat", "speech", "audio_out", "image_in", "audio_in", "video_in", "images", "image_edit",
-                "generate", "act")
+                "generate", "act", "encode", "rollout", "plan", "embeddings")
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ class TensorProcessor(Processor):
         converted = {}
         for name, value in inputs.items():
             if isinstance(value, list):
-                value = _list_to_array(value, f"inputs.{name}")
+                value = list_to_array(value, f"inputs.{name}")
             elif not isinstance(value, (ArrayData, int, float, str, bool)):
                 raise InvalidRequest(f"input {name!r} must be an array, a number, a string or a list", param=f"inputs.{name}")
             converted[name] = value
@@ -138,7 +138,7 @@ class TensorProcessor(Processor):
         return RequestSpec(converted, task=task, modalities=modalities, sampling=sampling, params=dict(params))
 
 
-def _list_to_array(value: list, param: str):
+def list_to_array(value: list, param: str):
     """A (nested, rectangular) list of numbers -> ArrayData: int64 when every number is an int, else float32."""
     from walkserve.core.array import ArrayData
     from walkserve.core.errors import InvalidRequest

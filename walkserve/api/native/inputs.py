@@ -6,7 +6,7 @@ from typing import Any
 
 from walkserve.api.errors import bad_request
 from walkserve.api.media.data_url import decode_base64
-from walkserve.api.schemas.generate import ArrayInput, AudioInput, ImageInput
+from walkserve.api.schemas.generate import ArrayInput, AudioInput, ImageInput, VideoInput
 from walkserve.api.state import AppState
 from walkserve.core.array import ArrayData
 
@@ -20,7 +20,7 @@ def decode_array(value: ArrayInput, param: str) -> ArrayData:
 
 
 async def convert_inputs(state: AppState, inputs: dict[str, Any]) -> dict[str, Any]:
-    media = sum(isinstance(v, (ImageInput, AudioInput)) for v in inputs.values())
+    media = sum(isinstance(v, (ImageInput, AudioInput, VideoInput)) for v in inputs.values())
     state.media.check_count(media, "inputs")
     out: dict[str, Any] = {}
     for name, value in inputs.items():
@@ -35,6 +35,21 @@ async def convert_inputs(state: AppState, inputs: dict[str, Any]) -> dict[str, A
             audio, rate = await state.media.audio_from_url(value.url, f"{param}.url")
             out[name] = audio
             out[f"{name}_sample_rate"] = rate
+        elif isinstance(value, VideoInput):
+            out[name] = await video_value(state, value, param)
         else:
             out[name] = value
     return out
+
+
+async def video_value(state: AppState, value: VideoInput, param: str) -> ArrayData | bytes:
+    """A video input: its frames as one uint8 [T, H, W, 3] array, or a video file's bytes (the model decodes them)."""
+    state.require("video_in", "video inputs", param)
+    video = await state.media.video_from_url(value.url, f"{param}.url")
+    if "video" in video:
+        return video["video"]
+    frames = video["frames"]
+    if any(f.shape != frames[0].shape for f in frames):
+        raise bad_request(f"the frames of {param} differ in size ({frames[0].shape} and others)", f"{param}.url",
+                          "invalid_video")
+    return ArrayData("uint8", (len(frames), *frames[0].shape), b"".join(f.data for f in frames))

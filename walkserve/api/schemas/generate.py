@@ -31,7 +31,13 @@ class AudioInput(ApiModel):
     url: str = Field(description="A data: URL, or an allowlisted http(s) URL.")
 
 
-TypedInput = Annotated[ArrayInput | ImageInput | AudioInput, Field(discriminator="type")]
+class VideoInput(ApiModel):
+    type: Literal["video"]
+    url: str = Field(description="A video file as a data: URL or an allowlisted http(s) URL, or its frames as "
+                                 "data:video/jpeg;base64,<frame>,<frame>,... (or video/png).")
+
+
+TypedInput = Annotated[ArrayInput | ImageInput | AudioInput | VideoInput, Field(discriminator="type")]
 InputValue = TypedInput | Scalar | Annotated[list[JsonInt | Float], Field(max_length=1_000_000)]
 
 
@@ -42,7 +48,7 @@ class SamplingBody(SamplingFields):
 
 class GenerateRequest(ApiModel):
     model: str | None = model_field()
-    task: Literal["generate", "completion", "chat", "speech", "image", "act"] = "generate"
+    task: Literal["generate", "completion", "chat", "speech", "image", "act", "encode", "rollout", "plan"] = "generate"
     inputs: Annotated[dict[str, InputValue], Field(max_length=64)] = Field(default_factory=dict)
     modalities: Annotated[list[Annotated[str, Field(max_length=32)]], Field(min_length=1, max_length=8)] | None = None
     sampling: SamplingBody | None = None

@@ -113,6 +113,7 @@ class KVCacheEngine(Engine):
         self._ready: list[FiringResult] = []
         self.forwards = 0  # steps that ran the models (each one batch over every scheduled chunk)
         self._queues: dict[str, deque[list]] = defaultdict(deque)  # request -> [[firing, ops, next op index]]
+        self._fans: dict[int, FanJoin] = {}  # id(firing) -> the member outputs of a fanned forward so far
 
     # ---- Engine contract -------------------------------------------------
     def submit(self, firing: Firing) -> None:
@@ -123,6 +124,9 @@ class KVCacheEngine(Engine):
             self._ready.append(FiringResult(firing, error=f"{self.component}: {err}"))
             return
         rid = firing.request_id
+        members = [op for op in ops if op.computes]
+        if len(members) > 1:  # a fanned forward: answered once every member chunk has run
+            self._fans[id(firing)] = FanJoin(firing, members)
         if rid not in self._queues and len(ops) == 1 and ops[0].kind == "append":  # a decode step: no queue
             ctx = self.scheduler.contexts.get((rid, ops[0].context))
             if ctx is None or not ctx.readers:
@@ -153,6 +157,12 @@ class KVCacheEngine(Engine):
             out = by_firing.get(id(pending)) or {}
             if ctx is not None and "token" in out:
                 ctx.sampled.append(int(out["token"][0]))
+            fan = self._fans.get(id(pending.firing))
+            if fan is not None:
+                out = fan.put(pending.op, out)
+                if out is None:
+                    continue
+                del self._fans[id(pending.firing)]
             results.append(FiringResult(pending.firing, outputs=out))
         for rid in [rid for rid, queue in self._queues.items() if queue]:  # operations waiting for idle contexts
             self._start(rid)
@@ -195,6 +205,7 @@ class KVCacheEngine(Engine):
 
     def release(self, request_id: str) -> None:
         self._queues.pop(request_id, None)
+        self._fans = {k: j for k, j in self._fans.items() if j.firing.request_id != request_id}
         self.scheduler.drop_request(request_id)
         self._ready = [r for r in self._ready if r.firing.request_id != request_id]
 
@@ -238,6 +249,9 @@ class KVCacheEngine(Engine):
                 try:
                     self._apply(firing, ops[i])
                 except ValueError as err:
+                    if id(firing) in self._fans:  # members already queued would answer it later: end the request
+                        self._fail_request(rid, f"{self.component}: {err}")
+                        return
                     self._ready.append(FiringResult(firing, error=f"{self.component}: {err}"))
                     i = len(ops) + 1
                     break
@@ -319,8 +333,9 @@ class KVCacheEngine(Engine):
                 if lo < 0 or hi >= vocab:
                     bad = [t for t in op.token_ids.tolist() if not 0 <= t < vocab]
                     raise ValueError(f"token ids {bad[:5]} of node {firing.node!r} are outside the vocabulary [0, {vocab})")
-            if op.embeds is not None and op.embeds.shape[1] != cfg.hidden_size:
-                raise ValueError(f"embeddings of node {firing.node!r} have width {op.embeds.shape[1]}, the model {cfg.hidden_size}")
+            width = getattr(cfg, "embed_size", None) or cfg.hidden_size
+            if op.embeds is not None and op.embeds.shape[1] != width:
+                raise ValueError(f"embeddings of node {firing.node!r} have width {op.embeds.shape[1]}, the model {width}")
             if not op.capture:
                 continue
             if not self.runner.takes_capture.get(firing.component, self.runner.takes_capture[self.component]):
@@ -333,11 +348,36 @@ class KVCacheEngine(Engine):
         failed += [p.firing for c in self.scheduler.drop_request(rid) if c for p in c.pending if p.firing is not None]
         failed += [entry[0] for entry in self._queues.pop(rid, ())]
         for firing in {id(f): f for f in failed}.values():
+            self._fans.pop(id(firing), None)
             self._ready.append(FiringResult(firing, error=message))
 
     def _take_ready(self) -> list[FiringResult]:
         ready, self._ready = self._ready, []
         return ready
+
+
+class FanJoin:
+    """The outputs of a fanned forward's member chunks, joined in member order once all have run."""
+
+    def __init__(self, firing: Firing, members: list[ContextOp]):
+        self.firing = firing
+        self.index = {id(op): i for i, op in enumerate(members)}
+        self.outputs: list[dict[str, Any] | None] = [None] * len(members)
+        self.missing = len(members)
+
+    def put(self, op: ContextOp, outputs: dict[str, Any]) -> dict[str, Any] | None:
+        """Record one member's outputs; the joined outputs once every member has answered, else None."""
+        i = self.index[id(op)]
+        if self.outputs[i] is None:
+            self.missing -= 1
+        self.outputs[i] = outputs
+        if self.missing:
+            return None
+        joined = {}
+        for name in self.outputs[0]:
+            parts = [out[name] for out in self.outputs]
+            joined[name] = torch.stack(parts) if name == "logits" and parts[0].dim() == 1 else torch.cat(parts)
+        return joined
 
 
 def kv_geometry(models: Mapping[str, nn.Module], block_size: int, dtype: torch.dtype) -> KVPoolShape:

@@ -12,12 +12,12 @@ that error.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from walkserve.graph.kv import LAST, ContextOpSpec, Rows, declared_ops
+from walkserve.graph.kv import LAST, ContextOpSpec, Rows, declared_ops, fan_context
 
 
 class _Empty(Mapping):
@@ -93,7 +93,51 @@ def bind(node: str, node_params: Mapping[str, Any], inputs: Mapping[str, Any]) -
         ids = inputs.get(specs[0].tokens)
         if type(ids) is torch.Tensor and ids.dtype == torch.long and ids.dim() == 1 and ids.numel():
             return (ContextOp("append", specs[0].context, token_ids=ids, num_tokens=ids.numel()),)
-    return tuple(_bind_one(node, spec, inputs) for spec in specs)
+    ops: list[ContextOp] = []
+    for spec in specs:
+        op = _bind_one(node, spec, inputs)
+        ops.extend(_fan_out(node, spec, op, inputs) if spec.fan else (op,))
+    return tuple(ops)
+
+
+def _fan_out(node: str, spec: ContextOpSpec, op: ContextOp, inputs: Mapping[str, Any]) -> list[ContextOp]:
+    """A fanned operation as one ContextOp per member context (a chunk split into K equal member chunks)."""
+    k = _fan_size(node, spec, inputs, op.computes)
+    members = [replace(op, context=fan_context(spec.context, i)) for i in range(k)]
+    if op.kind == "query":
+        for i, m in enumerate(members):
+            m.reads = tuple(fan_context(r, i) for r in op.reads)
+    if not op.computes:
+        return members
+    if op.num_tokens % k:
+        raise ValueError(f"node {node!r}: {op.num_tokens} rows do not split into {k} equal member chunks ({spec.fan!r})")
+    if op.embed_rows is not None:
+        raise ValueError(f"node {node!r}: a fanned chunk takes embeddings for every row, not {spec.embed_rows!r}")
+    t = op.num_tokens // k
+    if op.mask == "block_causal" and t % op.frame:
+        raise ValueError(f"node {node!r}: member chunks of {t} rows are not whole frames of {op.frame}")
+    for i, m in enumerate(members):
+        rows = slice(i * t, (i + 1) * t)
+        m.num_tokens = t
+        m.token_ids = None if op.token_ids is None else op.token_ids[rows]
+        m.embeds = None if op.embeds is None else op.embeds[rows]
+        m.positions = None if op.positions is None else op.positions[..., rows]
+        m.targets = None if op.targets is None else op.targets[rows]
+        m.row_mask = None if op.row_mask is None else op.row_mask[rows]
+        m.token_inputs = {name: v[rows] for name, v in op.token_inputs.items()} if op.token_inputs else _NONE
+    return members
+
+
+def _fan_size(node: str, spec: ContextOpSpec, inputs: Mapping[str, Any], computes: bool) -> int:
+    """K from the fan slot: >= 1 for an append or query, >= 0 otherwise (a fork of no members does nothing)."""
+    value = inputs.get(spec.fan)
+    if value is None:
+        raise ValueError(f"node {node!r} fans {spec.context!r} out by input {spec.fan!r}, which it did not get")
+    flat = torch.as_tensor(value).reshape(-1)
+    least = 1 if computes else 0
+    if flat.numel() != 1 or flat.is_floating_point() or int(flat[0]) < least:
+        raise ValueError(f"input {spec.fan!r} of node {node!r} must be one integer >= {least} (the member count)")
+    return int(flat[0])
 
 
 def _bind_one(node: str, spec: ContextOpSpec, inputs: Mapping[str, Any]) -> ContextOp:

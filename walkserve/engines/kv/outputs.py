@@ -138,6 +138,9 @@ def chunk_rows(c: ScheduledChunk, p: PendingFiring) -> torch.Tensor | None:
         return torch.tensor([stop - 1 + shift]) if wants and c.completes is p else None
     if kind == "all":
         return torch.arange(first, stop) + shift
+    if kind == "tail":
+        lo = max(first, p.end - p.start - op.rows.start)
+        return torch.arange(lo, max(lo, stop)) + shift
     if kind == "range":
         lo, hi = max(first, op.rows.start), min(stop, op.rows.stop if op.rows.stop is not None else stop)
         return torch.arange(lo, max(lo, hi)) + shift

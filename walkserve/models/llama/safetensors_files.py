@@ -49,13 +49,16 @@ def weight_files(directory: str | Path) -> list[Path]:
     return [directory / SINGLE_FILE]
 
 
-def tensor_bytes(directory: str | Path, dtype: str | None = None) -> int:
-    """Bytes of every tensor of the checkpoint: as stored, or at ``dtype`` ("float32", "bfloat16", "float16")."""
+def tensor_bytes(directory: str | Path, dtype: str | None = None, prefix: str = "") -> int:
+    """Bytes of every tensor of the checkpoint (whose name starts with ``prefix``): as stored, or at ``dtype``
+    ("float32", "bfloat16", "float16")."""
     if dtype is not None and dtype not in DTYPE_ITEMSIZE:
         raise ConfigError(f"unsupported weight dtype {dtype!r} (supported: {', '.join(DTYPE_ITEMSIZE)})")
     total = 0
     for path in weight_files(directory):
-        for entry in read_header(path).values():
+        for name, entry in read_header(path).items():
+            if not name.startswith(prefix):
+                continue
             itemsize = DTYPE_ITEMSIZE[dtype] if dtype else ITEMSIZE.get(entry["dtype"], 4)
             total += math.prod(entry["shape"]) * itemsize
     return total

@@ -87,16 +87,16 @@ def plan(model: ACPredictor, frames: torch.Tensor, states: torch.Tensor, goal: t
     if c > 1:  # steps 0 … C-2 do not depend on any candidate
         prefix.append(frames[:-1], actions[: c - 1], states[: c - 1])
     gen = torch.Generator().manual_seed(config.seed)
-    mean, std = _initial(config)
+    mean, std = initial_distribution(config)
     best, topk_mean = [], []
     for _ in range(config.iterations):
-        candidates = _sample(mean, std, config, gen).to(frames.device, frames.dtype)  # [K, H, 7]
+        candidates = sample_candidates(mean, std, config, gen).to(frames.device, frames.dtype)  # [K, H, 7]
         costs, features = _score(prefix, frames[-1], states[c - 1], goal, candidates, return_features)
         order = costs.argsort()
         best.append(costs[order[0]])
         topk_mean.append(costs[order[: config.topk]].mean())
-        mean, std = _refit(mean, std, candidates[order[: config.topk]].cpu().float(), config)
-    return PlanResult(_answer(mean, config), torch.stack(best), torch.stack(topk_mean), candidates, costs, features)
+        mean, std = refit(mean, std, candidates[order[: config.topk]].cpu().float(), config)
+    return PlanResult(answer(mean, config), torch.stack(best), torch.stack(topk_mean), candidates, costs, features)
 
 
 def _score(prefix: KVRollout, frame: torch.Tensor, state: torch.Tensor, goal: torch.Tensor,
@@ -123,14 +123,14 @@ def _rollout(prefix: KVRollout, frame: torch.Tensor, state: torch.Tensor, seq: t
     return torch.stack(out)
 
 
-def _initial(config: CEMConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def initial_distribution(config: CEMConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """mean 0, std (maxnorm x 3, 1) over (Δx, Δy, Δz, Δgripper) for each step: [H, 4] each."""
     mean = torch.zeros(config.horizon, 4)
     std = torch.cat([torch.full((config.horizon, 3), config.maxnorm), torch.ones(config.horizon, 1)], dim=-1)
     return mean, std
 
 
-def _sample(mean: torch.Tensor, std: torch.Tensor, config: CEMConfig, gen: torch.Generator) -> torch.Tensor:
+def sample_candidates(mean: torch.Tensor, std: torch.Tensor, config: CEMConfig, gen: torch.Generator) -> torch.Tensor:
     """K sequences [K, H, 7]: clipped Gaussian Δxyz and Δgripper, zero Δrotation."""
     draw = torch.randn(config.samples, *mean.shape, generator=gen) * std + mean  # [K, H, 4]
     xyz = draw[..., :3].clamp(-config.maxnorm, config.maxnorm)
@@ -138,7 +138,7 @@ def _sample(mean: torch.Tensor, std: torch.Tensor, config: CEMConfig, gen: torch
     return torch.cat([xyz, torch.zeros_like(xyz), grip], dim=-1)  # [K, H, 7]
 
 
-def _refit(mean: torch.Tensor, std: torch.Tensor, elite: torch.Tensor, config: CEMConfig):
+def refit(mean: torch.Tensor, std: torch.Tensor, elite: torch.Tensor, config: CEMConfig):
     """New mean/std [H, 4] from the top-k sequences [k, H, 7], with the released momenta."""
     picked = torch.cat([elite[..., :3], elite[..., 6:]], dim=-1)  # [k, H, 4]
     m_new, s_new = picked.mean(0), picked.std(0)
@@ -147,6 +147,6 @@ def _refit(mean: torch.Tensor, std: torch.Tensor, elite: torch.Tensor, config: C
     return m_new * (1 - m_keep) + mean * m_keep, s_new * (1 - s_keep) + std * s_keep
 
 
-def _answer(mean: torch.Tensor, config: CEMConfig) -> torch.Tensor:
+def answer(mean: torch.Tensor, config: CEMConfig) -> torch.Tensor:
     grip = mean[:, 3:].masked_fill(mean[:, 3:].abs() < config.gripper_round, 0.0)
     return torch.cat([mean[:, :3], torch.zeros(mean.shape[0], 3), grip], dim=-1)  # [H, 7]

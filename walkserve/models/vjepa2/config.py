@@ -140,8 +140,8 @@ class ACPredictorConfig:
     Per step t it reads ``COND_TOKENS + frame_tokens`` tokens (action_t,
     state_t, the frame's grid_size² encoder tokens), block-causal by step, for
     at most ``max_steps`` steps (the released mask is prebuilt for 32).
-    The first four fields below are the KV-engine contract (``num_key_value_heads``
-    and ``head_dim`` are properties).
+    The first four fields below are the KV-engine contract (``num_key_value_heads``,
+    ``head_dim`` and ``embed_size``, the width of embedding rows, are properties).
     """
 
     hidden_size: int = 1024
@@ -174,6 +174,11 @@ class ACPredictorConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def embed_size(self) -> int:
+        """The width of ``inputs_embeds`` rows (the KV engine checks embeddings against it): the encoder's."""
+        return self.input_size
 
     @property
     def frame_tokens(self) -> int:

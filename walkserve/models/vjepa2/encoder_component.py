@@ -1,15 +1,21 @@
 """The V-JEPA 2 encoder as a stateless-engine component (``forward_batch``).
 
 Input slot ``video``: frames, uint8 (or float 0…255) ``[T, H, W, 3]``.
-Output ``features``, float32:
+Output ``features``, float32 unless the request asks for another ``dtype``:
 
     mode "video"      one clip: the evaluation transform, T = 1 repeated to
                       one tubelet, T a multiple of the tubelet -> [N, E]
+                      (with the request param ``pool``: the mean over tokens, [1, E])
     mode "ac_frames"  each frame alone (the DROID transform), repeated into
                       a 2-frame tubelet, encoded, layer-normed with no
                       affine: the AC predictor's frame tokens -> [T, F, E]
 
-Firings whose pixels have the same shape run as one encoder batch.
+The mode is the node's ``op`` ("video" or "ac_frames"), else the one the
+component was built with. In mode "video" a firing inside the encode walk's
+clip loop encodes clip i = its iteration: frames ``[i * clip_frames, (i + 1) *
+clip_frames)`` of the video (request param ``clip_frames``), so a long video
+streams one clip at a time. Firings whose pixels have the same shape run as
+one encoder batch.
 """
 
 from __future__ import annotations
@@ -21,8 +27,9 @@ from typing import Any
 import torch
 
 from walkserve.models.vjepa2.encoder import VisionEncoder
-from walkserve.models.vjepa2.preprocess import ac_frame_pixels, video_pixels
+from walkserve.models.vjepa2.preprocess import ac_frame_pixels, as_given_pixels, video_pixels
 from walkserve.models.vjepa2.rollout import normalize_features
+from walkserve.models.vjepa2.stepper import output_dtype
 
 INPUT_SLOT = "video"
 OUTPUT_NAME = "features"
@@ -41,14 +48,15 @@ class EncoderComponent:
     def device(self) -> torch.device:
         return self.encoder.layernorm.weight.device
 
-    def clip(self, frames: torch.Tensor) -> torch.Tensor:
-        """Frames [T, H, W, 3] -> the encoder input of this mode: [B, 3, t, crop, crop] (B = 1, or T frames)."""
+    def clip(self, frames: torch.Tensor, mode: str | None = None, resize: bool = True) -> torch.Tensor:
+        """Frames [T, H, W, 3] -> the encoder input of ``mode``: [B, 3, t, crop, crop] (B = 1, or T frames);
+        with ``resize`` false a video clip keeps its own size (whole patches), [1, 3, T, H, W]."""
         cfg = self.encoder.config
         frames = torch.as_tensor(frames).to(self.device)
-        if self.mode == "ac_frames":
+        if (mode or self.mode) == "ac_frames":
             pixels = ac_frame_pixels(frames, cfg.crop_size)  # [T, 3, crop, crop]
             return pixels[:, :, None].expand(-1, -1, cfg.tubelet_size, -1, -1)  # [T, 3, tubelet, crop, crop]
-        pixels = video_pixels(frames, cfg.crop_size)  # [3, T, crop, crop]
+        pixels = video_pixels(frames, cfg.crop_size) if resize else as_given_pixels(frames)  # [3, T, h, w]
         if pixels.shape[1] == 1:  # an image: one tubelet of the repeated frame
             pixels = pixels.expand(-1, cfg.tubelet_size, -1, -1)
         if pixels.shape[1] % cfg.tubelet_size:
@@ -56,25 +64,46 @@ class EncoderComponent:
         return pixels[None]  # [1, 3, T, crop, crop]
 
     @torch.inference_mode()
-    def encode(self, clips: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Encoder inputs of this mode (``clip``) -> each one's features, batching equal shapes."""
+    def encode(self, clips: Sequence[torch.Tensor], modes: Sequence[str] | None = None) -> list[torch.Tensor]:
+        """Encoder inputs (``clip``) -> each one's features (float32), batching equal shapes of one mode."""
+        modes = modes or [self.mode] * len(clips)
         out: list[Any] = [None] * len(clips)
-        groups: dict[tuple[int, ...], list[int]] = defaultdict(list)
+        groups: dict[tuple, list[int]] = defaultdict(list)
         for i, c in enumerate(clips):
-            groups[tuple(c.shape[1:])].append(i)
-        for rows in groups.values():
+            groups[(modes[i], *c.shape[1:])].append(i)
+        for (mode, *_), rows in groups.items():
             sizes = [clips[i].shape[0] for i in rows]
             features = self.encoder(torch.cat([clips[i] for i in rows]))  # [sum B, N, E]
             for i, part in zip(rows, features.split(sizes)):
-                out[i] = self._finish(part)
+                out[i] = normalize_features(part).float() if mode == "ac_frames" else part[0].float()
         return out
-
-    def _finish(self, features: torch.Tensor) -> torch.Tensor:
-        if self.mode == "ac_frames":
-            return normalize_features(features).float()  # [T, F, E]
-        return features[0].float()  # [N, E]
 
     def forward_batch(self, firings: Sequence[Any]) -> list[dict[str, torch.Tensor]]:
         """One ``{"features": ...}`` per firing (a Firing, or its ``inputs`` dict), in order."""
-        inputs = [getattr(f, "inputs", f) for f in firings]
-        return [{OUTPUT_NAME: x} for x in self.encode([self.clip(i[INPUT_SLOT]) for i in inputs])]
+        modes = [_mode(f, self.mode) for f in firings]
+        clips = [self.clip(_frames(f, mode), mode, getattr(f, "params", {}).get("resize", True) is not False)
+                 for f, mode in zip(firings, modes)]
+        out = []
+        for f, mode, x in zip(firings, modes, self.encode(clips, modes)):
+            params = getattr(f, "params", {})
+            if mode == "video":
+                x = (x.mean(0, keepdim=True) if params.get("pool") else x).to(output_dtype(params))  # [N or 1, E]
+            out.append({OUTPUT_NAME: x})
+        return out
+
+
+def _mode(firing: Any, default: str) -> str:
+    op = getattr(firing, "op", None)
+    return op if op in MODES else default
+
+
+def _frames(firing: Any, mode: str) -> torch.Tensor:
+    """The frames a firing encodes: its video, or in the clip loop the clip of its iteration."""
+    inputs = getattr(firing, "inputs", firing)
+    video = inputs[INPUT_SLOT]
+    params = getattr(firing, "params", {})
+    n = params.get("clip_frames")
+    if mode != "video" or not n:
+        return video
+    i = firing.iteration
+    return video[i * int(n) : (i + 1) * int(n)]

@@ -59,6 +59,11 @@ def video_pixels(frames: torch.Tensor, crop: int) -> torch.Tensor:
     return normalize(x.transpose(0, 1))  # [3, T, crop, crop]
 
 
+def as_given_pixels(frames: torch.Tensor) -> torch.Tensor:
+    """Frames [T, H, W, 3] -> [3, T, H, W], normalised, not resized (the request param ``resize: false``)."""
+    return normalize(_channels_first(frames).transpose(0, 1))
+
+
 def ac_frame_pixels(frames: torch.Tensor, crop: int) -> torch.Tensor:
     """Frames [T, H, W, 3] -> per-frame pixels [T, 3, crop, crop] for the AC model (the DROID transform)."""
     x = _channels_first(frames)  # [T, 3, H, W]

@@ -1,0 +1,128 @@
+"""``./dev bench vjepa``: V-JEPA 2-AC rollouts and CEM planning served, against the released loops, in one run.
+
+    ./dev bench vjepa [--preset bench] [--horizons 4,15,30] [--concurrency 8] [--candidates 64] [--threads 1]
+                      [--repeat 3] [--quick]
+
+On a random-weight checkpoint (``walkserve tiny vjepa2-ac --preset bench``: predictor width 256, 8
+blocks, 64 tokens per frame; encoder width 128, 2 blocks at a 128 crop), from one context frame:
+
+1. rollout latency at each horizon, batch 1: the released loop (every step re-runs the predictor on the
+   whole history), our offline KV-reusing loop, and the served rollout (placement vjepa2-ac); the ratio
+   official / walkserve (targets 2x / 3.5x / 10x at H = 4 / 15 / 30);
+2. rollout throughput: ``--concurrency`` rollouts of the middle horizon at once, served, in predicted
+   frames per second, against the released loop running them one after another;
+3. plan latency: one CEM iteration of ``--candidates`` candidates x horizon 2, served (one fanned
+   append of K forked contexts a step) against each candidate rolled out alone (our offline planner,
+   KV forks) and the released way (each candidate's whole history re-run).
+
+Each case includes encoding the context frame (and the goal) with the same encoder. Figures are medians
+of ``--repeat`` runs; the offline cases run in this process, walkserve in its worker, each with
+``--threads`` threads. ``--quick`` (the tiny preset, small sizes) is the smoke test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from functools import partial
+from pathlib import Path
+
+from benchmarks.common import conditions, table
+from benchmarks.vjepa_cases import Offline, Served, Work, actions_states, frames_of, median_time
+
+TARGETS = {4: 2.0, 15: 3.5, 30: 10.0}
+
+
+def describe(path: Path) -> str:
+    from walkserve.models.vjepa2.config import read_config
+
+    c = read_config(path)
+    e, p = c.encoder, c.predictor
+    return (f"predictor width {p.hidden_size}, {p.num_hidden_layers} blocks, {p.num_attention_heads} heads, "
+            f"{p.frame_tokens} tokens per frame ({p.tokens_per_step} per step); encoder width {e.hidden_size}, "
+            f"{e.vit.num_hidden_layers} blocks, crop {e.crop_size}; random weights, {c.dtype}")
+
+
+def rollout_rows(offline: Offline, served: Served, work: Work, horizons: list[int]) -> list[list]:
+    rows = []
+    pixels = frames_of(work, 1, 0)
+    for h in horizons:
+        actions, states = actions_states(h, h)
+        body = served.rollout_body(pixels, actions, states, h)
+        served.run([body])  # warm-up
+        t = {"official": median_time(partial(offline.rollout, pixels, actions, states, h, cached=False), work.repeat),
+             "cached": median_time(partial(offline.rollout, pixels, actions, states, h, cached=True), work.repeat),
+             "walkserve": median_time(partial(served.run, [body]), work.repeat)}
+        ratio = t["official"] / t["walkserve"]
+        target = TARGETS.get(h)
+        rows.append([h, 1e3 * t["official"], 1e3 * t["cached"], 1e3 * t["walkserve"], ratio,
+                     t["official"] / t["cached"], f">= {target:g}x: {'met' if ratio >= target else 'missed'}"
+                     if target else "-"])
+    return rows
+
+
+def throughput_row(offline: Offline, served: Served, work: Work, h: int, concurrency: int) -> list:
+    cases = [(frames_of(work, 1, 10 + i), *actions_states(h, 10 + i)) for i in range(concurrency)]
+    bodies = [served.rollout_body(px, a, s, h) for px, a, s in cases]
+    served.run(bodies[:2])  # warm-up
+    seconds = median_time(lambda: served.run(bodies), work.repeat)
+    official = median_time(lambda: [offline.rollout(px, a, s, h, cached=False) for px, a, s in cases], 1)
+    frames = concurrency * h
+    return [concurrency, h, frames / official, frames / seconds, official / seconds]
+
+
+def plan_row(offline: Offline, served: Served, work: Work, samples: int, h: int = 2) -> list:
+    pixels, goal = frames_of(work, 1, 100), frames_of(work, 1, 101)
+    _, states = actions_states(1, 100)
+    body = served.plan_body(pixels, goal, states, samples, h)
+    served.run([body])  # warm-up
+    t = {"official": median_time(lambda: offline.plan(pixels, goal, states, samples, h, official=True), 1),
+         "forks": median_time(lambda: offline.plan(pixels, goal, states, samples, h, official=False), work.repeat),
+         "walkserve": median_time(lambda: served.run([body]), work.repeat)}
+    return [samples, h, 1e3 * t["official"], 1e3 * t["forks"], 1e3 * t["walkserve"], t["official"] / t["walkserve"],
+            t["forks"] / t["walkserve"]]
+
+
+def report(path: Path, work: Work, rollouts: list, throughput: list, plan: list) -> str:
+    lines = [f"V-JEPA 2-AC served, {describe(path)}; 1 context frame; {work.threads} thread(s) per side, median of "
+             f"{work.repeat}; {conditions()}", "", "Rollout latency, batch 1 (encode the frame + H predicted frames):",
+             table(["H", "official ms", "cached (offline) ms", "walkserve ms", "official / walkserve",
+                    "official / cached", "target"], rollouts), "",
+             "Rollout throughput, concurrent rollouts (predicted frames per second):",
+             table(["rollouts", "H", "official frames/s (one after another)", "walkserve frames/s", "x official"],
+                   [throughput]), "",
+             "Plan latency, one CEM iteration (encode frame and goal + K candidates x H steps):",
+             table(["candidates", "H", "official ms", "KV forks (offline) ms", "walkserve ms", "official / walkserve",
+                    "forks / walkserve"], [plan])]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="./dev bench vjepa", description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="bench", choices=["tiny", "bench"])
+    p.add_argument("--horizons", default="4,15,30", help="comma-separated horizons (<= 32)")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--candidates", type=int, default=64)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="the tiny preset, horizons 2,4, 2 rollouts, 8 candidates")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.preset, args.horizons, args.concurrency, args.candidates, args.repeat = "tiny", "2,4", 2, 8, 1
+    horizons = [int(h) for h in args.horizons.split(",")]
+    from walkserve.models.vjepa2.tiny import write_tiny_vjepa2_ac
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_tiny_vjepa2_ac(Path(tmp) / f"vjepa2-ac-{args.preset}", preset=args.preset)
+        from walkserve.models.vjepa2.config import read_config
+
+        work = Work(path, args.threads, args.repeat, read_config(path).encoder.crop_size)
+        offline, served = Offline(work), Served.start(work, "vjepa2-ac")
+        try:
+            rollouts = rollout_rows(offline, served, work, horizons)
+            throughput = throughput_row(offline, served, work, horizons[len(horizons) // 2], args.concurrency)
+            plan = plan_row(offline, served, work, args.candidates)
+        finally:
+            served.close()
+        print(report(path, work, rollouts, throughput, plan))
+    return 0

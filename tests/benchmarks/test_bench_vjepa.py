@@ -1,0 +1,36 @@
+"""``./dev bench vjepa --quick`` runs every case end to end (the released loops and the served walks) within a minute."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _rows(out: str, columns: int) -> list[list[str]]:
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines() if line.startswith("| ")]
+    return [r for r in cells if len(r) == columns and re.fullmatch(r"[\d,]+", r[0])]
+
+
+@pytest.mark.slow
+def test_quick_vjepa_benchmark_prints_every_table():
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "vjepa", "--quick"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=240)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert elapsed < 60, f"--quick took {elapsed:.0f} s"
+    assert "predictor width 64, 2 blocks" in out and "1 thread(s) per side" in out and "cores, torch" in out, out
+    assert "| H | official ms | cached (offline) ms | walkserve ms | official / walkserve |" in out, out
+    *rollouts, plan = _rows(out, 7)  # the rollout table's rows, then the plan table's
+    assert [r[0] for r in rollouts] == ["2", "4"] and all(float(r[4]) > 0 for r in rollouts), out
+    throughput = _rows(out, 5)
+    assert throughput[0][:2] == ["2", "4"] and float(throughput[0][3]) > 0, out
+    assert plan[:2] == ["8", "2"] and float(plan[5]) > 0, out

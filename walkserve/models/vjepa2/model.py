@@ -1,0 +1,111 @@
+"""VJEPA2: the ``vjepa2`` family — a V-JEPA 2 encoder, and with a V-JEPA 2-AC checkpoint its world model.
+
+    ModelRef(family="vjepa2", path=<checkpoint dir>, options={"model_id": ..., "kv": {...}})
+
+The directory is an HF V-JEPA 2 checkpoint (``facebook/vjepa2-*``: the task
+``encode``) or one written by ``walkserve convert vjepa2-ac`` (``model_type``
+``vjepa2-ac``: ``encode``, ``rollout`` and ``plan``); config.json says which.
+Components: ``encoder`` (stateless), and for the AC model ``predictor`` (the
+KV engine; one block per step: ``block_size`` = 2 + F tokens, so a fork shares
+whole steps and never copies one), ``stepper`` and ``planner`` (stateless,
+no weights). Options: ``model_id``, ``kv`` (KVCacheEngine options over the
+defaults below), ``encoder_max_batch``. Importing this module imports no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from walkserve.graph.walk import WalkGraph
+from walkserve.models.base import BuildContext, ComponentSpec, Model, ModelRef
+from walkserve.models.llama.model import checkpoint_dir
+from walkserve.models.vjepa2 import memory
+from walkserve.models.vjepa2.config import VJEPA2ACConfig, read_config
+from walkserve.models.vjepa2.graph import build_graph
+from walkserve.models.vjepa2.processor import VJEPA2Processor
+from walkserve.placement.plan import Placement
+
+ENCODER_MAX_BATCH = 8
+# one forward may hold a CEM step of many candidates (K x 258 rows); a rollout step is 258
+MAX_BATCH_TOKENS = 16384
+
+
+def kv_options(config: VJEPA2ACConfig, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The predictor's KV engine options: a block per step, room for a CEM step in one forward."""
+    return {"block_size": config.predictor.tokens_per_step, "max_batch_tokens": MAX_BATCH_TOKENS,
+            **dict(overrides or {})}
+
+
+def kv_pool_bytes(config: VJEPA2ACConfig, options: Mapping[str, Any], device: str, free_bytes: int | None) -> int:
+    """The KV pool the predictor allocates on ``device``, for the placement's memory check."""
+    return memory.pool_bytes(options, memory.kv_bytes_per_token(config.predictor, config.dtype), device, free_bytes)
+
+
+def _builder(name: str, path: Path):
+    def build(ctx: BuildContext) -> Any:
+        from walkserve.models.vjepa2 import components  # imports torch: only where the weights load
+
+        builders = {"encoder": components.build_encoder, "predictor": components.build_ac_predictor,
+                    "stepper": components.build_stepper, "planner": components.build_planner}
+        return builders[name](ctx, path)
+
+    return build
+
+
+class VJEPA2(Model):
+    """V-JEPA 2 video features; with the AC predictor, action-conditioned rollouts and CEM planning."""
+
+    def __init__(self, ref: ModelRef):
+        self.ref = ref
+        self.path = checkpoint_dir(ref, "the V-JEPA 2 checkpoint") if ref.path else None
+        self.config = read_config(self.path) if self.path else None
+        self.ac = isinstance(self.config, VJEPA2ACConfig)
+
+    def graph(self) -> WalkGraph:
+        return build_graph(self.config.predictor.frame_tokens if self.ac else None)
+
+    def components(self) -> dict[str, ComponentSpec]:
+        path = checkpoint_dir(self.ref, "its weights")
+        options = self.ref.options
+        out = {"encoder": ComponentSpec("encoder", "stateless", _builder("encoder", path),
+                                        weight_bytes=memory.weight_bytes(path, "encoder"),
+                                        options={"max_batch": int(options.get("encoder_max_batch", ENCODER_MAX_BATCH))})}
+        if not self.ac:
+            return out
+        kv = kv_options(self.config, options.get("kv"))
+        out["predictor"] = ComponentSpec("predictor", "kv", _builder("predictor", path),
+                                         weight_bytes=memory.weight_bytes(path, "predictor"),
+                                         state_bytes=partial(kv_pool_bytes, self.config, kv), stateful=True,
+                                         options=kv)
+        out["stepper"] = ComponentSpec("stepper", "stateless", _builder("stepper", path))
+        out["planner"] = ComponentSpec("planner", "stateless", _builder("planner", path))
+        return out
+
+    def memory_report(self, placement: Placement, device_memory: Callable[[str], int | None] | None = None) -> list[str]:
+        """Per rank: the weights as stored, KV per token and step, the pool in steps; PlacementError when a rank
+        cannot hold them."""
+        from walkserve.placement.resolve import walk_nodes
+
+        path, graph = checkpoint_dir(self.ref, "its weights"), self.graph()
+        walks = walk_nodes(graph)
+        hosted = {rank: sorted({graph.plans[w].nodes[n].component for w, n in placement.nodes_on(rank, walks)})
+                  for rank in placement.ranks}
+        dtype = getattr(self.config, "dtype", "float32")
+        stored = sum(memory.weight_bytes(path, c) for c in memory.PREFIX)
+        head = f"checkpoint {path.name}: {stored / memory.GIB:.2f} GiB as stored ({dtype})"
+        kv = kv_options(self.config, self.ref.options.get("kv")) if self.ac else {}
+        return [head, *memory.rank_lines(path, placement, hosted, self.config.predictor if self.ac else None, kv,
+                                         dtype, device_memory)]
+
+    def processor(self) -> VJEPA2Processor:
+        path = checkpoint_dir(self.ref, "its config")
+        model_id = self.ref.options.get("model_id") or path.name
+        return VJEPA2Processor(self.config, model_id)
+
+
+def build(ref: ModelRef) -> VJEPA2:
+    """Registry factory of the ``vjepa2`` family."""
+    return VJEPA2(ref)

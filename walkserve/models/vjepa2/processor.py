@@ -1,0 +1,176 @@
+"""The V-JEPA 2 frontend (torch-free): HTTP payloads -> RequestSpec for the tasks encode, rollout and plan.
+
+    encode     inputs.video | inputs.frames: uint8 [T, H, W, 3] (image parts, a video file, or an array),
+               or one image [H, W, 3]; streamed one clip of ``clip_frames`` frames at a time
+    embedding  the same, pooled (mean over tokens) per clip: the /v1/embeddings route
+    rollout    inputs.frames [C, H, W, 3] (the context frames), inputs.actions [C+H-1, 7],
+               inputs.states [C, 7] (or every step's, [C+H-1, 7]); params.horizon H
+    plan       inputs.frames [C, H, W, 3], inputs.goal (an image), inputs.states [C, 7],
+               inputs.actions [C-1, 7] when C >= 2; params.horizon and the CEM parameters
+
+Every check is ``validate.py``'s: a bad field is an InvalidRequest (HTTP 400) naming it. Params that
+the walks read and the client does not set (``context_frames``, ``clips``) are filled here.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from typing import Annotated, Any, Literal
+
+from msgspec import Meta
+
+from walkserve.core.array import ArrayData
+from walkserve.core.errors import InvalidRequest
+from walkserve.core.params import Params
+from walkserve.core.request import RequestSpec
+from walkserve.core.sampling import SamplingParams
+from walkserve.models.processor import ModelCard, Processor, list_to_array
+from walkserve.models.vjepa2.config import VJEPA2ACConfig, VJEPA2Config
+from walkserve.models.vjepa2.graph import ENCODE, PLAN, ROLLOUT
+from walkserve.models.vjepa2.validate import (
+    FLOAT_DTYPES,
+    array_spec,
+    check_frames,
+    check_plan,
+    check_rollout,
+    check_square,
+    check_vectors,
+)
+from walkserve.models.vjepa2.video_file import decode_video_file
+
+EMBEDDING = "embedding"
+Count = Annotated[int, Meta(ge=1)]
+Real = Annotated[float, Meta(ge=0.0)]
+
+
+class VJEPA2Params(Params, frozen=True):
+    """Request parameters; the CEM defaults are the released planner's (``cem.CEMConfig``)."""
+
+    horizon: int | None = None
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"  # of the features sent back
+    resize: bool = True  # False: frames are used as given (encode: any size of whole patches; AC: exactly crop²)
+    clip_frames: Count | None = None  # encode: frames per clip (default: the checkpoint's frames_per_clip)
+    samples: Count = 400
+    topk: Count = 10
+    iterations: Count = 10
+    momentum_mean: Real = 0.15
+    momentum_std: Real = 0.15
+    momentum_mean_gripper: Real = 0.15
+    momentum_std_gripper: Real = 0.15
+    maxnorm: Real = 0.05
+    gripper_max: Real = 0.75
+    gripper_round: Real = 0.25
+    seed: int = 0
+    return_features: bool = False
+
+
+class VJEPA2Processor(Processor):
+    params_type = VJEPA2Params
+
+    def __init__(self, config: VJEPA2Config | VJEPA2ACConfig, model_id: str):
+        self.config = config
+        self.ac = isinstance(config, VJEPA2ACConfig)
+        caps = {"encode", "embeddings", "image_in", "video_in"} | ({"rollout", "plan"} if self.ac else set())
+        self._card = ModelCard(id=model_id, family="vjepa2", capabilities=frozenset(caps),
+                               random_weights=config.random_weights,
+                               description="V-JEPA 2-AC world model" if self.ac else "V-JEPA 2 video encoder")
+
+    def card(self) -> ModelCard:
+        return self._card
+
+    def build_request(self, task: str, payload: dict[str, Any], sampling: SamplingParams,
+                      params: dict[str, Any]) -> RequestSpec:
+        inputs = payload.get("inputs", payload)
+        if task in (ENCODE, EMBEDDING):
+            return self._encode(inputs, params, pool=task == EMBEDDING)
+        if task in (ROLLOUT, PLAN) and not self.ac:
+            raise InvalidRequest(f"task {task!r} needs a V-JEPA 2-AC checkpoint; this one is an encoder only",
+                                 param="task")
+        if task == ROLLOUT:
+            return self._rollout(inputs, params)
+        if task == PLAN:
+            return self._plan(inputs, params)
+        raise InvalidRequest(f"V-JEPA 2 takes the tasks encode, rollout and plan, not {task!r}", param="task")
+
+    # ---- tasks ----------------------------------------------------------------------------------
+    def _encode(self, inputs: dict[str, Any], params: dict[str, Any], pool: bool) -> RequestSpec:
+        name = "video" if "video" in inputs else "frames"
+        video = _frames(inputs, name, image_ok=True)
+        e = self.config.encoder
+        t, h, w = check_frames(name, *array_spec(video, name), tubelet=e.tubelet_size)
+        if not params["resize"] and (h % e.patch_size or w % e.patch_size):
+            raise InvalidRequest(f"{name}: {h}x{w} is not whole {e.patch_size}-pixel patches (resize is false)",
+                                 param=name)
+        clip = params["clip_frames"] or e.frames_per_clip
+        if clip % e.tubelet_size:
+            raise InvalidRequest(f"clip_frames {clip} is not a multiple of the tubelet size {e.tubelet_size}",
+                                 param="clip_frames")
+        extra = {"clips": math.ceil(t / clip), "clip_frames": clip, "pool": pool}
+        return RequestSpec({"video": video}, task=ENCODE, modalities=("latent",), params={**params, **extra})
+
+    def _rollout(self, inputs: dict[str, Any], params: dict[str, Any]) -> RequestSpec:
+        frames = self._ac_frames(inputs, "frames", params)
+        c = frames.shape[0]
+        actions, states = _vectors(inputs, "actions"), _vectors(inputs, "states")
+        check_rollout(c, params["horizon"], array_spec(actions, "actions"), array_spec(states, "states"),
+                      self.config.predictor.max_steps)
+        return RequestSpec({"frames": frames, "actions": actions, "states": states}, task=ROLLOUT,
+                           modalities=("latent",), params={**params, "context_frames": c})
+
+    def _plan(self, inputs: dict[str, Any], params: dict[str, Any]) -> RequestSpec:
+        frames = self._ac_frames(inputs, "frames", params)
+        goal = self._ac_frames(inputs, "goal", params)
+        c = frames.shape[0]
+        if goal.shape[0] != 1:
+            raise InvalidRequest(f"goal must be one image, got {goal.shape[0]} frames", param="goal")
+        check_plan(params["samples"], params["topk"], params["iterations"], params["horizon"] or 2, c,
+                   self.config.predictor.max_steps)
+        states = _vectors(inputs, "states")
+        check_vectors("states", *array_spec(states, "states"), rows=c)
+        x = {"frames": frames, "goal": goal, "states": states}
+        if c > 1:
+            x["actions"] = _vectors(inputs, "actions")
+            check_vectors("actions", *array_spec(x["actions"], "actions"), rows=c - 1)
+        extra = {"horizon": params["horizon"] or 2, "context_frames": c}
+        return RequestSpec(x, task=PLAN, modalities=("latent", "action"), params={**params, **extra})
+
+    def _ac_frames(self, inputs: dict[str, Any], name: str, params: dict[str, Any]) -> ArrayData:
+        """Frames for the AC encoder: each frame alone, so any count; exactly crop² when not resized."""
+        frames = _frames(inputs, name, image_ok=True)
+        _, h, w = check_frames(name, *array_spec(frames, name), tubelet=1)
+        if not params["resize"]:
+            check_square(h, w, name, crop=self.config.encoder.crop_size)
+        return frames
+
+
+def _frames(inputs: dict[str, Any], name: str, image_ok: bool) -> ArrayData:
+    """An image [H, W, 3] or frames [T, H, W, 3] as an ArrayData; a missing or non-array input is a 400."""
+    value = inputs.get(name)
+    if value is None:
+        raise InvalidRequest(f"inputs.{name} is required", param=name)
+    if isinstance(value, list):
+        value = list_to_array(value, name)
+    if isinstance(value, bytes):  # a video file (the native route's video input)
+        value = decode_video_file(value, name)
+    if not isinstance(value, ArrayData):
+        raise InvalidRequest(f"{name} must be images, a video or an array, got {type(value).__name__}", param=name)
+    if image_ok and len(value.shape) == 3:
+        value = ArrayData(value.dtype, (1, *value.shape), value.data)
+    return value
+
+
+def _vectors(inputs: dict[str, Any], name: str) -> ArrayData:
+    """actions / states: an array or nested lists, as a float ArrayData (its shape is checked by the caller)."""
+    value = inputs.get(name)
+    if value is None:
+        raise InvalidRequest(f"inputs.{name} is required", param=name)
+    if isinstance(value, list):
+        value = list_to_array(value, name)
+        if value.dtype == "int64":  # whole numbers written without a decimal point
+            value = ArrayData("float32", value.shape, array("f", array("q", value.data)).tobytes())
+    if not isinstance(value, ArrayData):
+        raise InvalidRequest(f"{name} must be a [T, 7] float array, got {type(value).__name__}", param=name)
+    if value.dtype not in FLOAT_DTYPES:
+        raise InvalidRequest(f"{name} must be a float array ({', '.join(FLOAT_DTYPES)}), got {value.dtype}", param=name)
+    return value
