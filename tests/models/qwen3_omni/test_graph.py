@@ -96,18 +96,34 @@ def test_the_state_machine_walks_the_pieces_then_decodes(processor):
     assert text.inputs["walks"] == ["prefill_text"]  # a text-only request runs only the thinker
 
 
-@pytest.mark.parametrize(("name", "ranks"), [("qwen3-omni", {"thinker": (0,), "audio_encoder": (0,), "vision_encoder": (0,)}),
-                                             ("qwen3-omni-encoders-split",
-                                              {"thinker": (0,), "audio_encoder": (1,), "vision_encoder": (1,)})])
-def test_shipped_placements_cover_the_walks(name, ranks):
+SPEECH_NODES = ("talker", "talker_in", "predictor_in", "code_predictor", "code_predictor_step", "frame", "code2wav")
+PLACED = {
+    "qwen3-omni": {"thinker": 0, "audio_encoder": 0, "vision_encoder": 0, **dict.fromkeys(SPEECH_NODES, 0)},
+    "qwen3-omni-encoders-split": {"thinker": 0, "audio_encoder": 1, "vision_encoder": 1,
+                                  **dict.fromkeys(SPEECH_NODES, 0)},
+    "qwen3-omni-split": {"thinker": 0, "audio_encoder": 0, "vision_encoder": 0, **dict.fromkeys(SPEECH_NODES, 1)},
+    "qwen3-omni-3way": {"thinker": 0, "audio_encoder": 0, "vision_encoder": 0, **dict.fromkeys(SPEECH_NODES, 1),
+                        "code2wav": 2},
+}
+
+
+def speech_graph():
+    from walkserve.models.qwen3_omni.speech_graph import DepthRanges, build_speech_graph
+
+    return build_speech_graph([(0, 128), (230, 231)], DepthRanges(128), 16, 3)
+
+
+@pytest.mark.parametrize("name", sorted(PLACED))
+def test_shipped_placements_cover_the_walks(name):
     import walkserve.placements
     from walkserve.placement.plan import load_placement
     from walkserve.placement.resolve import check_placement, walk_nodes
 
-    place = load_placement(walkserve.placements.path(name))
-    graph = g.build_graph()
+    place, graph = load_placement(walkserve.placements.path(name)), speech_graph()
+    ranks = {n: (r,) for n, r in PLACED[name].items()}
     for walk, nodes in walk_nodes(graph).items():
         assert {n: place.ranks_for(walk, n) for n in nodes} == {n: ranks[n] for n in nodes}
-    check_placement(place, graph, {"thinker"}, dict.fromkeys(ranks, 1), dict.fromkeys(ranks, 0))
-    with pytest.raises(PlacementError, match="unknown node 'vision_encoder'"):  # -Captioner: drop it (docs)
-        check_placement(place, g.build_graph(vision=False), {"thinker"}, dict.fromkeys(ranks, 1), dict.fromkeys(ranks, 0))
+    components = {n: 1 for n in graph.components()}
+    check_placement(place, graph, {"thinker", "talker", "code_predictor"}, components, dict.fromkeys(components, 0))
+    with pytest.raises(PlacementError, match="unknown node"):  # a thinker-only checkpoint: drop the speech nodes
+        check_placement(place, g.build_graph(vision=False), {"thinker"}, components, dict.fromkeys(components, 0))

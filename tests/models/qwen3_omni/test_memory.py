@@ -76,7 +76,7 @@ def release(tmp_path_factory):
     directory = tmp_path_factory.mktemp("release") / "Qwen3-Omni-30B-A3B-Instruct"
     directory.mkdir()
     write_headers(directory, release_config())
-    return Qwen3OmniThinker(ModelRef("qwen3-omni", str(directory)))
+    return Qwen3OmniThinker(ModelRef("qwen3-omni", str(directory), {"speech": False}))
 
 
 def placement(devices: list[str], split: bool, memory: str | None = None) -> object:
@@ -107,7 +107,7 @@ def test_one_gpu_report_and_refusal(release):
     with pytest.raises(PlacementError) as e:
         release.memory_report(placement(["cuda:0"], split=False, memory="58GiB"))
     assert "does not fit" in str(e.value) and "weights 59.08 GiB" in str(e.value) and "budget of 58.00 GiB" in str(e.value)
-    big_pool = Qwen3OmniThinker(ModelRef("qwen3-omni", str(release.path), {"kv": {"kv_bytes": 30 * GIB}}))
+    big_pool = Qwen3OmniThinker(ModelRef("qwen3-omni", str(release.path), {"kv": {"kv_bytes": 30 * GIB}, "speech": False}))
     with pytest.raises(PlacementError, match=r"pool 30.00 GiB = 327,680 tokens; total 89.08 GiB.*over the budget "
                                              r"of 80.00 GiB by 9.08 GiB"):
         big_pool.memory_report(placement(["cuda:0"], split=False), device_memory=lambda d: 80 * GIB)
@@ -120,3 +120,22 @@ def test_encoders_split_report(release):
     assert "audio_encoder 1.21 GiB + vision_encoder 1.00 GiB" in rank1 and "KV" not in rank1
     cpu = release.memory_report(placement(["cpu", "cpu"], split=True))
     assert "pool 0.25 GiB = 2,730 tokens" in cpu[1]  # the CPU default pool
+
+
+def test_speech_split_report(release):
+    """Speech on: rank 1 of qwen3-omni-split holds the talker (with its copy of the thinker's embedding table),
+    the code predictor, the glue's codec table and Code2Wav in float32, and their two KV pools."""
+    import dataclasses
+
+    from walkserve.placement.plan import load_placement
+    from walkserve.placements import path
+
+    speaking = Qwen3OmniThinker(ModelRef("qwen3-omni", str(release.path)))
+    place = load_placement(path("qwen3-omni-split"))
+    place = dataclasses.replace(place, ranks={r: dataclasses.replace(s, device=f"cuda:{r}") for r, s in place.ranks.items()})
+    lines = speaking.memory_report(place, device_memory=lambda d: 80 * GIB)
+    assert "the speech half 6.59 GiB are loaded" in lines[0]
+    assert "weights 59.08 GiB" in lines[1] and "talker" not in lines[1]
+    assert lines[2].startswith("rank 1 (cuda:1, 80.00 GiB): weights 7.64 GiB = code2wav 0.80 GiB + code_predictor "
+                               "0.26 GiB + talker 6.57 GiB + talker_glue 0.01 GiB")
+    assert "talker pool 0.25 GiB, code_predictor pool 0.06 GiB; total 7.95 GiB" in lines[2]

@@ -117,6 +117,9 @@ async def native_events(state: AppState, plan: NativePlan) -> AsyncIterator[dict
                     raise failure(event)
                 yield _final(plan, event, str(event.reason))
                 return
+            if event.modality == "latent" and "audio" in plan.spec.modalities and not plan.body.params.get(
+                    "codec_frames"):
+                continue  # a spoken answer's codec frames go out only when asked (params.codec_frames)
             yield await _render(state, plan, event)
             if plan.text is not None and plan.text.stopped:
                 await state.runner.stop(plan.spec)

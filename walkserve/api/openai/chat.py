@@ -81,6 +81,9 @@ async def plan_chat(state: AppState, body: ChatCompletionRequest) -> TextPlan:
     params = {"voice": audio.voice} if audio and audio.voice else {}
     if body.think is not None:
         params["think"] = body.think
+    if audio and body.audio is not None:
+        params |= {k: v for k, v in (("max_audio_frames", body.audio.max_frames),
+                                     ("node_sampling", body.audio.node_sampling)) if v is not None}
     specs, trackers = [], []
     for i in range(body.n):
         spec = await state.build_request("chat", payload, with_seed_offset(sampling, i), params)

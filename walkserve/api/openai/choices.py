@@ -169,6 +169,7 @@ class ChoiceTracker:
         self.prompt_tokens = prompt_tokens or 0
         self.group = group
         self.completion_tokens = 0
+        self.audio_tokens = 0  # codec frames of a spoken answer (modality latent)
         self.finish_reason: str | None = None
         self.joiner = logprobs  # set when the call asked for logprobs
         self.prompt = prompt  # set when the call asked for the prompt's logprobs (echo)
@@ -185,6 +186,8 @@ class ChoiceTracker:
             return self._tokens([(token_ids(event.data), None)])
         if event.modality == "audio" and isinstance(event.data, ArrayData):
             return ChoiceUpdate(self.index, audio=audio_samples(event.data))
+        if event.modality == "latent":
+            self.audio_tokens += 1
         return None
 
     def _tokens(self, tokens: list[tuple[list[int], list[TokenLogprob] | None]]) -> ChoiceUpdate | None:
@@ -229,7 +232,11 @@ class ChoiceTracker:
 def usage(trackers: list[ChoiceTracker]) -> dict[str, int]:
     prompt = sum({t.group: t.prompt_tokens for t in trackers}.values())
     completion = sum(t.completion_tokens for t in trackers)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    audio = sum(t.audio_tokens for t in trackers)
+    if not audio:
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion + audio, "total_tokens": prompt + completion + audio,
+            "completion_tokens_details": {"text_tokens": completion, "audio_tokens": audio}}
 
 
 async def drive_choices(

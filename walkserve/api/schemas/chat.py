@@ -58,6 +58,11 @@ class ChatMessage(ApiModel):
 class ChatAudio(ApiModel):
     voice: str | None = Field(None, max_length=128)
     format: str = Field("wav", max_length=16, description="wav, mp3, flac, opus, pcm16, aac (what is installed)")
+    max_frames: Annotated[int, Field(strict=True, ge=1, le=65536)] | None = Field(
+        None, description="walkserve extension: at most this many codec frames of speech (Qwen3-Omni: 12.5 per s).")
+    node_sampling: dict[str, dict[str, Any]] | None = Field(
+        None, description="walkserve extension: sampling per node of the speech path, e.g. "
+                          '{"talker": {"temperature": 0.7}, "code_predictor": {"top_k": 20}, "thinker": {...}}.')
 
 
 class ChatCompletionRequest(SamplingFields):

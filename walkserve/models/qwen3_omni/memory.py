@@ -88,10 +88,11 @@ class RankMemory:
     kv_per_token: int = 0
     pool: int = 0
     kv_dtype: str = "bfloat16"
+    speech_pools: dict[str, int] = field(default_factory=dict)  # the talker's and code predictor's KV pools
 
     @property
     def total(self) -> int:
-        return sum(self.weights.values()) + self.pool
+        return sum(self.weights.values()) + self.pool + sum(self.speech_pools.values())
 
     def describe(self) -> str:
         budget = f", {self.budget / GIB:.2f} GiB" if self.budget is not None else ""
@@ -101,11 +102,14 @@ class RankMemory:
             tokens = self.pool // self.kv_per_token
             line += (f"; KV {self.kv_per_token / KIB:.1f} KiB per token ({self.kv_dtype}), pool {self.pool / GIB:.2f} GiB"
                      f" = {tokens:,} tokens")
+        if self.speech_pools:
+            line += "; " + ", ".join(f"{c} pool {b / GIB:.2f} GiB" for c, b in self.speech_pools.items())
         return line + f"; total {self.total / GIB:.2f} GiB"
 
 
 def rank_memory(placement: Placement, hosted: Mapping[int, list[str]], weights: Mapping[str, int], kv_per_token: int,
-                kv_options: Mapping, kv_dtype: str, device_memory: Callable[[str], int | None] | None) -> list[RankMemory]:
+                kv_options: Mapping, kv_dtype: str, device_memory: Callable[[str], int | None] | None,
+                speech_pools: Mapping[str, int] | None = None) -> list[RankMemory]:
     """Each rank's share; ``hosted``: rank -> the components placed there; ``device_memory``: a GPU's memory."""
     out = []
     for rank, spec in sorted(placement.ranks.items()):
@@ -122,7 +126,8 @@ def rank_memory(placement: Placement, hosted: Mapping[int, list[str]], weights: 
             else:
                 pool = pool_bytes(kv_options, kv_per_token, spec.device, free)
         per_token = kv_per_token if "thinker" in comps else 0
-        out.append(RankMemory(rank, spec.device, budget, w, per_token, pool, kv_dtype))
+        extra = {c: b for c, b in (speech_pools or {}).items() if c in comps}
+        out.append(RankMemory(rank, spec.device, budget, w, per_token, pool, kv_dtype, extra))
     return out
 
 
@@ -133,3 +138,27 @@ def check_fits(ranks: list[RankMemory], source: str) -> None:
             raise PlacementError(f"{source}: Qwen3-Omni does not fit: {r.describe()}, over the budget of "
                                  f"{r.budget / GIB:.2f} GiB by {(r.total - r.budget) / GIB:.2f} GiB "
                                  f"(a smaller pool: kv_bytes / --kv-blocks; or another placement)")
+
+
+def speech_bytes(directory: str | Path) -> dict[str, int]:
+    """Bytes each speech component holds once loaded, from the headers: the talker (with its copies of the
+    thinker's embedding table and the predictor's 15 code tables), the code predictor, the glue (a copy of the
+    talker's codec table) and Code2Wav (float32)."""
+    out = {"talker": 0, "code_predictor": 0, "talker_glue": 0, "code2wav": 0}
+    for path in weight_files(directory):
+        for name, entry in read_header(path).items():
+            n = 1
+            for s in entry["shape"]:
+                n *= int(s)
+            size = n * ITEMSIZE.get(entry["dtype"], 4)
+            if name.startswith("talker.code_predictor."):
+                out["code_predictor"] += size
+                out["talker"] += size if ".codec_embedding." in name else 0
+            elif name.startswith("talker."):
+                out["talker"] += size
+                out["talker_glue"] += size if name == "talker.model.codec_embedding.weight" else 0
+            elif name.startswith("code2wav."):
+                out["code2wav"] += n * 4  # loaded in float32
+            elif name == "thinker.model.embed_tokens.weight":
+                out["talker"] += size
+    return out

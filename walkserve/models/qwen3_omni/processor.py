@@ -39,6 +39,9 @@ from walkserve.models.qwen3_omni.media_inputs import (
 )
 from walkserve.models.qwen3_omni.prompt import render_chat
 from walkserve.models.qwen3_omni.prompt_pieces import request_inputs
+from walkserve.models.qwen3_omni.speech_config import SpeechConfig
+from walkserve.models.qwen3_omni.speech_request import max_frames, speech_inputs, speech_sampling
+from walkserve.models.qwen3_omni.speech_rules import voices
 from walkserve.models.qwen3_omni.thinker_request import ThinkerRequest, thinker_request
 from walkserve.models.qwen3_omni.tokenizer_files import load_tokenizer
 
@@ -51,6 +54,10 @@ class OmniParams(Params, frozen=True):
     """Qwen3-Omni's request parameters."""
 
     add_generation_prompt: bool = True  # chat: end the rendered template with the assistant's turn opening
+    voice: str | None = None  # spoken answers: Ethan (default), Chelsie, Aiden (case-insensitive)
+    node_sampling: dict[str, dict[str, Any]] | None = None  # spoken answers: {"thinker"|"talker"|"code_predictor": {...}}
+    max_audio_frames: int | None = None  # spoken answers: the talker's bound (12.5 frames per second)
+    codec_frames: bool = False  # /v1/generate with audio out: also stream each frame's 16 codes (modality latent)
 
 
 class Qwen3OmniProcessor(Processor):
@@ -58,8 +65,9 @@ class Qwen3OmniProcessor(Processor):
 
     params_type = OmniParams
 
-    def __init__(self, path: str | Path, model_id: str | None = None):
+    def __init__(self, path: str | Path, model_id: str | None = None, speech: SpeechConfig | None = None):
         path = Path(path)
+        self.speech = speech
         self.config = Qwen3OmniConfig.from_file(path)
         self.tokenizer = load_tokenizer(path)
         self.eos_token_ids = tuple(dict.fromkeys((self.config.tokens.im_end_token_id, *_eos_ids(path))))
@@ -72,12 +80,17 @@ class Qwen3OmniProcessor(Processor):
         caps = {"completions", "chat", "generate", "logprobs"}
         caps |= {"audio_in"} if c.audio else set()
         caps |= {"image_in", "video_in"} if c.vision else set()
+        caps |= {"audio_out"} if speech else set()
         parts = [n for n, m in (("audio", c.audio), ("vision", c.vision)) if m is not None]
         self._card = ModelCard(
             id=model_id or path.name, family="qwen3-omni", capabilities=frozenset(caps),
             max_context=c.text.max_position_embeddings, random_weights=c.random_weights,
+            voices=tuple(voices(speech.speakers)) if speech else (),
+            default_voice=voices(speech.speakers)[0] if speech else None,
+            sample_rate=speech.code2wav.sampling_rate if speech else None,
             description=f"Qwen3-Omni thinker ({c.text.num_hidden_layers} MoE layers, {c.text.num_experts} experts"
-                        f"{', ' + ' + '.join(parts) + ' encoders' if parts else ''}; text out)")
+                        f"{', ' + ' + '.join(parts) + ' encoders' if parts else ''}; "
+                        f"{'text and speech out' if speech else 'text out'})")
 
     def card(self) -> ModelCard:
         return self._card
@@ -93,15 +106,41 @@ class Qwen3OmniProcessor(Processor):
 
     def build_request(self, task: str, payload: dict[str, Any], sampling: SamplingParams,
                       params: dict[str, Any]) -> RequestSpec:
-        _text_out(payload)
+        speak = self._speaks(payload)
         if sampling.prompt_logprobs is not None:
             raise InvalidRequest("prompt logprobs (echo with logprobs) are not supported by Qwen3-Omni", param="echo")
         request, field = self.thinker_request(task, payload, params)
         n = len(request.input_ids)
         max_tokens = max_new_tokens(n, self.config.text.max_position_embeddings, sampling.max_tokens, field)
-        return RequestSpec(
-            inputs=request_inputs(request, self.config.tokens), task=task, modalities=("text",),
-            sampling=self._with_stop_ids(dataclasses.replace(sampling, max_tokens=max_tokens)), params=dict(params))
+        sampling = self._with_stop_ids(dataclasses.replace(sampling, max_tokens=max_tokens))
+        inputs = request_inputs(request, self.config.tokens)
+        if not speak:
+            return RequestSpec(inputs=inputs, task=task, modalities=("text",), sampling=sampling, params=dict(params))
+        return self._spoken(request, inputs, task, sampling, params)
+
+    def _speaks(self, payload: dict[str, Any]) -> bool:
+        modalities = list(payload.get("modalities") or ["text"])
+        if modalities == ["text"]:
+            return False
+        if sorted(modalities) != ["audio", "text"]:
+            raise InvalidRequest(f"modalities must be ['text'] or ['text', 'audio'], not {modalities}",
+                                 param="modalities")
+        if self.speech is None:
+            raise InvalidRequest("this Qwen3-Omni checkpoint has no talker and Code2Wav (a thinker-only "
+                                 "checkpoint): it answers with text only", param="modalities")
+        return True
+
+    def _spoken(self, request: ThinkerRequest, inputs: dict[str, Any], task: str, sampling: SamplingParams,
+                params: dict[str, Any]) -> RequestSpec:
+        assert self.speech is not None
+        if sampling.logprobs is not None:
+            raise InvalidRequest("logprobs are not served with spoken answers", param="logprobs")
+        if sampling.max_tokens < 2:
+            raise InvalidRequest("a spoken answer needs max_tokens >= 2", param="max_tokens")
+        inputs.update(speech_inputs(request, inputs, self.config, self.speech, params.get("voice")))
+        return RequestSpec(inputs=inputs, task=task, modalities=("text", "audio"), sampling=sampling,
+                           params={**params, **max_frames(params)},
+                           node_sampling=speech_sampling(sampling, params.get("node_sampling")))
 
     def thinker_request(self, task: str, payload: dict[str, Any], params: dict[str, Any]) -> tuple[ThinkerRequest, str]:
         """The prompt as the thinker takes it (expanded ids, positions, encoder inputs) and the payload field
@@ -179,13 +218,6 @@ class Qwen3OmniProcessor(Processor):
             return sampling
         return dataclasses.replace(sampling, stop_token_ids=tuple(dict.fromkeys((*sampling.stop_token_ids,
                                                                                   *self.eos_token_ids))))
-
-
-def _text_out(payload: dict[str, Any]) -> None:
-    modalities = list(payload.get("modalities") or ["text"])
-    if modalities != ["text"]:
-        raise InvalidRequest(f"Qwen3-Omni is served with text out only for now (speech out is not wired yet), not "
-                             f"modalities {modalities}", param="modalities")
 
 
 def _eos_ids(path: Path) -> tuple[int, ...]:
