@@ -80,7 +80,11 @@ class AppState:
         voices = self.card.voices
         chosen = voice or self.card.default_voice or (voices[0] if voices else None)
         if voices and chosen not in voices:
-            raise bad_request(f"unknown voice {voice!r}; this model's voices are: {', '.join(voices)}", param, "unknown_voice")
+            same = [v for v in voices if chosen is not None and v.lower() == chosen.lower()]  # names are case-insensitive
+            if not same:
+                raise bad_request(f"unknown voice {voice!r}; this model's voices are: {', '.join(voices)}", param,
+                                  "unknown_voice")
+            chosen = same[0]
         return chosen
 
 

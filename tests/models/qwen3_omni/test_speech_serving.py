@@ -175,3 +175,18 @@ def test_concurrent_spoken_answers_equal_generate(server, served_dir, text_refer
     assert "".join(a.get("transcript") or "" for a in deltas) == transcript
     assert_wave_equal(torch.cat([pcm16(a["data"]) for a in deltas if a.get("data")]), ref_wave, quantum=1 / 32768)
     assert results["text"].choices[0].message.content == transcript  # text out: only the thinker runs
+
+
+@pytest.mark.parametrize(("body", "param", "needle"), [
+    ({"audio": {"voice": "Nobody", "format": "wav"}}, "audio.voice", "Ethan, Aiden, Chelsie"),
+    ({"audio": {"voice": "ethan", "format": "mp3"}, "stream": True}, "audio.format", "pcm16"),
+    ({"audio": {"voice": "ethan", "format": "wav"}, "max_tokens": 1}, "max_tokens", ">= 2"),
+    ({"audio": {"voice": "ethan", "format": "wav", "node_sampling": {"vocoder": {}}}}, "node_sampling", "talker"),
+    ({"audio": None}, "audio", "voice"),
+])
+def test_bad_speech_requests_are_400s_naming_the_field(server, body, param, needle):
+    payload = {"messages": [{"role": "user", "content": "Hi"}], "modalities": ["text", "audio"], **body}
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=payload, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and needle in error["message"], error
