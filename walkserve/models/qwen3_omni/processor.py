@@ -8,8 +8,9 @@
 then the media become encoder inputs (``media_inputs``), the placeholders are
 expanded and positioned (``thinker_request``), and the prompt is cut into the
 prefill walks' inputs (``prompt_pieces``). Messages are used as given: no
-system prompt is added. Text out only: a request asking for audio is a 400
-naming ``modalities`` (speech out is served once the talker is wired).
+system prompt is added. ``modalities`` ["text", "audio"] (a checkpoint with a
+talker, ``speech``) adds the talker's inputs (``speech_request``) and per-node
+sampling; on a thinker-only checkpoint it is a 400 naming ``modalities``.
 """
 
 from __future__ import annotations
