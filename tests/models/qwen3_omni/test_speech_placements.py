@@ -14,10 +14,13 @@ import pytest
 import torch
 
 from tests.models.qwen3_omni.speech_oracle import generate_codes, text_prompt
-from tests.models.qwen3_omni.test_speech_serving import (  # noqa: F401
+from tests.models.qwen3_omni.test_serving import decoded
+from tests.models.qwen3_omni.test_speech_serving import (  # noqa: F401 (fixtures)
     FRAMES,
     MAX_TOKENS,
+    MIXED,
     assert_speech_equal,
+    mixed_reference,
     served_dir,
 )
 from walkserve.core.config import RuntimeConfig
@@ -66,3 +69,12 @@ def test_seeded_sampling_is_reproducible_and_batch_invariant(engine):
     assert float((alone[2] - again[2]).abs().max()) <= 1e-3 * float(alone[2].abs().max())
     other = answer(crowd[0])
     assert not torch.equal(other[1][: len(alone[1])], alone[1][: len(other[1])])  # another seed, another answer
+
+
+def test_audio_and_image_prompt_codes_equal_generate(engine, mixed_reference):  # noqa: F811
+    """The media pieces' talker rows (hidden_projection of the thinker's layer-3 input, 3-axis positions)."""
+    payload = {"messages": decoded(MIXED), "modalities": ["text", "audio"]}
+    spec = engine.engine.processor.build_request("chat", payload, SamplingParams(max_tokens=MAX_TOKENS, temperature=0),
+                                                 {"voice": "chelsie", "max_audio_frames": FRAMES})
+    assert "talker_prefill_media" not in spec.inputs["walks"]  # the thinker's pieces; the talker's follow each
+    assert_speech_equal(answer(engine.run([spec])[0]), mixed_reference)

@@ -145,14 +145,20 @@ def _stop_flag(value: Any, params: Mapping[str, Any], iteration: int) -> bool:
     return bool(scalar(value))
 
 
-def _after_first(params: Mapping[str, Any]) -> int:
-    return int(params["max_tokens"]) - 1
+class AfterFirst:
+    """The thinker loop's bound in ``talker_decode``: max_tokens - 1 (token 0 came from ``thinker_first``)."""
+
+    def __call__(self, params: Mapping[str, Any]) -> int:
+        return int(params["max_tokens"]) - 1
+
+    def __repr__(self) -> str:
+        return "max_tokens - 1"
 
 
 def _thinker_loop() -> DynamicLoop:
     node = GraphNode(THINKER, inputs=["tokens"], outputs=["token"], params=kv_params(append(CONTEXT)))
     stop = StopWhen(f"{THINKER}.token", ThinkerStop(), include_stopping=False, label="stop_token_ids after min_tokens")
-    return DynamicLoop(node, stop=stop, max_iterations=_after_first, carry={f"{THINKER}.token": f"{THINKER}.tokens"},
+    return DynamicLoop(node, stop=stop, max_iterations=AfterFirst(), carry={f"{THINKER}.token": f"{THINKER}.tokens"},
                        name=THINKER_LOOP)
 
 
