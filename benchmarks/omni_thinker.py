@@ -114,7 +114,7 @@ def main(argv: list[str]) -> int:
     concurrency = [2] if args.quick else [1, 4, 16]
     before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="walkserve-bench-omni-") as tmp:
-        path = write_tiny_qwen3_omni(Path(tmp) / "qwen3-omni-bench", seed=5, speech=False, shards=2,
+        path = write_tiny_qwen3_omni(Path(tmp) / "qwen3-omni-bench", seed=5, shards=2,
                                      audio=shape["audio"], vision=shape["vision"], **shape["thinker"])
         work = Workload(path, args.requests or (2 if args.quick else 4), 8 if args.quick else 64, 5.0,
                         (64, 64) if args.quick else (224, 224), args.threads)

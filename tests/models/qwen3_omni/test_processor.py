@@ -13,8 +13,10 @@ from tests.models.qwen3_omni.conftest import IDS, rgb, wave
 from walkserve.core.array import ArrayData
 from walkserve.core.errors import InvalidRequest
 from walkserve.core.sampling import SamplingParams
+from walkserve.models.base import ModelRef
 from walkserve.models.qwen3_omni.image_processor import VisionPreprocess
 from walkserve.models.qwen3_omni.media_inputs import MediaSettings, convert_messages
+from walkserve.models.qwen3_omni.model import Qwen3OmniThinker
 from walkserve.models.qwen3_omni.processor import Qwen3OmniProcessor
 from walkserve.models.qwen3_omni.tiny_tokenizer import ROLE_IDS
 
@@ -147,3 +149,15 @@ def test_serve_detects_the_family_and_tiny_is_servable(ours_dir, tmp_path, capsy
     assert target.family == "qwen3-omni" and target.detected
     assert main(["tiny", "qwen3-omni", str(tmp_path / "omni")]) == 0
     assert f"walkserve serve qwen3-omni --model-path {tmp_path / 'omni'}" in capsys.readouterr().out
+
+
+def test_a_placement_without_the_talker_serves_text_only(ours_dir):
+    """A speech checkpoint: the full graph; under a thinker-only placement, the thinker's graph and card."""
+    model = Qwen3OmniThinker(ModelRef("qwen3-omni", str(ours_dir)))
+    assert "talker_decode" in model.graph().walks and "audio_out" in model.processor().card().capabilities
+    thinker_only = {"ranks": [{"id": 0, "device": "cpu"}],
+                    "nodes": [{"nodes": ["thinker", "audio_encoder", "vision_encoder"], "ranks": [0]}]}
+    text = model.for_placement(thinker_only)
+    assert "talker_decode" not in text.graph().walks and "talker" not in text.components()
+    assert "audio_out" not in text.processor().card().capabilities
+    assert model.for_placement(model.default_placement()) is model

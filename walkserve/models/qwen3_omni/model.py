@@ -15,7 +15,8 @@ and Code2Wav are never opened. Importing this module imports no torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,13 @@ class Qwen3OmniThinker(Model):
             raise ConfigError(f"{self.path}: not a Qwen3-Omni checkpoint directory (no config.json)")
         self.config = Qwen3OmniConfig.from_file(self.path) if self.path else None
         self.speech = speech_config(self.path) if self.path and ref.options.get("speech", True) else None
+
+    def for_placement(self, placement: Mapping[str, Any]) -> Model:
+        """A placement that does not place the talker serves the checkpoint with text out only (speech off)."""
+        placed = {n for entry in placement.get("nodes") or () for n in entry.get("nodes") or ()}
+        if self.speech is None or TALKER in placed:
+            return self
+        return Qwen3OmniThinker(dataclasses.replace(self.ref, options={**self.ref.options, "speech": False}))
 
     def graph(self) -> WalkGraph:
         c, s = self.config, self.speech
