@@ -163,9 +163,13 @@ if want more; then
   part bench-moe 60 "$DEST/bench_more.md" "$PY" -m benchmarks moe --device $DEV "${QUICK[@]}" "${MOE[@]}"
   VJ=(--preset bench); [ $DRY = 1 ] && VJ=(--preset tiny --horizons 2 --repeat 1)
   part bench-vjepa-offline 60 "$DEST/bench_more.md" "$PY" -m benchmarks vjepa-offline --device $DEV "${VJ[@]}"
-  # benchmarks added later (a family's ./dev bench NAME) take --device too: each runs with --quick here
+  # the other benchmarks (a family's ./dev bench NAME) run with --quick here, those that take --device
   for name in $("$PY" -c "from benchmarks.__main__ import BENCHMARKS; print(' '.join(BENCHMARKS))"); do
     case " runtime lm tts moe vjepa-offline " in *" $name "*) continue ;; esac
+    if ! "$PY" -m benchmarks "$name" --help 2>/dev/null | grep -q -- "--device"; then
+      echo "bench-$name: skipped (it has no --device option; it runs on the CPU only)" >> "$DEST/bench_more.md"
+      continue
+    fi
     part "bench-$name" 60 "$DEST/bench_more.md" "$PY" -m benchmarks "$name" --device $DEV --quick
   done
 fi
