@@ -155,3 +155,23 @@ def test_the_speech_half_loads_from_the_tiny_checkpoint(ours_dir):
     written = {n for n in _layout(ours_dir) if n.startswith(("talker.", "code2wav."))}
     loaded = sum(p.numel() for m in (speech.talker, speech.predictor, speech.code2wav) for p in m.parameters())
     assert loaded == sum(math.prod(_layout(ours_dir)[n]) for n in written)
+
+
+def test_talker_layout_follows_a_wider_thinker():
+    """The talker's input projections read the thinker's width into the talker's intermediate size, as
+    transformers builds them (the tiny config has both 64, so only a wider thinker tells them apart)."""
+    from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
+
+    from walkserve.models.qwen3_omni.tiny_layout import talker_tensor_shapes
+
+    hf = tiny_hf_config(hidden_size=96)
+    assert hf["talker_config"]["thinker_hidden_size"] == 96
+    with torch.device("meta"):
+        ref = Qwen3OmniMoeForConditionalGeneration(Qwen3OmniMoeConfig(**hf))
+    theirs = {n: tuple(p.shape) for n, p in ref.state_dict().items() if n.startswith("talker.")}
+    ours = talker_tensor_shapes(hf["talker_config"])
+    projections = [n for n in ours if "_projection." in n]
+    assert len(projections) == 8
+    common = set(ours) & set(theirs)  # in memory transformers fuses the experts; those names differ
+    assert set(projections) <= common
+    assert {n: (ours[n], theirs[n]) for n in common if ours[n] != theirs[n]} == {}

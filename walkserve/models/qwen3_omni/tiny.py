@@ -112,6 +112,7 @@ def tiny_hf_config(speech: bool = True, rope_form: str = "parameters", audio: di
     }
     if speech:
         config.update(talker_config=copy.deepcopy(TALKER), code2wav_config=copy.deepcopy(CODE2WAV))
+        config["talker_config"]["thinker_hidden_size"] = thinker["text_config"]["hidden_size"]  # its projections' input
     if rope_form == "legacy":
         _to_legacy(config)
     elif rope_form != "parameters":

@@ -23,10 +23,11 @@ def talker_tensor_shapes(talker: Mapping[str, Any]) -> Shapes:
         "talker.model.norm.weight": (d,),
         "talker.codec_head.weight": (text["vocab_size"], d),
     }
+    inter = text["intermediate_size"]  # the projections' hidden width (transformers' ResizeMLP)
     for proj in ("text_projection", "hidden_projection"):
-        out[f"talker.{proj}.linear_fc1.weight"] = (thinker_d, thinker_d)
-        out[f"talker.{proj}.linear_fc1.bias"] = (thinker_d,)
-        out[f"talker.{proj}.linear_fc2.weight"] = (d, thinker_d)
+        out[f"talker.{proj}.linear_fc1.weight"] = (inter, thinker_d)
+        out[f"talker.{proj}.linear_fc1.bias"] = (inter,)
+        out[f"talker.{proj}.linear_fc2.weight"] = (d, inter)
         out[f"talker.{proj}.linear_fc2.bias"] = (d,)
     experts = text.get("num_experts", text.get("num_local_experts"))
     moe, shared = text["moe_intermediate_size"], text.get("shared_expert_intermediate_size", 0)
