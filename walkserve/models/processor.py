@@ -99,6 +99,24 @@ class Processor(ABC):
         return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
 
+class TokenizedProcessor(Processor):
+    """A processor whose text goes through one tokenizer (``self.tokenizer``, set by the subclass): its
+    encode, incremental detokenizer and exact token bytes. ``add_special_tokens`` is what ``tokenize``
+    passes to ``encode`` (a Llama prompt starts with BOS; chat-templated models add none)."""
+
+    tokenizer: Any
+    add_special_tokens = False
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
+
+    def detokenizer(self, skip_special_tokens: bool = True) -> Detokenizer:
+        return self.tokenizer.detokenizer(skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.tokenizer.token_bytes(token_id)
+
+
 class TensorProcessor(Processor):
     """The processor of a model without one of its own: ``/v1/generate`` with raw inputs.
 

@@ -47,9 +47,8 @@ from walkserve.models.bagel.params import (
     ImageLimits,
     parse_image_params,
 )
-from walkserve.models.detokenizer import IncrementalDetokenizer
 from walkserve.models.llama.config import RANDOM_WEIGHTS_KEY
-from walkserve.models.processor import ModelCard, Processor
+from walkserve.models.processor import ModelCard, TokenizedProcessor
 from walkserve.models.tokenizer import Tokenizer
 
 UNDERSTAND_MAX_TOKENS = 512  # the app's
@@ -57,7 +56,7 @@ THINK_MAX_TOKENS = 1024
 IMAGE_MODALITIES = ("image", "latent", "preview", "text")  # text: a think plan's tokens; preview: each step decoded
 
 
-class BagelProcessor(Processor):
+class BagelProcessor(TokenizedProcessor):
     params_type = BagelImageParams
 
     def __init__(self, path: str | Path, model_id: str | None = None):
@@ -80,15 +79,6 @@ class BagelProcessor(Processor):
 
     def card(self) -> ModelCard:
         return self._card
-
-    def tokenize(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def detokenizer(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
-        return self.tokenizer.detokenizer(skip_special_tokens)
-
-    def token_bytes(self, token_id: int) -> bytes:
-        return self.tokenizer.token_bytes(token_id)
 
     def build_request(self, task: str, payload: dict[str, Any], sampling: SamplingParams,
                       params: dict[str, Any]) -> RequestSpec:

@@ -15,10 +15,9 @@ from walkserve.core.errors import ConfigError, InvalidRequest
 from walkserve.core.params import Params
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
-from walkserve.models.detokenizer import IncrementalDetokenizer
 from walkserve.models.llama.config import LMConfig
 from walkserve.models.llama.graph import PROMPT_INPUT
-from walkserve.models.processor import ModelCard, Processor
+from walkserve.models.processor import ModelCard, TokenizedProcessor
 from walkserve.models.tokenizer import Tokenizer
 
 
@@ -28,7 +27,7 @@ class TextParams(Params, frozen=True):
     add_generation_prompt: bool = True  # chat: end the rendered template with the assistant's turn opening
 
 
-class TextLMProcessor(Processor):
+class TextLMProcessor(TokenizedProcessor):
     """Turns ``completion`` / ``chat`` / ``generate`` payloads into ``RequestSpec(inputs={"prompt_token_ids": int64 [N]})``.
 
     ``generate`` is the native route's task: ``{"inputs": {"prompt": str} or
@@ -42,6 +41,7 @@ class TextLMProcessor(Processor):
     """
 
     params_type = TextParams
+    add_special_tokens = True  # a completion prompt starts with BOS
 
     def __init__(
         self,
@@ -65,15 +65,6 @@ class TextLMProcessor(Processor):
 
     def card(self) -> ModelCard:
         return self._card
-
-    def tokenize(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=True)
-
-    def detokenizer(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
-        return self.tokenizer.detokenizer(skip_special_tokens)
-
-    def token_bytes(self, token_id: int) -> bytes:
-        return self.tokenizer.token_bytes(token_id)
 
     def build_request(
         self, task: str, payload: dict[str, Any], sampling: SamplingParams, params: dict[str, Any]

@@ -27,9 +27,8 @@ from walkserve.core.errors import ConfigError, InvalidRequest
 from walkserve.core.params import Params
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
-from walkserve.models.detokenizer import IncrementalDetokenizer
 from walkserve.models.llama.processor import checkpoint_eos_ids
-from walkserve.models.processor import ModelCard, Processor
+from walkserve.models.processor import ModelCard, TokenizedProcessor
 from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
 from walkserve.models.qwen3_omni.image_processor import VisionPreprocess
 from walkserve.models.qwen3_omni.media_inputs import (
@@ -61,7 +60,7 @@ class OmniParams(Params, frozen=True):
     codec_frames: bool = False  # /v1/generate with audio out: also stream each frame's 16 codes (modality latent)
 
 
-class Qwen3OmniProcessor(Processor):
+class Qwen3OmniProcessor(TokenizedProcessor):
     """Turns payloads into ``RequestSpec``s whose inputs the thinker's state machine walks (``graph.py``)."""
 
     params_type = OmniParams
@@ -95,15 +94,6 @@ class Qwen3OmniProcessor(Processor):
 
     def card(self) -> ModelCard:
         return self._card
-
-    def tokenize(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def detokenizer(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
-        return self.tokenizer.detokenizer(skip_special_tokens)
-
-    def token_bytes(self, token_id: int) -> bytes:
-        return self.tokenizer.token_bytes(token_id)
 
     def build_request(self, task: str, payload: dict[str, Any], sampling: SamplingParams,
                       params: dict[str, Any]) -> RequestSpec:
