@@ -88,14 +88,23 @@ def test_moe_shared_expert_matches_qwen2_moe_block():
 
 
 def test_moe_bfloat16_close_to_float32():
+    """bfloat16 stays within 3% of float32 on every token whose top-k choice is clear.
+
+    A token whose k-th and (k+1)-th router logits are closer than bfloat16's rounding may route to a
+    different expert in bfloat16; that is a legitimate difference, not an error, so such tokens are
+    left out (the unseeded version of this test failed on about 1 input in 20 for that reason).
+    """
     ours = SparseMoE(D, INTER, E, K, True, shared_expert_intermediate_size=16)
     _randomize(ours, 5)
-    x = torch.randn(13, D)
+    x = torch.randn(13, D, generator=torch.Generator().manual_seed(13))
     with torch.no_grad():
         want = ours(x)
+        top = ours.gate(x).topk(K + 1).values  # [13, K+1] router logits, float32
+        clear = (top[:, K - 1] - top[:, K]) > 0.05  # [13] routing not decided by a rounding tie
         got = ours.to(torch.bfloat16)(x.bfloat16())
     assert got.dtype == torch.bfloat16
-    assert ((got.float() - want).abs().max() / want.abs().max()) < 3e-2
+    assert clear.sum() >= 7, "too few tokens with a clear top-k to compare"
+    assert ((got.float() - want)[clear].abs().max() / want.abs().max()) < 3e-2
 
 
 def test_moe_loads_one_tensor_per_expert(tmp_path):
