@@ -60,7 +60,9 @@ class AppState:
 
     def require(self, capability: str, what: str, param: str = "model") -> None:
         if capability not in self.card.capabilities:
-            raise bad_request(f"model {self.card.id!r} does not support {what}", param, "unsupported_capability")
+            why = self.card.unsupported.get(capability)
+            raise bad_request(f"model {self.card.id!r} does not support {what}" + (f": {why}" if why else ""), param,
+                              "unsupported_capability")
 
     def health(self) -> Health:
         """The engine's report; an engine that cannot even answer counts as stopped."""

@@ -18,7 +18,7 @@ DEFAULT_MAX_TOKENS = SamplingParams.__dataclass_fields__["max_tokens"].default
 
 # Capabilities a model card may list; the API answers 400 for routes whose capability is missing.
 CAPABILITIES = ("completions", "chat", "speech", "audio_out", "image_in", "audio_in", "video_in", "images", "image_edit",
-                "generate", "act", "encode", "rollout", "plan", "embeddings")
+                "generate", "act", "encode", "predict", "rollout", "plan", "embeddings")
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class ModelCard:
     random_weights: bool = False  # true for the embedded tiny demo checkpoints
     description: str = ""
     default_sampling: dict[str, Any] = field(default_factory=dict)
+    unsupported: dict[str, str] = field(default_factory=dict)  # capability -> why it is missing (said in the 400)
 
 
 class Detokenizer(ABC):

@@ -288,6 +288,8 @@ BAD = [
     ("a goal of two frames", plan_body(1, 0) | {"inputs": {**plan_body(1, 0)["inputs"], "goal": arr(VIDEO[:2])}},
      "goal", "one image"),
     ("an unknown parameter", rollout_body(1, 2) | {"params": {"horizon": 2, "horizn": 3}}, "horizn", "horizn"),
+    ("predict on an AC checkpoint", {"task": "predict", "inputs": {"video": arr(VIDEO[:2]), "target_ids": [0, 1]}},
+     "task", "has no masked predictor"),
 ]
 
 

@@ -10,11 +10,12 @@ import struct
 
 import pytest
 import torch
+import yaml
 
 from walkserve.cli.main import main
 from walkserve.cli.serve_banner import routes_for
 from walkserve.cli.serve_target import resolve_target
-from walkserve.core.errors import InvalidRequest, PlacementError
+from walkserve.core.errors import ConfigError, InvalidRequest, PlacementError
 from walkserve.core.sampling import SamplingParams
 from walkserve.models.base import ModelRef
 from walkserve.models.llama.checkpoint import expected_shapes
@@ -60,7 +61,7 @@ def _check(model: VJEPA2, placement) -> None:
 
 def test_walks_and_shipped_placements_per_checkpoint(dirs):
     hf, ac = (load_model(ModelRef("vjepa2", str(d))) for d in dirs)
-    assert list(hf.graph().walks) == ["encode"] and set(hf.components()) == {"encoder"}
+    assert list(hf.graph().walks) == ["encode", "predict"] and set(hf.components()) == {"encoder", "masked_predictor"}
     assert list(ac.graph().walks) == ["encode", "rollout", "plan_history", "plan", "plan_features"]
     assert set(ac.components()) == {"encoder", "predictor", "stepper", "planner"}
     assert ac.components()["predictor"].options["block_size"] == 18  # one block per step: 2 + 16 tokens
@@ -70,12 +71,40 @@ def test_walks_and_shipped_placements_per_checkpoint(dirs):
     with pytest.raises(PlacementError, match="unknown node"):  # the AC placement names nodes an encoder lacks
         _check(hf, load_placement(placement_path("vjepa2-ac")))
     card = hf.processor().card()
-    assert {"encode", "embeddings"} <= card.capabilities and "rollout" not in card.capabilities
+    assert {"encode", "embeddings", "predict"} <= card.capabilities and "rollout" not in card.capabilities
     assert {"POST /v1/generate", "POST /v1/embeddings"} <= set(routes_for(card))  # the banner of walkserve serve
     assert "POST /v1/chat/completions" not in routes_for(ac.processor().card())
     with pytest.raises(InvalidRequest) as e:
         hf.processor().build_request("rollout", {"inputs": {}}, SamplingParams(), {})
     assert e.value.param == "task" and "V-JEPA 2-AC checkpoint" in str(e.value)
+    with pytest.raises(InvalidRequest, match="has no masked predictor") as e:
+        ac.processor().build_request("predict", {"inputs": {}}, SamplingParams(), {})
+    assert e.value.param == "task" and "predict" not in ac.processor().card().capabilities
+
+
+def test_an_hf_checkpoint_without_its_predictor_serves_encode_only(dirs, tmp_path):
+    """No predictor.* tensors: no predict walk, a 400 saying why, and the shipped vjepa2 placement (which places
+    the masked predictor) refused at start with a message naming it; a placement of the encoder alone also turns
+    predict off on a full checkpoint."""
+    from safetensors.torch import load_file, save_file
+
+    bare = tmp_path / "encoder-only"
+    bare.mkdir()
+    (bare / "config.json").write_text((dirs[0] / "config.json").read_text())
+    tensors = load_file(dirs[0] / "model.safetensors")
+    save_file({k: v for k, v in tensors.items() if k.startswith("encoder.")}, bare / "model.safetensors")
+    model = load_model(ModelRef("vjepa2", str(bare)))
+    assert list(model.graph().walks) == ["encode"] and set(model.components()) == {"encoder"}
+    _check(model, parse_placement(model.default_placement(), "default"))
+    with pytest.raises(ConfigError, match="places the masked predictor, but this checkpoint has none"):
+        model.for_placement(yaml.safe_load(placement_path("vjepa2").read_text()))
+    with pytest.raises(InvalidRequest, match="no masked predictor") as e:
+        model.processor().build_request("predict", {"inputs": {}}, SamplingParams(), {})
+    assert e.value.param == "task" and "no predictor.* tensors" in model.processor().card().unsupported["predict"]
+    full = load_model(ModelRef("vjepa2", str(dirs[0])))
+    encoder_only = full.for_placement({"ranks": [{"id": 0, "device": "cpu"}], "nodes": [{"nodes": ["encoder"],
+                                                                                         "ranks": [0]}]})
+    assert list(encoder_only.graph().walks) == ["encode"] and "predict" not in encoder_only.processor().card().capabilities
 
 
 # -- the release's sizes -------------------------------------------------------------------------------

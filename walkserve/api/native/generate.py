@@ -41,8 +41,8 @@ class NativePlan:
 
 
 TASK_CAPABILITY = {"generate": "generate", "completion": "completions", "chat": "chat", "speech": "speech", "image": "images",
-                   "act": "act", "encode": "encode", "rollout": "rollout", "plan": "plan"}
-RAW_INPUT_TASKS = ("generate", "act", "encode", "rollout", "plan")  # their processors read the payload's "inputs" as given
+                   "act": "act", "encode": "encode", "predict": "predict", "rollout": "rollout", "plan": "plan"}
+RAW_INPUT_TASKS = ("generate", "act", "encode", "predict", "rollout", "plan")  # their processors read the payload's "inputs" as given
 
 
 async def plan_generate(state: AppState, body: GenerateRequest) -> NativePlan:

@@ -48,7 +48,7 @@ class SamplingBody(SamplingFields):
 
 class GenerateRequest(ApiModel):
     model: str | None = model_field()
-    task: Literal["generate", "completion", "chat", "speech", "image", "act", "encode", "rollout", "plan"] = "generate"
+    task: Literal["generate", "completion", "chat", "speech", "image", "act", "encode", "predict", "rollout", "plan"] = "generate"
     inputs: Annotated[dict[str, InputValue], Field(max_length=64)] = Field(default_factory=dict)
     modalities: Annotated[list[Annotated[str, Field(max_length=32)]], Field(min_length=1, max_length=8)] | None = None
     sampling: SamplingBody | None = None

@@ -9,8 +9,11 @@ Output ``features``, float32 unless the request asks for another ``dtype``:
     mode "ac_frames"  each frame alone (the DROID transform), repeated into
                       a 2-frame tubelet, encoded, layer-normed with no
                       affine: the AC predictor's frame tokens -> [T, F, E]
+    mode "tokens"     as "video" over the whole input (no clip loop, no
+                      pooling), always float32: the masked predictor's
+                      input in the ``predict`` walk -> [N, E]
 
-The mode is the node's ``op`` ("video" or "ac_frames"), else the one the
+The mode is the node's ``op`` ("video", "ac_frames" or "tokens"), else the one the
 component was built with. In mode "video" a firing inside the encode walk's
 clip loop encodes clip i = its iteration: frames ``[i * clip_frames, (i + 1) *
 clip_frames)`` of the video (request param ``clip_frames``), so a long video
@@ -33,7 +36,7 @@ from walkserve.models.vjepa2.stepper import output_dtype
 
 INPUT_SLOT = "video"
 OUTPUT_NAME = "features"
-MODES = ("video", "ac_frames")
+MODES = ("video", "ac_frames", "tokens")
 
 
 class EncoderComponent:

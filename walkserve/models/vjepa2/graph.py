@@ -1,10 +1,14 @@
-"""The walks of V-JEPA 2 and V-JEPA 2-AC (torch-free): encode, rollout and CEM planning.
+"""The walks of V-JEPA 2 and V-JEPA 2-AC (torch-free): encode, predict, rollout and CEM planning.
 
-Components: ``encoder`` (stateless; node op "video" or "ac_frames"), ``predictor`` (the AC predictor on
-the KV engine), ``stepper`` and ``planner`` (stateless bookkeeping: ``stepper.py``, ``planner.py``).
+Components: ``encoder`` (stateless; node op "video", "tokens" or "ac_frames"), ``masked_predictor`` (an
+HF checkpoint's JEPA predictor, stateless), ``predictor`` (the AC predictor on the KV engine), ``stepper``
+and ``planner`` (stateless bookkeeping: ``stepper.py``, ``planner.py``).
 P = 2 + F tokens per step (F frame tokens: 256 for the released model).
 
     encode:   Loop "clips" (params.clips): encoder[video](video, clip = iteration) -> features -> client:latent
+
+    predict:  clip_encoder[tokens](video) -> features [N, E] (float32, the whole clip)
+              masked_predictor(features, context_ids, target_ids) -> predicted [Nt, E] -> client:latent
 
     rollout:  frame_encoder[ac_frames](frames) -> start(features, actions, states)
               DynamicLoop "rollout" (stop at params.horizon):
@@ -27,7 +31,7 @@ P = 2 + F tokens per step (F frame tokens: 256 for the released model).
                   refit(costs, candidates, dist) -> dist; cost (best, top-k mean) -> client:latent,
                       first_action -> client:action (, features -> client:latent)
 
-The state machine picks the walk from the request's task (``encode``, ``rollout``, ``plan``).
+The state machine picks the walk from the request's task (``encode``, ``predict``, ``rollout``, ``plan``).
 """
 
 from __future__ import annotations
@@ -57,7 +61,9 @@ from walkserve.graph import (
 from walkserve.graph.kv import Rows, append, fork, kv_params
 
 ENCODE, ROLLOUT, PLAN, PLAN_FEATURES, PLAN_HISTORY = "encode", "rollout", "plan", "plan_features", "plan_history"
-TASKS = (ENCODE, ROLLOUT, PLAN)
+PREDICT = "predict"
+TASKS = (ENCODE, PREDICT, ROLLOUT, PLAN)
+PREDICT_INPUTS = ("video", "context_ids", "target_ids")
 CHUNK = ("embeds", "positions", "token_kind")
 FAN = ("k", "reset")
 
@@ -67,6 +73,17 @@ def encode_walk() -> Walk:
     loop = Loop(node, iterations="clips", name="clips")
     return Walk(ENCODE, loop, edges=[GraphEdge("input.video", "encoder.video"),
                                      GraphEdge("encoder.features", Client("latent"))], inputs=["video"])
+
+
+def predict_walk() -> Walk:
+    """The masked predictor over one clip: the encoder's tokens at context_ids -> features at target_ids."""
+    encoder = GraphNode("clip_encoder", ["video"], ["features"], component="encoder", op="tokens")
+    predictor = GraphNode("masked_predictor", ["features", "context_ids", "target_ids"], ["predicted"])
+    edges = [GraphEdge("input.video", "clip_encoder.video"), GraphEdge("clip_encoder.features", "masked_predictor.features"),
+             GraphEdge("input.context_ids", "masked_predictor.context_ids"),
+             GraphEdge("input.target_ids", "masked_predictor.target_ids"),
+             GraphEdge("masked_predictor.predicted", Client("latent"))]
+    return Walk(PREDICT, Sequential(encoder, predictor), edges=edges, inputs=list(PREDICT_INPUTS))
 
 
 def _frame_encoder() -> GraphNode:
@@ -168,12 +185,14 @@ def rows_of(value: Value, start: int, stop: int | None = None) -> ArrayData:
 
 
 class TaskStateMachine(StateMachine):
-    """encode | rollout | plan (plan_history first when the plan starts from C >= 2 frames)."""
+    """encode | predict | rollout | plan (plan_history first when the plan starts from C >= 2 frames)."""
 
     def first(self, request: RequestSpec) -> WalkStart:
         x, task = request.inputs, request.task
         if task == ENCODE:
             return WalkStart(ENCODE, {"video": x["video"]})
+        if task == PREDICT:
+            return WalkStart(PREDICT, {n: x[n] for n in PREDICT_INPUTS})
         if task == ROLLOUT:
             return WalkStart(ROLLOUT, {n: x[n] for n in ("frames", "actions", "states")})
         if task != PLAN:
@@ -194,9 +213,10 @@ class TaskStateMachine(StateMachine):
         return WalkStart(walk, {"frames": rows_of(x["frames"], c - 1), "goal": x["goal"], "states": x["states"]})
 
 
-def build_graph(frame_tokens: int | None, name: str = "vjepa2") -> WalkGraph:
-    """The walks a checkpoint serves: encode always; rollout and plan with an AC predictor (``frame_tokens`` F)."""
-    walks = [encode_walk()]
+def build_graph(frame_tokens: int | None, name: str = "vjepa2", predict: bool = False) -> WalkGraph:
+    """The walks a checkpoint serves: encode always; predict with a masked predictor (an HF checkpoint's);
+    rollout and plan with an AC predictor (``frame_tokens`` F)."""
+    walks = [encode_walk(), *([predict_walk()] if predict else [])]
     if frame_tokens is not None:
         walks += [rollout_walk(frame_tokens), history_walk(frame_tokens), plan_walk(frame_tokens),
                   plan_walk(frame_tokens, features=True)]

@@ -20,10 +20,13 @@ from walkserve.placement.plan import Placement
 
 GIB, MIB = 2**30, 2**20
 PREFIX = {"encoder": "encoder.", "predictor": "predictor."}
+# components named apart from their checkpoint prefix: an HF checkpoint's predictor.* is the masked predictor
+ALIASES = {"masked_predictor": "predictor"}
 
 
 def weight_bytes(path: Path, component: str) -> int:
     """Bytes of a component's tensors as stored (the stateless bookkeeping components hold none)."""
+    component = ALIASES.get(component, component)
     return tensor_bytes(path, prefix=PREFIX[component]) if component in PREFIX else 0
 
 

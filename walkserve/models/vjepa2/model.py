@@ -2,23 +2,29 @@
 
     ModelRef(family="vjepa2", path=<checkpoint dir>, options={"model_id": ..., "kv": {...}})
 
-The directory is an HF V-JEPA 2 checkpoint (``facebook/vjepa2-*``: the task
-``encode``) or one written by ``walkserve convert vjepa2-ac`` (``model_type``
-``vjepa2-ac``: ``encode``, ``rollout`` and ``plan``); config.json says which.
-Components: ``encoder`` (stateless), and for the AC model ``predictor`` (the
-KV engine; one block per step: ``block_size`` = 2 + F tokens, so a fork shares
-whole steps and never copies one), ``stepper`` and ``planner`` (stateless,
-no weights). Options: ``model_id``, ``kv`` (KVCacheEngine options over the
-defaults below), ``encoder_max_batch``. Importing this module imports no torch.
+The directory is an HF V-JEPA 2 checkpoint (``facebook/vjepa2-*``: the tasks
+``encode`` and, when it holds ``predictor.*`` tensors, ``predict``) or one
+written by ``walkserve convert vjepa2-ac`` (``model_type`` ``vjepa2-ac``:
+``encode``, ``rollout`` and ``plan``); config.json says which. Components:
+``encoder`` (stateless); for an HF checkpoint ``masked_predictor``
+(stateless); for the AC model ``predictor`` (the KV engine; one block per
+step: ``block_size`` = 2 + F tokens, so a fork shares whole steps and never
+copies one), ``stepper`` and ``planner`` (stateless, no weights). Options:
+``model_id``, ``kv`` (KVCacheEngine options over the defaults below),
+``encoder_max_batch``, ``predict`` (false: serve an HF checkpoint's encoder
+only; set by ``for_placement`` when the placement does not place the masked
+predictor). Importing this module imports no torch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from walkserve.core.errors import ConfigError
 from walkserve.graph.walk import WalkGraph
 from walkserve.models.base import BuildContext, ComponentSpec, Model, ModelRef
 from walkserve.models.llama.model import checkpoint_dir
@@ -31,6 +37,7 @@ from walkserve.placement.plan import Placement
 ENCODER_MAX_BATCH = 8
 # one forward may hold a CEM step of many candidates (K x 258 rows); a rollout step is 258
 MAX_BATCH_TOKENS = 16384
+MASKED = "masked_predictor"
 
 
 def kv_options(config: VJEPA2ACConfig, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -49,6 +56,7 @@ def _builder(name: str, path: Path):
         from walkserve.models.vjepa2 import components  # imports torch: only where the weights load
 
         builders = {"encoder": components.build_encoder, "predictor": components.build_ac_predictor,
+                    "masked_predictor": components.build_masked_predictor,
                     "stepper": components.build_stepper, "planner": components.build_planner}
         return builders[name](ctx, path)
 
@@ -63,9 +71,24 @@ class VJEPA2(Model):
         self.path = checkpoint_dir(ref, "the V-JEPA 2 checkpoint") if ref.path else None
         self.config = read_config(self.path) if self.path else None
         self.ac = isinstance(self.config, VJEPA2ACConfig)
+        # an HF checkpoint's masked predictor is served when the file holds it (and the placement places it)
+        self.has_masked_predictor = bool(self.path and not self.ac and memory.weight_bytes(self.path, MASKED))
+        self.predict = self.has_masked_predictor and ref.options.get("predict", True) is not False
 
     def graph(self) -> WalkGraph:
-        return build_graph(self.config.predictor.frame_tokens if self.ac else None)
+        return build_graph(self.config.predictor.frame_tokens if self.ac else None, predict=self.predict)
+
+    def for_placement(self, placement: Mapping[str, Any]) -> Model:
+        """A placement without the masked predictor serves an HF checkpoint's encoder only; one that places it
+        on a checkpoint without one is refused here, saying so."""
+        placed = {n for entry in placement.get("nodes") or () for n in entry.get("nodes") or ()}
+        if MASKED in placed and not self.has_masked_predictor:
+            what = "a V-JEPA 2-AC checkpoint" if self.ac else "it has no predictor.* tensors"
+            raise ConfigError(f"{self.path}: the placement places the masked predictor, but this checkpoint has "
+                              f"none ({what}); place only the encoder nodes (or give no placement)")
+        if not self.predict or MASKED in placed:
+            return self
+        return VJEPA2(dataclasses.replace(self.ref, options={**self.ref.options, "predict": False}))
 
     def components(self) -> dict[str, ComponentSpec]:
         path = checkpoint_dir(self.ref, "its weights")
@@ -73,6 +96,10 @@ class VJEPA2(Model):
         out = {"encoder": ComponentSpec("encoder", "stateless", _builder("encoder", path),
                                         weight_bytes=memory.weight_bytes(path, "encoder"),
                                         options={"max_batch": int(options.get("encoder_max_batch", ENCODER_MAX_BATCH))})}
+        if self.predict:
+            out[MASKED] = ComponentSpec(MASKED, "stateless", _builder(MASKED, path),
+                                        weight_bytes=memory.weight_bytes(path, MASKED),
+                                        options={"max_batch": int(options.get("encoder_max_batch", ENCODER_MAX_BATCH))})
         if not self.ac:
             return out
         kv = kv_options(self.config, options.get("kv"))
@@ -103,7 +130,7 @@ class VJEPA2(Model):
     def processor(self) -> VJEPA2Processor:
         path = checkpoint_dir(self.ref, "its config")
         model_id = self.ref.options.get("model_id") or path.name
-        return VJEPA2Processor(self.config, model_id)
+        return VJEPA2Processor(self.config, model_id, predict=self.predict)
 
 
 def build(ref: ModelRef) -> VJEPA2:

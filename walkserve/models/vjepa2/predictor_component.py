@@ -2,8 +2,9 @@
 
 Input slots: ``features`` float [N, E] (the encoder's output for a clip of
 exactly crop_size² frames), ``context_ids`` and ``target_ids`` int64 [Nc], [Nt]
-(raster token indices). Output ``predicted``: float32 [Nt, E]. Firings with
-the same (Nc, Nt) run as one batch.
+(raster token indices). Output ``predicted``: [Nt, E] in ``target_ids``
+order, float32 unless the request's ``dtype`` param asks for float16 /
+bfloat16. Firings with the same (Nc, Nt) run as one batch.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 from walkserve.models.vjepa2.masked_predictor import MaskedPredictor
+from walkserve.models.vjepa2.stepper import output_dtype
 
 OUTPUT_NAME = "predicted"
 
@@ -44,5 +46,5 @@ class PredictorComponent:
             feats, ctx, tgt = (torch.stack([items[i][j] for i in rows]) for j in range(3))
             predicted = self.predictor(feats, ctx, tgt)  # [B, Nt, E]
             for i, p in zip(rows, predicted):
-                out[i] = {OUTPUT_NAME: p.float()}
+                out[i] = {OUTPUT_NAME: p.float().to(output_dtype(getattr(firings[i], "params", {})))}
         return out

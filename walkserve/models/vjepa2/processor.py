@@ -1,8 +1,12 @@
-"""The V-JEPA 2 frontend (torch-free): HTTP payloads -> RequestSpec for the tasks encode, rollout and plan.
+"""The V-JEPA 2 frontend (torch-free): HTTP payloads -> RequestSpec for the tasks encode, predict, rollout, plan.
 
     encode     inputs.video | inputs.frames: uint8 [T, H, W, 3] (image parts, a video file, or an array),
                or one image [H, W, 3]; streamed one clip of ``clip_frames`` frames at a time
     embedding  the same, pooled (mean over tokens) per clip: the /v1/embeddings route
+    predict    inputs.video | inputs.frames as encode, one clip (T <= frames_per_clip) at crop_size²;
+               inputs.target_ids [Nt] and inputs.context_ids [Nc] (default: every other token), raster
+               token indices t * grid² + row * grid + col of the encoder's output (an HF checkpoint's
+               masked predictor)
     rollout    inputs.frames [C, H, W, 3] (the context frames), inputs.actions [C+H-1, 7],
                inputs.states [C, 7] (or every step's, [C+H-1, 7]); params.horizon H
     plan       inputs.frames [C, H, W, 3], inputs.goal (an image), inputs.states [C, 7],
@@ -27,7 +31,7 @@ from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
 from walkserve.models.processor import ModelCard, Processor, list_to_array
 from walkserve.models.vjepa2.config import VJEPA2ACConfig, VJEPA2Config
-from walkserve.models.vjepa2.graph import ENCODE, PLAN, ROLLOUT
+from walkserve.models.vjepa2.graph import ENCODE, PLAN, PREDICT, ROLLOUT
 from walkserve.models.vjepa2.validate import (
     FLOAT_DTYPES,
     array_spec,
@@ -35,6 +39,7 @@ from walkserve.models.vjepa2.validate import (
     check_plan,
     check_rollout,
     check_square,
+    check_token_ids,
     check_vectors,
 )
 from walkserve.models.vjepa2.video_file import decode_video_file
@@ -68,13 +73,25 @@ class VJEPA2Params(Params, frozen=True):
 class VJEPA2Processor(Processor):
     params_type = VJEPA2Params
 
-    def __init__(self, config: VJEPA2Config | VJEPA2ACConfig, model_id: str):
+    def __init__(self, config: VJEPA2Config | VJEPA2ACConfig, model_id: str, predict: bool = False):
         self.config = config
         self.ac = isinstance(config, VJEPA2ACConfig)
+        self.predict = predict and not self.ac
         caps = {"encode", "embeddings", "image_in", "video_in"} | ({"rollout", "plan"} if self.ac else set())
+        caps |= {"predict"} if self.predict else set()
         self._card = ModelCard(id=model_id, family="vjepa2", capabilities=frozenset(caps),
-                               random_weights=config.random_weights,
+                               random_weights=config.random_weights, unsupported=self._unsupported(),
                                description="V-JEPA 2-AC world model" if self.ac else "V-JEPA 2 video encoder")
+
+    def _unsupported(self) -> dict[str, str]:
+        """Why a task is missing, for its 400."""
+        out = {} if self.ac else {t: "it needs a V-JEPA 2-AC checkpoint; this one is an encoder only"
+                                  for t in (ROLLOUT, PLAN)}
+        if not self.predict:
+            out[PREDICT] = ("a V-JEPA 2-AC checkpoint has no masked predictor (serve an HF V-JEPA 2 checkpoint)"
+                            if self.ac else "this checkpoint has no masked predictor (no predictor.* tensors), "
+                            "or the placement does not place it")
+        return out
 
     def card(self) -> ModelCard:
         return self._card
@@ -84,14 +101,15 @@ class VJEPA2Processor(Processor):
         inputs = payload.get("inputs", payload)
         if task in (ENCODE, EMBEDDING):
             return self._encode(inputs, params, pool=task == EMBEDDING)
-        if task in (ROLLOUT, PLAN) and not self.ac:
-            raise InvalidRequest(f"task {task!r} needs a V-JEPA 2-AC checkpoint; this one is an encoder only",
-                                 param="task")
+        if task in self._card.unsupported:
+            raise InvalidRequest(f"task {task!r}: {self._card.unsupported[task]}", param="task")
+        if task == PREDICT:
+            return self._predict(inputs, params)
         if task == ROLLOUT:
             return self._rollout(inputs, params)
         if task == PLAN:
             return self._plan(inputs, params)
-        raise InvalidRequest(f"V-JEPA 2 takes the tasks encode, rollout and plan, not {task!r}", param="task")
+        raise InvalidRequest(f"V-JEPA 2 takes the tasks encode, predict, rollout and plan, not {task!r}", param="task")
 
     # ---- tasks ----------------------------------------------------------------------------------
     def _encode(self, inputs: dict[str, Any], params: dict[str, Any], pool: bool) -> RequestSpec:
@@ -108,6 +126,32 @@ class VJEPA2Processor(Processor):
                                  param="clip_frames")
         extra = {"clips": math.ceil(t / clip), "clip_frames": clip, "pool": pool}
         return RequestSpec({"video": video}, task=ENCODE, modalities=("latent",), params={**params, **extra})
+
+    def _predict(self, inputs: dict[str, Any], params: dict[str, Any]) -> RequestSpec:
+        """One clip at crop_size² (the grid the masked predictor's positions assume) and its token masks."""
+        name = "video" if "video" in inputs else "frames"
+        video = _frames(inputs, name, image_ok=True)
+        e = self.config.encoder
+        t, h, w = check_frames(name, *array_spec(video, name), tubelet=e.tubelet_size)
+        if t > e.frames_per_clip:
+            raise InvalidRequest(f"{name}: {t} frames; predict takes one clip of at most {e.frames_per_clip} "
+                                 f"(the checkpoint's frames_per_clip)", param=name)
+        if not params["resize"]:
+            check_square(h, w, name, crop=e.crop_size)
+        tokens = e.tokens(max(t, e.tubelet_size), e.crop_size, e.crop_size)  # an image is one tubelet
+        target = _token_ids(inputs, "target_ids", tokens)
+        if inputs.get("context_ids") is None:
+            context = sorted(set(range(tokens)) - set(target))
+            if not context:
+                raise InvalidRequest(f"target_ids covers all {tokens} tokens: no context is left", param="target_ids")
+        else:
+            context = _token_ids(inputs, "context_ids", tokens)
+            shared = set(context) & set(target)
+            if shared:
+                raise InvalidRequest(f"context_ids and target_ids share token index {min(shared)}",
+                                     param="context_ids")
+        x = {"video": video, "context_ids": ArrayData.from_list(context), "target_ids": ArrayData.from_list(target)}
+        return RequestSpec(x, task=PREDICT, modalities=("latent",), params=params)
 
     def _rollout(self, inputs: dict[str, Any], params: dict[str, Any]) -> RequestSpec:
         frames = self._ac_frames(inputs, "frames", params)
@@ -158,6 +202,19 @@ def _frames(inputs: dict[str, Any], name: str, image_ok: bool) -> ArrayData:
     if image_ok and len(value.shape) == 3:
         value = ArrayData(value.dtype, (1, *value.shape), value.data)
     return value
+
+
+def _token_ids(inputs: dict[str, Any], name: str, tokens: int) -> list[int]:
+    """context_ids / target_ids: a list or an integer array of raster token indices, checked."""
+    value = inputs.get(name)
+    if value is None:
+        raise InvalidRequest(f"inputs.{name} is required", param=name)
+    if isinstance(value, list):
+        value = list_to_array(value, name) if value else ArrayData("int64", (0,), b"")
+    if not isinstance(value, ArrayData):
+        raise InvalidRequest(f"{name} must be a list of token indices, got {type(value).__name__}", param=name)
+    values = value.tolist() if value.dtype in ("int64", "int32") else []
+    return check_token_ids(name, value.dtype, values, value.shape, tokens)
 
 
 def _vectors(inputs: dict[str, Any], name: str) -> ArrayData:

@@ -16,6 +16,7 @@ from walkserve.models.vjepa2.config import ACTION_DIM
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 IMAGE_DTYPES = ("uint8",)
+INT_DTYPES = ("int64", "int32")
 MAX_STEPS = 32  # the released AC predictor's mask is prebuilt for 32 steps
 
 
@@ -119,3 +120,21 @@ def check_plan(samples: Any, topk: Any, iterations: Any, horizon: Any, context_f
     if not 2 <= topk <= samples:
         raise InvalidRequest(f"topk must be in [2, samples={samples}], got {topk}", param="topk")
     check_horizon(horizon, context_frames, max_steps)
+
+
+def check_token_ids(field: str, dtype: str, values: Sequence[int], shape: Sequence[int], tokens: int) -> list[int]:
+    """Token indices for the masked predictor: a non-empty 1-D integer array of distinct raster indices in
+    [0, tokens) (tokens = (frames / tubelet) x grid², the encoder's output at crop_size²). Returns them."""
+    if dtype not in INT_DTYPES:
+        raise InvalidRequest(f"{field} must be integer token indices ({', '.join(INT_DTYPES)}), got {dtype}",
+                             param=field)
+    if len(shape) != 1 or shape[0] < 1:
+        raise InvalidRequest(f"{field} must be a non-empty list of token indices [N], got shape {list(shape)}",
+                             param=field)
+    bad = [i for i in values if not 0 <= i < tokens]
+    if bad:
+        raise InvalidRequest(f"{field}: index {bad[0]} is outside [0, {tokens}) (the clip has {tokens} tokens)",
+                             param=field)
+    if len(set(values)) != len(values):
+        raise InvalidRequest(f"{field} repeats a token index", param=field)
+    return list(values)
