@@ -13,8 +13,10 @@ context frame (and the goal) with the same encoder, so the columns differ only i
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +58,46 @@ def median_time(fn, repeat: int) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def timed(fn: Callable[[], object], cpu: Callable[[], float]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds by ``cpu``'s clock) of one call."""
+    c0, t0 = cpu(), time.perf_counter()
+    fn()
+    wall = time.perf_counter() - t0
+    return wall, cpu() - c0
+
+
+def descendants(pid: int) -> list[int]:
+    """Live descendant process ids of ``pid`` (Linux /proc; [] elsewhere): the served worker ranks."""
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    children: dict[int, list[int]] = {}
+    for e in entries:
+        try:
+            with open(f"/proc/{e}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(e))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # ---- the released loops and ours, offline ------------------------------------------------------------
@@ -108,6 +150,12 @@ class Served:
 
     def __init__(self, engine, loop: asyncio.AbstractEventLoop):
         self.engine, self.loop = engine, loop
+        self.pids = descendants(os.getpid())  # the worker ranks (and their supervisor), started by now
+
+    def cpu(self) -> float:
+        """CPU seconds of everything that serves: this process (API-side engine, conductor) and its worker ranks."""
+        own = os.times()
+        return own.user + own.system + sum(process_cpu(p) for p in self.pids)
 
     @staticmethod
     def start(work: Work, placement: str) -> Served:

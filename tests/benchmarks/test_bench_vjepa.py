@@ -29,8 +29,9 @@ def test_quick_vjepa_benchmark_prints_every_table():
     assert elapsed < 60, f"--quick took {elapsed:.0f} s"
     assert "predictor width 64, 2 blocks" in out and "1 thread(s) per side" in out and "cores, torch" in out, out
     assert "| H | official ms | cached (offline) ms | walkserve ms | official / walkserve |" in out, out
-    *rollouts, plan = _rows(out, 7)  # the rollout table's rows, then the plan table's
-    assert [r[0] for r in rollouts] == ["2", "4"] and all(float(r[4]) > 0 for r in rollouts), out
+    rollouts, (plan,) = _rows(out, 10), _rows(out, 7)
+    assert [r[0] for r in rollouts] == ["2", "4"] and all(float(r[4]) > 0 and float(r[7]) > 0 for r in rollouts), out
+    assert [r[5].split()[-1] for r in rollouts] == ["(4)", "(4)"], out  # rounds: 16 / H, at most 4 x --repeat 1
     throughput = _rows(out, 5)
     assert throughput[0][:2] == ["2", "4"] and float(throughput[0][3]) > 0, out
     assert plan[:2] == ["8", "2"] and float(plan[5]) > 0, out
