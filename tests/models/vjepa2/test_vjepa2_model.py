@@ -51,6 +51,8 @@ def test_serve_detects_the_family_and_tiny_says_how_to_serve(dirs, tmp_path, cap
     assert f"walkserve serve vjepa2 --model-path {tmp_path / 'ac'}" in capsys.readouterr().out
     assert main(["tiny", "vjepa2", str(tmp_path / "hf")]) == 0
     assert "walkserve serve vjepa2 --model-path" in capsys.readouterr().out
+    tiny = VJEPA2(ModelRef("vjepa2", str(tmp_path / "hf")))  # the HF layout with its masked predictor
+    assert tiny.has_masked_predictor and "predict" in tiny.graph().walks
 
 
 def _check(model: VJEPA2, placement) -> None:
