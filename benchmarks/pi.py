@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import conditions, pct, table
+from benchmarks.pi_flops import chunk_flops, gemm_rate
 
 CAMERAS = ("base_0_rgb", "left_wrist_0_rgb")  # DROID's two views; the third slot is absent (masked)
 
@@ -44,6 +45,7 @@ class Served:
     latencies: list[float] = field(default_factory=list)
     wall: float = 0.0
     requests: int = 0
+    cpu: float = 0.0  # CPU seconds the system used (this process; walkserve: and its worker processes)
     engine: dict[str, float] = field(default_factory=dict)  # stats deltas
     nodes: dict[str, float] = field(default_factory=dict)
 
@@ -60,14 +62,34 @@ def reference_run(model, inputs: list, concurrency: int) -> Served:
     from walkserve.testing.pi0_reference import sample_actions
 
     out = Served()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for start in range(0, len(inputs), concurrency):
         wave = time.perf_counter()
         for x in inputs[start:start + concurrency]:
             sample_actions(model, x)
             out.latencies.append(time.perf_counter() - wave)
-    out.wall, out.requests = time.perf_counter() - t0, len(inputs)
+    out.wall, out.requests, out.cpu = time.perf_counter() - t0, len(inputs), time.process_time() - c0
     return out
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process and every live descendant (walkserve's workers), from /proc (nan elsewhere)."""
+    total, tick = time.process_time(), os.sysconf("SC_CLK_TCK")
+    try:
+        pending = [os.getpid()]
+        while pending:
+            pid = pending.pop()
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+                for child in children:
+                    with open(f"/proc/{child}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                    total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+                pending += children
+    except (OSError, ValueError):
+        return float("nan")
+    return total
 
 
 def reference_prefix_s(model, inputs: list) -> float:
@@ -77,6 +99,40 @@ def reference_prefix_s(model, inputs: list) -> float:
     for x in inputs:
         prefix_only(model, x)
     return (time.perf_counter() - t0) / len(inputs)
+
+
+def prefix_floor(path: Path, prepared: list, config, batch: int, repeats: int = 3) -> tuple[float, float]:
+    """walkserve's own prefix, offline (its served vision and PaliGemma, dense attention): best CPU seconds of this
+    thread per request for vision + PaliGemma one request at a time, and per request for the vision of ``batch``
+    requests' cameras in one call (the part of a chunk that batching cannot share away)."""
+    import torch
+
+    from walkserve.layers.attention import DenseAttention
+    from walkserve.models.pi0.components import build_component
+    from walkserve.models.pi0.predict import camera_batch
+    from walkserve.models.pi0.prefix import compact_prefix
+
+    vision, lm = (build_component(part, path, "cpu", None) for part in ("vision", "lm"))
+    device, resolution = torch.device("cpu"), config.image_resolution[0]
+
+    def one(request) -> None:
+        features = vision(camera_batch(request, resolution, device))  # [n, P, D]
+        prefix = compact_prefix(lm, features.reshape(-1, features.shape[-1]), torch.tensor(request.token_ids))
+        lm(torch.zeros(prefix.embeds.shape[0], dtype=torch.long), prefix.positions, DenseAttention(None, keep=True),
+           inputs_embeds=prefix.embeds)
+
+    many = torch.cat([camera_batch(r, resolution, device) for r in (prepared * batch)[:batch]])
+    best = [float("inf"), float("inf")]
+    with torch.inference_mode():
+        one(prepared[0])
+        for i in range(repeats):
+            t0 = time.thread_time()
+            one(prepared[i % len(prepared)])
+            t1 = time.thread_time()
+            vision(many)
+            t2 = time.thread_time()
+            best = [min(best[0], t1 - t0), min(best[1], (t2 - t1) / batch)]
+    return best[0], best[1]
 
 
 async def _one(engine, spec) -> float:
@@ -99,9 +155,9 @@ async def served_run(engine, specs: list, concurrency: int) -> Served:
         while queue:
             out.latencies.append(await _one(engine, queue.pop(0)))
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_seconds()
     await asyncio.gather(*(client() for _ in range(concurrency)))
-    out.wall, out.requests = time.perf_counter() - t0, len(specs)
+    out.wall, out.requests, out.cpu = time.perf_counter() - t0, len(specs), cpu_seconds() - c0
     await engine.refresh_status()
     after = _snapshot(engine)
     out.engine = {k: after[0].get(k, 0.0) - before[0].get(k, 0.0) for k in after[0]}
@@ -139,6 +195,7 @@ def merge(runs: list[Served]) -> Served:
         out.latencies += r.latencies
         out.wall += r.wall
         out.requests += r.requests
+        out.cpu += r.cpu
         for k, v in r.engine.items():
             out.engine[k] = out.engine.get(k, 0.0) + v
         for k, v in r.nodes.items():
@@ -179,9 +236,14 @@ async def _measure(path: Path, args) -> dict:
             runs["refC"].append(reference_run(reference, ref_inputs, args.concurrency))
             runs["wsC"].append(await served_run(engine, specs(), args.concurrency))
         prefix = reference_prefix_s(reference, ref_inputs)
+        floor = prefix_floor(path, prepared, config, args.concurrency)
     finally:
         await engine.shutdown(drain_s=0)
-    return {"config": config, "prefix_ref_ms": 1e3 * prefix, "load": (load, os.getloadavg()[0]),
+    prompt = sum(len(p.token_ids) for p in prepared) / len(prepared)
+    return {"config": config, "prefix_ref_ms": 1e3 * prefix, "load": (load, os.getloadavg()[0]), "prompt": prompt,
+            "floor": floor,
+            "gemm": max(gemm_rate(512, config.paligemma.hidden_size, 2 * config.paligemma.intermediate_size),
+                        gemm_rate(512, config.paligemma.intermediate_size, config.paligemma.hidden_size)),
             **{k: merge(v) for k, v in runs.items()}}
 
 
@@ -229,11 +291,36 @@ def report(m: dict, args) -> str:
         f"{ws_splitc['prefix']:.1f} ms, flow {ws_splitc['flow']:.1f} ms per request",
         f"- expert batch: {b1[0]:.2f} requests ({b1[1]:.0f} rows) per expert call at c=1, {bc[0]:.2f} requests "
         f"({bc[1]:.0f} rows) at c={conc} (one call per flow step for every request in the loop)",
+        *arithmetic(m, conc),
         f"- conditions: walkserve's one worker and the reference use the same thread count and never run at the "
         f"same time; load average {m['load'][0]:.2f} before, {m['load'][1]:.2f} after (on a shared machine rerun "
         f"for figures to quote)",
     ]
     return "\n".join(lines)
+
+
+def arithmetic(m: dict, conc: int) -> list[str]:
+    """CPU time per chunk (less skewed by a shared machine than wall time), FLOPs per chunk, and the throughput
+    ratio this machine's best matmul rate allows at most."""
+    c, cameras = m["config"], len(CAMERAS)
+    ws = chunk_flops(c, cameras, round(m["prompt"]), kv_only=True)
+    ref = chunk_flops(c, cameras, round(m["prompt"]), kv_only=False, vision_slots=len(c.cameras))
+    per = lambda r: 1e3 * r.cpu / max(r.requests, 1)  # noqa: E731
+    ref_ms, ws1_ms, wsc_ms = per(m["ref1"]), per(m["ws1"]), per(m["wsC"])
+    floor_ms = sum(ws.values()) / m["gemm"] / 1e6
+    gf = lambda f: "/".join(f"{v / 1e9:.2f}" for v in f.values())  # noqa: E731
+    return [
+        f"- CPU time per chunk: reference {ref_ms:.0f} ms, walkserve {ws1_ms:.0f} ms at c=1 and {wsc_ms:.0f} ms at "
+        f"c={conc} (worker and client processes): {ref_ms / wsc_ms:.2f}x the reference's chunks per CPU second",
+        f"- arithmetic per chunk (vision/prefix/flow GFLOP): walkserve {gf(ws)} = {sum(ws.values()) / 1e9:.2f}, the "
+        f"reference {gf(ref)} = {sum(ref.values()) / 1e9:.2f} (every camera slot through SigLIP, the last layer's "
+        f"tail); the reference runs at {sum(ref.values()) / ref_ms / 1e6:.1f} GFLOP per CPU second, walkserve at c={conc} "
+        f"{sum(ws.values()) / wsc_ms / 1e6:.1f}; this thread's best float32 matmul {m['gemm']:.1f} GFLOP/s, so a "
+        f"chunk takes >= {floor_ms:.0f} ms of CPU and the throughput ratio is at most {ref_ms / floor_ms:.2f}x",
+        f"- the prefix does not batch away: walkserve's own vision + PaliGemma take {1e3 * m['floor'][0]:.0f} ms of CPU "
+        f"a request offline (the vision of {conc} requests' cameras in one call: {1e3 * m['floor'][1]:.0f} ms a request),"
+        f" so even with a free flow the throughput ratio is at most {ref_ms / (1e3 * m['floor'][0]):.2f}x",
+    ]
 
 
 def main(argv: list[str]) -> int:

@@ -37,4 +37,8 @@ def test_quick_pi_benchmark_prints_the_table_and_the_ratios():
     batch = re.search(r"expert batch: ([\d.]+) requests .* at c=1, ([\d.]+) requests", out)
     assert batch is not None, out
     assert float(batch.group(1)) == 1.0 and float(batch.group(2)) > 1.5, out
+    cpu = re.search(r"CPU time per chunk: reference ([\d.]+) ms, walkserve ([\d.]+) ms at c=1 and ([\d.]+) ms", out)
+    assert cpu is not None and all(float(v) > 0 for v in cpu.groups()), out
+    assert re.search(r"so a chunk takes >= [\d.]+ ms of CPU and the throughput ratio is at most [\d.]+x", out), out
+    assert re.search(r"so even with a free flow the throughput ratio is at most [\d.]+x", out), out
     assert "load average" in out, out

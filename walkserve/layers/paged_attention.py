@@ -164,9 +164,17 @@ def _batch_appends(others: list[tuple], block_size: int, device: torch.device) -
             part = items[lo : lo + per_call]
             rows = torch.cat([torch.arange(s, e, device=device) for s, e, *_ in part])  # [B*n]
             blocks = torch.cat([_ids(b, device) for _, _, b, _, _ in part])  # [B*W]
-            mask = None if unmasked else torch.stack([a for _, _, _, a, _ in part])[:, None]  # [B, 1, n, W*bs]
+            keys = width * block_size
+            mask = None if unmasked else torch.stack([_key_mask(a, n, keys, device) for _, _, _, a, _ in part])[:, None]
             batched.append((rows, len(part), n, blocks, mask))
     return singles, batched
+
+
+def _key_mask(allowed: torch.Tensor | int, n: int, keys: int, device: torch.device) -> torch.Tensor:
+    """bool [n, keys]: ``allowed`` itself, or for an int the first ``allowed`` keys visible to every row."""
+    if isinstance(allowed, int):
+        return (torch.arange(keys, device=device) < allowed)[None, :].expand(n, keys)
+    return allowed
 
 
 def _count(blocks: torch.Tensor | tuple[int, int]) -> int:
@@ -232,7 +240,10 @@ class TorchPagedAttention(AttentionContext):
     appends of the same rows and blocks (a CEM step's K candidates) run as
     one batched SDPA call; every other sequence runs in its own SDPA call with
     a bool mask (prefix visible, the chunk under its mask kind), or none when
-    it sees every key. A batch of decodes only skips every row scatter.
+    it sees every key: a full-mask append gathers its blocks and drops the
+    unwritten tail, a full-mask query gathers exactly its contexts' written
+    slots and its own rows after them (an unmasked SDPA call is ~25% faster
+    than a masked one on the CPU). A batch of decodes only skips every row scatter.
     """
 
     def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch, scratch: Scratch):
@@ -258,10 +269,12 @@ class TorchPagedAttention(AttentionContext):
 
     @staticmethod
     def _plan(batch: PagedBatch, index: PagedIndex, i: int, start: int, end: int) -> tuple:
-        """(rows, blocks to gather, key mask or None, whether the chunk's own k/v come from the pool).
+        """(rows, blocks to gather, key mask, whether the chunk's own k/v come from the pool).
 
         An append's blocks are a ``(first, count)`` span when its table is consecutive ids (read as a view of
-        the pool, nothing copied), else an id tensor; its mask is None when it sees every key it gathers.
+        the pool, nothing copied), else an id tensor; its mask is None when it sees every key it gathers, an
+        int when it sees the first that many (its written keys; the tail of its last block is cut off).
+        A full-mask query's "blocks" are the pool slots [P] of the keys it reads, and its mask is None.
         """
         n, device = end - start, index.tables.device
         inner = chunk_mask(batch.mask(i), n, batch.frames[i] if batch.frames else 0, device)  # [n, n] or None
@@ -272,13 +285,18 @@ class TorchPagedAttention(AttentionContext):
                 return start, end, _blocks(batch.block_tables[i][: -(-n // bs)], device), "causal", True
             width = -(-kv // bs)
             blocks = _blocks(batch.block_tables[i][:width], device)
-            if inner is None and width * bs == kv:  # the whole chunk and its prefix, no padding: no mask
-                return start, end, blocks, None, True
+            if inner is None:  # the whole chunk and its prefix: no mask, the unwritten tail is cut off
+                return start, end, blocks, None if width * bs == kv else kv, True
             allowed = torch.zeros(n, width * bs, dtype=torch.bool, device=device)
             allowed[:, :prefix] = True
             allowed[:, prefix : prefix + n] = True if inner is None else inner
             return start, end, blocks, allowed, True
         bs = batch.block_size
+        if inner is None:  # full: the written slots of every context read, then the chunk's own rows; no mask
+            offsets = torch.arange(bs, device=device)
+            slots = [(torch.tensor(t[: -(-length // bs)], dtype=torch.long, device=device)[:, None] * bs
+                      + offsets).reshape(-1)[:length] for t, length in batch.reads[i]]  # [length] each
+            return start, end, torch.cat(slots) if slots else offsets[:0], None, False
         ids, valid = [], []
         for table, length in batch.reads[i]:
             width = -(-length // bs)
@@ -307,6 +325,10 @@ class TorchPagedAttention(AttentionContext):
             keys, values = self._gather(k_cache, v_cache, blocks, b)  # [B, W * bs, Hkv, Dh]
             out[rows] = _attend_batch(q[rows].view(b, n, *q.shape[1:]), keys, values, mask, scale).flatten(0, 1)
         for start, end, blocks, allowed, from_pool in self.others:
+            if not from_pool and allowed is None:  # a full query: its slots [P], then its own rows
+                keys, values = self._gather_slots(k_cache, v_cache, blocks, k[start:end], v[start:end])
+                out[start:end] = _attend(q[start:end], keys, values, None, scale)
+                continue
             keys, values = self._gather(k_cache, v_cache, blocks, 1)  # [1, W * bs, Hkv, Dh]
             keys, values = keys[0], values[0]
             if not from_pool:  # a query: its own rows' k/v are not in the pool
@@ -314,8 +336,22 @@ class TorchPagedAttention(AttentionContext):
                 values = torch.cat([values, v[start:end].to(values.dtype)])
             elif isinstance(allowed, str):  # causal, no prefix
                 keys, values = keys[: end - start], values[: end - start]
+            elif isinstance(allowed, int):  # full: every written key, the block tail cut off
+                keys, values, allowed = keys[:allowed], values[:allowed], None
             out[start:end] = _attend(q[start:end], keys, values, allowed, scale)
         return out
+
+    def _gather_slots(self, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k_own: torch.Tensor,
+                      v_own: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V [P + n, Hkv, Dh]: the pool's ``slots`` [P], then the chunk's own rows [n] (scratch buffers)."""
+        p, n, (hkv, dh) = slots.numel(), k_own.shape[0], k_own.shape[1:]
+        keys = self.scratch.get("qk", (p + n, hkv, dh), k_cache.dtype, k_cache.device)
+        values = self.scratch.get("qv", (p + n, hkv, dh), v_cache.dtype, v_cache.device)
+        if p:
+            torch.index_select(k_cache.view(-1, hkv * dh), 0, slots, out=keys[:p].view(p, hkv * dh))
+            torch.index_select(v_cache.view(-1, hkv * dh), 0, slots, out=values[:p].view(p, hkv * dh))
+        keys[p:], values[p:] = k_own, v_own
+        return keys, values
 
     def _gather(self, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor | tuple[int, int], rows: int):
         """K and V of ``blocks`` [B * W] as [B, W * bs, Hkv, Dh] views of the scratch buffers (of the pool itself

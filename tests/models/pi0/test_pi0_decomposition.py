@@ -134,6 +134,35 @@ def test_compact_prefix_equals_padded(tiny_pi05):
         assert (velocity(policy.expert, a, x, 0.4) - velocity(policy.expert, b, x, 0.4)).abs().max() < 1e-5
 
 
+def test_served_lm_writes_the_same_kv_without_the_last_layers_tail(tiny_pi05):
+    """The served PaliGemma (``kv_only``, as ``build_component`` makes it) skips the last layer's o_proj and
+    MLP: every layer's K/V are those of the full pass, and what it returns is the last layer's input."""
+    from walkserve.layers.attention import DenseAttention
+    from walkserve.models.pi0.components import build_component
+
+    policy = tiny_pi05.policy
+    served = build_component("lm", tiny_pi05.path, "cpu", None)
+    assert served.kv_only and not policy.lm.kv_only
+    _, images, ids = _padded(policy, seed=7)
+    prefix = compact_prefix(policy.lm, torch.cat([i for i in images if i is not None]), ids)
+    zeros = torch.zeros(prefix.embeds.shape[0], dtype=torch.long)
+    with torch.no_grad():
+        full, kv_only = DenseAttention(None, keep=True), DenseAttention(None, keep=True)
+        hidden = policy.lm(zeros, prefix.positions, full, inputs_embeds=prefix.embeds)
+        rows = served(zeros, prefix.positions, kv_only, inputs_embeds=prefix.embeds)
+        inner = DenseAttention(None)
+        x = prefix.embeds
+        cos, sin = policy.lm.rotary.cos_sin(prefix.positions)
+        for layer in policy.lm.layers[:-1]:
+            x = layer(x, cos, sin, inner, None)
+    assert sorted(kv_only.kv) == sorted(full.kv) == list(range(policy.lm.config.num_hidden_layers))
+    for layer in full.kv:
+        for a, b in zip(full.kv[layer], kv_only.kv[layer]):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(rows, x, atol=1e-6, rtol=1e-6)
+    assert (rows - hidden).abs().max() > 1e-3  # not the hidden states: the last layer's tail did not run
+
+
 def test_openpi_mask_blocks():
     valid = torch.tensor([True, True, False, True, True, True])
     ar = torch.tensor([0, 0, 0, 1, 1, 0])  # prefix (one padded), state block, action block

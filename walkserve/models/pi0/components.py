@@ -1,7 +1,7 @@
 """Building the served components of a pi0 / pi0.5 checkpoint on a rank: each loads only its own tensors.
 
     vision     VisionEncoder   vision_tower + multi_modal_projector      (stateless: ``forward_batch``)
-    lm         PaliGemmaLM     language_model (+ the tied embedding)     (KV cache)
+    lm         PaliGemmaLM     language_model (+ the tied embedding)     (KV cache; kv_only: its K/V are its product)
     expert     ActionExpert    gemma_expert.model + the root projections (KV cache; reads ``hidden`` rows)
     flow_head  FlowHead        the root projections + the normaliser     (stateless: ``forward_batch``)
 """
@@ -32,7 +32,7 @@ def build_component(part: str, path: str | Path, device: str, dtype: str | torch
         return load_component(path, "vision", lambda c: VisionEncoder(c.vision, c.paligemma.hidden_size), device,
                               dtype, progress)
     if part == "lm":
-        return load_component(path, "lm", lambda c: PaliGemmaLM(c.paligemma, c.vocab_size), device, dtype, progress)
+        return load_component(path, "lm", lambda c: PaliGemmaLM(c.paligemma, c.vocab_size, kv_only=True), device, dtype, progress)
     if part == "expert":
         return load_component(path, "expert", ActionExpert, device, dtype, progress)
     if part == "flow_head":

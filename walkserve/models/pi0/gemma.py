@@ -39,14 +39,17 @@ class GemmaAttention(nn.Module):
         )
         self.o_proj = Linear(size.q_size, size.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
+        """The heads' outputs [T, Hq, Dh] before o_proj (the context records this layer's k, v as it attends)."""
         t = x.shape[0]
         q, k, v = self.qkv_proj.split(self.qkv_proj(x))
         q = apply_rotary(q.view(t, self.num_heads, self.head_dim), cos, sin)  # [T, Hq, Dh]
         k = apply_rotary(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)  # [T, Hkv, Dh]
         v = v.view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, Dh]
-        out = attn.forward(self.layer_idx, q, k, v, self.scale)  # [T, Hq, Dh]
-        return self.o_proj(out.reshape(t, -1))  # [T, D]
+        return attn.forward(self.layer_idx, q, k, v, self.scale)  # [T, Hq, Dh]
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
+        return self.o_proj(self.attend(x, cos, sin, attn).flatten(1))  # [T, D]
 
 
 class GeGLU(nn.Module):
@@ -81,6 +84,11 @@ class GemmaLayer(nn.Module):
         h, gate = self.post_attention_layernorm(x, cond)
         return _gated(x, self.mlp(h), gate)  # [T, D]
 
+    def write_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext,
+                 cond: Condition | None) -> None:
+        """Only what gives this layer's K/V to ``attn`` (its norm, projections and attention call); no o_proj, no MLP."""
+        self.self_attn.attend(self.input_layernorm(x, cond)[0], cos, sin, attn)
+
 
 class GemmaStack(nn.Module):
     """Decoder layers and the final norm (a checkpoint's ``...model.`` prefix, without embeddings);
@@ -94,10 +102,19 @@ class GemmaStack(nn.Module):
         self.rotary = RotaryEmbedding(size.head_dim, RopeConfig(theta=size.rope_theta), max_positions)
 
     def run_layers(self, x: torch.Tensor, positions: torch.Tensor, attn: AttentionContext,
-                   cond: Condition | None = None) -> torch.Tensor:
-        """x [T, D] at ``positions`` [T] -> hidden after the final norm [T, D]."""
+                   cond: Condition | None = None, kv_only: bool = False) -> torch.Tensor:
+        """x [T, D] at ``positions`` [T] -> hidden after the final norm [T, D].
+
+        ``kv_only``: the caller needs only the K/V ``attn`` records, so the last layer stops once it has
+        given its K/V (its o_proj, MLP and the final norm are skipped) and the rows returned are that
+        layer's input [T, D], not the hidden states.
+        """
         cos, sin = self.rotary.cos_sin(positions)  # [T, Dh/2] float32
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        for layer in self.layers:
+        *full, last = self.layers
+        for layer in full:
             x = layer(x, cos, sin, attn, cond)  # [T, D]
-        return self.norm(x, cond)[0]  # [T, D]
+        if kv_only:
+            last.write_kv(x, cos, sin, attn, cond)
+            return x  # [T, D]
+        return self.norm(last(x, cos, sin, attn, cond), cond)[0]  # [T, D]
