@@ -56,28 +56,52 @@ def test_slot_names_are_the_encoders():
         vision_encoder.PIXELS_SLOT, vision_encoder.GRID_SLOT, vision_encoder.OUTPUT_NAME, vision_encoder.DEEPSTACK_NAME)
 
 
-def test_pieces_cover_the_prompt_but_its_last_token(processor):
+PIECES = {
+    True: ["prefill_audio", "prefill_vision", "prefill_vision"],  # a text answer: one thinker pass per item
+    False: ["prefill_text", "prefill_audio", "prefill_text", "prefill_vision", "prefill_text", "prefill_vision",
+            "prefill_text"],  # a spoken answer: the talker takes text and media pieces apart
+}
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_pieces_cover_the_prompt_but_its_last_token(processor, merge):
+    from walkserve.models.qwen3_omni.prompt_pieces import request_inputs
+
     request, _ = processor.thinker_request("chat", {"messages": mixed_messages()}, {})
-    spec = processor.build_request("chat", {"messages": mixed_messages()}, SamplingParams(max_tokens=4), {})
-    walks = spec.inputs["walks"]
-    assert walks == ["prefill_text", "prefill_audio", "prefill_text", "prefill_vision", "prefill_text",
-                     "prefill_vision", "prefill_text"]
-    tokens = [_values(spec.inputs[g.step_key(k, "tokens")]) for k in range(len(walks))]
-    positions = [_values(spec.inputs[g.step_key(k, "positions")]) for k in range(len(walks))]
+    inputs = request_inputs(request, processor.config.tokens, merge=merge)
+    walks = inputs["walks"]
+    assert walks == PIECES[merge]
+    tokens = [_values(inputs[g.step_key(k, "tokens")]) for k in range(len(walks))]
+    positions = [_values(inputs[g.step_key(k, "positions")]) for k in range(len(walks))]
     np.testing.assert_array_equal(np.concatenate(tokens), request.input_ids[:-1])
     np.testing.assert_array_equal(np.concatenate(positions, axis=1), request.positions.positions[:, :-1])
     assert positions[0].dtype == np.float32  # the video's group time is fractional (2 / 1.5 s x 13)
-    assert _values(spec.inputs["last"]).tolist() == request.input_ids[-1:]
-    pads = {"prefill_audio": IDS["audio_pad"], "prefill_vision": None}
-    for walk, ids in zip(walks, tokens, strict=True):
-        if walk == "prefill_audio":
-            assert set(ids.tolist()) == {pads[walk]}
-        elif walk == "prefill_vision":
-            assert set(ids.tolist()) in ({IDS["image_pad"]}, {IDS["video_pad"]})
-        else:
-            assert not {IDS["audio_pad"], IDS["image_pad"], IDS["video_pad"]} & set(ids.tolist())
-    assert _values(spec.inputs[g.step_key(1, "mel")]).shape == (128, 120)
-    assert _values(spec.inputs[g.step_key(5, "grid_thw")]).tolist()[0] == 2  # 3 frames padded to 4: 2 groups
+    assert _values(inputs["last"]).tolist() == request.input_ids[-1:]
+    pads = {IDS["audio_pad"], IDS["image_pad"], IDS["video_pad"]}
+    for k, (walk, ids) in enumerate(zip(walks, tokens, strict=True)):
+        if walk == "prefill_text":
+            assert not pads & set(ids.tolist())
+            continue
+        rows = _values(inputs[g.step_key(k, "embed_rows")])
+        assert set(ids[rows].tolist()) < pads and len(set(ids[rows].tolist())) == 1  # one item's pad rows
+        assert not pads & set(np.delete(ids, rows).tolist())  # the rest is text (merged) or nothing
+        assert len(rows) < len(ids) if merge else rows.tolist() == list(range(len(ids)))
+        if walk == "prefill_vision":
+            np.testing.assert_array_equal(np.flatnonzero(_values(inputs[g.step_key(k, "visual_rows")])), rows)
+    assert _values(inputs[g.step_key(walks.index("prefill_audio"), "mel")]).shape == (128, 120)
+    video = max(k for k, w in enumerate(walks) if w == "prefill_vision")
+    assert _values(inputs[g.step_key(video, "grid_thw")]).tolist()[0] == 2  # 3 frames padded to 4: 2 groups
+
+
+def test_text_answers_merge_and_spoken_answers_do_not(ours_dir):
+    from walkserve.models.qwen3_omni.model import speech_config
+
+    processor, sampling = Qwen3OmniProcessor(ours_dir, speech=speech_config(ours_dir)), SamplingParams(max_tokens=4)
+    text = processor.build_request("chat", {"messages": mixed_messages()}, sampling, {})
+    assert text.inputs["walks"] == PIECES[True]
+    spoken = processor.build_request("chat", {"messages": mixed_messages(), "modalities": ["text", "audio"]},
+                                     sampling, {})
+    assert spoken.inputs["walks"] == PIECES[False]
 
 
 def test_the_state_machine_walks_the_pieces_then_decodes(processor):

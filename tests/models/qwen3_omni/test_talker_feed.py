@@ -10,6 +10,7 @@ position, and the greedy token.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from tests.models.qwen3_omni.conftest import rgb, wave
@@ -22,6 +23,7 @@ from walkserve.layers.attention import DenseAttention
 from walkserve.models.qwen3_omni import graph as g
 from walkserve.models.qwen3_omni.generate import positions_tensor, thinker_inputs
 from walkserve.models.qwen3_omni.processor import Qwen3OmniProcessor
+from walkserve.models.qwen3_omni.prompt_pieces import request_inputs
 from walkserve.models.qwen3_omni.weights import load_thinker_components
 
 ACCEPT = 3  # the tiny talker's accept_hidden_layer
@@ -35,29 +37,30 @@ def _thinker_node(graph, walk: str):
     return next(n for n in graph.walks[walk].nodes() if n.name == g.THINKER)
 
 
-def test_taps_equal_the_dense_layer_inputs(ours_dir):
+@pytest.mark.parametrize("merge", [False, True])  # a spoken answer's pieces; a text answer's (text merged in)
+def test_taps_equal_the_dense_layer_inputs(ours_dir, merge):
     parts = load_thinker_components(ours_dir, progress=False)
     processor = Qwen3OmniProcessor(ours_dir)
     messages = [{"role": "user", "content": [{"type": "audio", "audio": _array(wave(1.2)), "sample_rate": 16000},
                                              {"type": "text", "text": "and"},
                                              {"type": "image", "image": _array(rgb(40, 60))}]}]
     request, _ = processor.thinker_request("chat", {"messages": messages}, {})
-    spec = processor.build_request("chat", {"messages": messages}, SamplingParams(max_tokens=2), {})
+    pieces = request_inputs(request, processor.config.tokens, merge=merge)
+    assert pieces["walks"][0] == (g.PREFILL_AUDIO if merge else g.PREFILL_TEXT)
     graph = g.build_graph(taps=g.thinker_taps(ACCEPT), tap_edge=lambda ep: GraphEdge(ep, DROP))
     engine = KVCacheEngine(g.THINKER, parts.lm, "cpu", torch.float32, block_size=4, num_blocks=64)
     taps: dict[str, list[torch.Tensor]] = {g.EMBED_TAP: [], g.ACCEPT_TAP: []}
-    for k, walk in enumerate(spec.inputs["walks"]):
-        inputs = {slot: _tensor(spec.inputs[g.step_key(k, slot)]) for slot in g.WALK_INPUTS[walk]}
+    for k, walk in enumerate(pieces["walks"]):
+        inputs = {slot: _tensor(pieces[g.step_key(k, slot)]) for slot in g.WALK_INPUTS[walk]}
         if walk == g.PREFILL_AUDIO:
             inputs["embeds"] = parts.audio.forward_batch([{"mel": inputs.pop("mel")}])[0]["audio_embeds"]
         elif walk == g.PREFILL_VISION:
-            out = parts.vision.forward_batch([{"pixel_values": inputs.pop("pixel_values"),
-                                               "grid_thw": inputs.pop("grid_thw")}])[0]
+            out = parts.vision.forward_batch([{slot: inputs.pop(slot) for slot in (g.PIXELS, g.GRID, g.VISUAL_ROWS)}])[0]
             inputs["embeds"], inputs["deepstack"] = out["image_embeds"], out["deepstack"]
         got = _fire(engine, k, walk, _thinker_node(graph, walk), inputs)
         for name in taps:
             taps[name].append(got[name])
-    last = _fire(engine, 99, g.DECODE, _thinker_node(graph, g.DECODE), {"tokens": _tensor(spec.inputs["last"])})
+    last = _fire(engine, 99, g.DECODE, _thinker_node(graph, g.DECODE), {"tokens": _tensor(pieces["last"])})
 
     embeds, deepstack = thinker_inputs(parts, request)
     capture = {0: None, ACCEPT: None}

@@ -6,8 +6,6 @@ patches) with an attention mask, so the reference builds its 3-D positions.
 
 from __future__ import annotations
 
-from itertools import pairwise
-
 import numpy as np
 import pytest
 import torch
@@ -140,24 +138,47 @@ def test_bfloat16_components_run_close_to_float32(requests, hf_dir, components):
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.8
 
 
-def test_prefill_split_at_media_boundaries_equals_one_pass(requests, components):
-    """As the walks will run it: text, audio, text, image, text chunks, each over the cached keys of the last."""
+def _walk_pieces(components, request, merge: bool) -> torch.Tensor:
+    """As the prefill walks run the prompt (``prompt_pieces``): each piece's encoder on its slots, the thinker
+    over the cached keys of the pieces before it; logits of every row but the last [T - 1, V]."""
     from walkserve.layers.attention import DenseAttention
-    from walkserve.models.qwen3_omni.generate import positions_tensor, thinker_inputs
-    from walkserve.models.qwen3_omni.prompt import media_spans
+    from walkserve.models.qwen3_omni import graph as g
+    from walkserve.models.qwen3_omni.prompt_pieces import request_inputs
 
-    request, lm = requests["mixed"], components.lm
-    embeds, deepstack = thinker_inputs(components, request)
-    ids, pos = torch.tensor(request.input_ids), positions_tensor(request)
-    cuts = sorted({0, len(ids)} | {b for s in media_spans(request.input_ids, components.config.tokens)
-                                   for b in (s.start, s.end)})
-    with torch.no_grad():
-        whole = lm.compute_logits(lm(ids, pos, DenseAttention("causal"), inputs_embeds=embeds, deepstack=deepstack))
-        past, parts = {}, []
-        for lo, hi in pairwise(cuts):
-            attn = DenseAttention("causal", past=past, keep=True)
-            hidden = lm(ids[lo:hi], pos[:, lo:hi], attn, inputs_embeds=embeds[lo:hi], deepstack=deepstack[lo:hi])
-            parts.append(lm.compute_logits(hidden))
-            past = attn.kv
-    assert len(cuts) == 6
-    torch.testing.assert_close(torch.cat(parts), whole, rtol=0, atol=1e-4)
+    inputs = request_inputs(request, components.config.tokens, merge=merge)
+    lm, past, parts = components.lm, {}, []
+    value = lambda k, slot: torch.from_numpy(np.frombuffer(  # noqa: E731
+        inputs[g.step_key(k, slot)].data, dtype=inputs[g.step_key(k, slot)].dtype).reshape(inputs[g.step_key(k, slot)].shape).copy())
+    for k, walk in enumerate(inputs["walks"]):
+        ids, embeds, deepstack = value(k, "tokens"), None, None
+        if walk != g.PREFILL_TEXT:
+            encoder = components.audio if walk == g.PREFILL_AUDIO else components.vision
+            slots = [g.MEL] if walk == g.PREFILL_AUDIO else [g.PIXELS, g.GRID, g.VISUAL_ROWS]
+            [out] = encoder.forward_batch([{slot: value(k, slot) for slot in slots}])
+            embeds = lm.embed(ids).clone()  # [n, D]
+            embeds[value(k, g.EMBED_ROWS)] = out[g.AUDIO_EMBEDS if walk == g.PREFILL_AUDIO else g.IMAGE_EMBEDS]
+            deepstack = out.get(g.DEEPSTACK)  # [n, L, D], zero off the visual rows
+        attn = DenseAttention("causal", past=past, keep=True)
+        hidden = lm(ids, value(k, "positions"), attn, inputs_embeds=embeds, deepstack=deepstack)
+        parts.append(lm.compute_logits(hidden))
+        past = attn.kv
+    return torch.cat(parts)
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("name", ["mixed", "video"])
+def test_merged_prefill_equals_piecewise_and_reference(name, requests, components, hf_model):
+    """A text answer's prompt runs as one thinker pass per media item (text merged in, deepstack at the visual
+    rows of a longer chunk); a spoken answer's as text and media pieces apart. Both give transformers' logits."""
+    from walkserve.models.qwen3_omni.prompt_pieces import request_inputs
+
+    request = requests[name]
+    tokens = components.config.tokens
+    assert len(request_inputs(request, tokens, merge=True)["walks"]) < len(request_inputs(request, tokens,
+                                                                                            merge=False)["walks"])
+    with torch.inference_mode():
+        want = hf_model.thinker(**hf_inputs(request)).logits[0, :-1]
+        merged, piecewise = _walk_pieces(components, request, True), _walk_pieces(components, request, False)
+    torch.testing.assert_close(merged, want, rtol=0, atol=1e-4)
+    torch.testing.assert_close(piecewise, want, rtol=0, atol=1e-4)
+    torch.testing.assert_close(merged, piecewise, rtol=0, atol=1e-4)

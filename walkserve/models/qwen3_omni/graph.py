@@ -1,11 +1,14 @@
 """The walks of the Qwen3-Omni thinker (torch-free): the user turn split at its media, one walk per piece, then decode.
 
     prefill_text:    input.tokens, input.positions [3, n] -> thinker                  (appends to "main")
-    prefill_audio:   input.mel -> audio_encoder -> audio_embeds ─> thinker.embeds
-                     input.tokens (the clip's <|audio_pad|> rows), input.positions -> thinker
-    prefill_vision:  input.pixel_values, input.grid_thw -> vision_encoder
-                       image_embeds ─> thinker.embeds;  deepstack [n, 3, D] ─> thinker.deepstack (a token input)
-                     input.tokens (the image's or video's pad rows), input.positions -> thinker
+    prefill_audio:   input.mel -> audio_encoder -> audio_embeds [m, D] ─> thinker.embeds
+                     input.tokens (text rows and the clip's <|audio_pad|> rows), input.positions,
+                     input.embed_rows (the pad rows) -> thinker
+    prefill_vision:  input.pixel_values, input.grid_thw, input.visual_rows (bool [n]) -> vision_encoder
+                       image_embeds [m, D] ─> thinker.embeds;  deepstack [n, 3, D] (zero off the pad rows)
+                       ─> thinker.deepstack (a token input)
+                     input.tokens (text rows and the image's or video's pad rows), input.positions,
+                     input.embed_rows -> thinker
     thinker_decode:  input.last ─> DynamicLoop[ thinker(tokens) -> token ]   carry thinker.token -> thinker.tokens
                        positions: the context's running position (max + 1 on all three axes, + i)
                        stop: stop_token_ids (<|im_end|> ...) after min_tokens, never streamed; at most max_tokens
@@ -13,10 +16,12 @@
     thinker_decode_logprobs: the same, and each token's logprob and top-k -> client:logprobs
 
 Every prefill walk hands its input ``step`` on as its output ``step``, so the
-state machine knows which piece of the prompt finished (walks repeat: text,
-media, text, media, ..., text). The prompt is cut where its media are: a
-media walk appends exactly the placeholder rows of one item (in prompt order),
-the text walks around it append everything else, markers included, and the
+state machine knows which piece of the prompt finished. The prompt is cut at
+its media (``prompt_pieces.py``): for a text answer one media walk per item, in
+prompt order, each also appending the text before it (the last one the text
+after it too), so the prompt costs one thinker pass per item; for a spoken
+answer a media walk appends exactly the placeholder rows of one item and text
+walks the text between them (walks repeat: text, media, text, ..., text). The
 last prompt token is left to ``thinker_decode``'s first step. The processor
 (``processor.py``) precomputes each piece's inputs under ``step<k>.<slot>``
 and lists the walks in ``RequestSpec.inputs["walks"]``.
@@ -59,14 +64,16 @@ LOOP = "thinker_loop"
 # the encoders' slots (audio_encoder.py / vision_encoder.py import torch; this module must not)
 MEL, AUDIO_EMBEDS = "mel", "audio_embeds"
 PIXELS, GRID, IMAGE_EMBEDS, DEEPSTACK = "pixel_values", "grid_thw", "image_embeds", "deepstack"
+VISUAL_ROWS = "visual_rows"  # bool [n]: the rows of a vision piece the item's tokens fill (its deepstack rows)
+EMBED_ROWS = "embed_rows"  # int64 [m]: the rows of a media piece whose embeddings the encoder's m tokens replace
 STEP = "step"  # every prefill walk: input.step -> output.step
 WALKS_INPUT, LAST_INPUT = "walks", "last"  # RequestSpec.inputs keys: the prefill walks in order; the last prompt token
 EMBED_TAP, ACCEPT_TAP = "embed", "accept_hidden"
 # what each prefill walk takes besides ``step``, in RequestSpec.inputs under step_key(k, slot)
 WALK_INPUTS: dict[str, tuple[str, ...]] = {
     PREFILL_TEXT: ("tokens", "positions"),
-    PREFILL_AUDIO: ("tokens", "positions", MEL),
-    PREFILL_VISION: ("tokens", "positions", PIXELS, GRID),
+    PREFILL_AUDIO: ("tokens", "positions", EMBED_ROWS, MEL),
+    PREFILL_VISION: ("tokens", "positions", EMBED_ROWS, PIXELS, GRID, VISUAL_ROWS),
 }
 TapEdge = Callable[[str], GraphEdge]
 
@@ -95,10 +102,12 @@ def _tap_edges(taps: Mapping[str, int] | None, tap_edge: TapEdge | None) -> list
     return [tap_edge(f"{THINKER}.{name}") for name in taps]
 
 
-def _prefill(name: str, body: Any, edges: list[GraphEdge], taps: Mapping[str, int] | None, tap_edge: TapEdge | None) -> Walk:
+def _prefill(name: str, body: Any, media: list[GraphEdge], taps: Mapping[str, int] | None,
+             tap_edge: TapEdge | None) -> Walk:
     slots = WALK_INPUTS[name]
-    edges = [GraphEdge("input.tokens", f"{THINKER}.tokens"), GraphEdge("input.positions", f"{THINKER}.positions"),
-             *edges, GraphEdge(f"input.{STEP}", f"output.{STEP}"), *_tap_edges(taps, tap_edge)]
+    edges = [GraphEdge(f"input.{slot}", f"{THINKER}.{slot}") for slot in ("tokens", "positions", EMBED_ROWS)
+             if slot in slots]
+    edges = [*edges, *media, GraphEdge(f"input.{STEP}", f"output.{STEP}"), *_tap_edges(taps, tap_edge)]
     return Walk(name, body, edges=edges, inputs=[*slots, STEP], outputs=[STEP])
 
 
@@ -108,22 +117,22 @@ def prefill_text_walk(taps: Mapping[str, int] | None = None, tap_edge: TapEdge |
 
 
 def prefill_audio_walk(taps: Mapping[str, int] | None = None, tap_edge: TapEdge | None = None) -> Walk:
-    """One audio clip: the encoder's tokens replace the embeddings of the clip's placeholder rows."""
+    """One audio clip: the encoder's tokens replace the embeddings of the clip's placeholder rows (``embed_rows``)."""
     encoder = GraphNode(AUDIO_ENCODER, inputs=[MEL], outputs=[AUDIO_EMBEDS])
-    thinker = _thinker(["tokens", "embeds", "positions"], taps)
+    thinker = _thinker(["tokens", "embeds", EMBED_ROWS, "positions"], taps)
     edges = [GraphEdge(f"input.{MEL}", f"{AUDIO_ENCODER}.{MEL}"),
              GraphEdge(f"{AUDIO_ENCODER}.{AUDIO_EMBEDS}", f"{THINKER}.embeds")]
     return _prefill(PREFILL_AUDIO, Sequential(encoder, thinker), edges, taps, tap_edge)
 
 
 def prefill_vision_walk(taps: Mapping[str, int] | None = None, tap_edge: TapEdge | None = None) -> Walk:
-    """One image or video: merged ViT tokens as embeddings, deepstack features added after layers 0..2."""
-    encoder = GraphNode(VISION_ENCODER, inputs=[PIXELS, GRID], outputs=[IMAGE_EMBEDS, DEEPSTACK])
-    thinker = _thinker(["tokens", "embeds", "positions", DEEPSTACK], taps)
-    edges = [GraphEdge(f"input.{PIXELS}", f"{VISION_ENCODER}.{PIXELS}"),
-             GraphEdge(f"input.{GRID}", f"{VISION_ENCODER}.{GRID}"),
-             GraphEdge(f"{VISION_ENCODER}.{IMAGE_EMBEDS}", f"{THINKER}.embeds"),
-             GraphEdge(f"{VISION_ENCODER}.{DEEPSTACK}", f"{THINKER}.{DEEPSTACK}")]
+    """One image or video: merged ViT tokens as embeddings at ``embed_rows``, deepstack features (at
+    ``visual_rows``, zero elsewhere) added after layers 0..2."""
+    encoder = GraphNode(VISION_ENCODER, inputs=[PIXELS, GRID, VISUAL_ROWS], outputs=[IMAGE_EMBEDS, DEEPSTACK])
+    thinker = _thinker(["tokens", "embeds", EMBED_ROWS, "positions", DEEPSTACK], taps)
+    edges = [GraphEdge(f"input.{slot}", f"{VISION_ENCODER}.{slot}") for slot in (PIXELS, GRID, VISUAL_ROWS)]
+    edges += [GraphEdge(f"{VISION_ENCODER}.{IMAGE_EMBEDS}", f"{THINKER}.embeds"),
+              GraphEdge(f"{VISION_ENCODER}.{DEEPSTACK}", f"{THINKER}.{DEEPSTACK}")]
     return _prefill(PREFILL_VISION, Sequential(encoder, thinker), edges, taps, tap_edge)
 
 

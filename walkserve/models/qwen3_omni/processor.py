@@ -104,7 +104,7 @@ class Qwen3OmniProcessor(TokenizedProcessor):
         n = len(request.input_ids)
         max_tokens = max_new_tokens(n, self.config.text.max_position_embeddings, sampling.max_tokens, field)
         sampling = self._with_stop_ids(dataclasses.replace(sampling, max_tokens=max_tokens))
-        inputs = request_inputs(request, self.config.tokens)
+        inputs = request_inputs(request, self.config.tokens, merge=not speak)
         if not speak:
             return RequestSpec(inputs=inputs, task=task, modalities=("text",), sampling=sampling, params=dict(params))
         return self._spoken(request, inputs, task, sampling, params)

@@ -1,18 +1,28 @@
 """A thinker prompt cut at its media into the prefill walks' inputs (torch-free; the processor's last step).
 
-    ids    |<|im_start|>system ... user\\n<|audio_start|>|pad x 31|<|audio_end|><|vision_start|>|pad x 6|<|vision_end|>What? ... assistant\\n|
-    walks   prefill_text (0)                             prefill_audio (1)   prefill_text (2)              prefill_vision (3)   prefill_text (4)     (last token -> thinker_decode)
+Text answers (``merge=True``): one thinker pass per media item, each taking the text before it, the last
+one the text after it too (a text-only prompt is one ``prefill_text`` piece):
 
-Each piece carries its token ids and its [3, n] positions (``rope_index``); a
-media piece also its encoder input. ``RequestSpec.inputs`` then holds
-``walks`` (the walk names in order), ``step<k>.<slot>`` per piece,
-``last`` (the last prompt token, decode's first input) and
-``prompt_token_ids`` (the whole expanded prompt, for usage).
+    ids    |<|im_start|>system ... user\\n<|audio_start|>|pad x 31|<|audio_end|><|vision_start|>|pad x 6|<|vision_end|>What? ... assistant\\n|
+    walks   prefill_audio (0)                                              prefill_vision (1)                                 (last token -> thinker_decode)
+                                embed_rows: the pad rows                                 embed_rows, visual_rows: the pad rows
+
+Spoken answers (``merge=False``; the talker is fed piece by piece, ``speech_graph.py``): text and media
+pieces alternate, a media piece holding exactly its placeholder rows:
+
+    walks   prefill_text (0)  prefill_audio (1)  prefill_text (2)  prefill_vision (3)  prefill_text (4)
+
+Every pass over the prompt reads all the MoE experts of every layer, so fewer, longer pieces cost less
+than many short ones (five pieces ran ~1.4x one pass on the benchmark's model).
+
+Each piece carries its token ids and its [3, n] positions (``rope_index``); a media piece also its
+encoder input and ``embed_rows`` (int64 [m], the piece's rows the encoder's m tokens replace); a vision
+piece ``visual_rows`` (bool [n], the same rows: where the deepstack features go). ``RequestSpec.inputs``
+then holds ``walks`` (the walk names in order), ``step<k>.<slot>`` per piece, ``last`` (the last prompt
+token, decode's first input) and ``prompt_token_ids`` (the whole expanded prompt, for usage).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 
@@ -21,6 +31,7 @@ from walkserve.core.request import Value
 from walkserve.models.llama.graph import PROMPT_INPUT
 from walkserve.models.qwen3_omni.config import OmniTokenIds
 from walkserve.models.qwen3_omni.graph import (
+    EMBED_ROWS,
     GRID,
     LAST_INPUT,
     MEL,
@@ -28,10 +39,11 @@ from walkserve.models.qwen3_omni.graph import (
     PREFILL_AUDIO,
     PREFILL_TEXT,
     PREFILL_VISION,
+    VISUAL_ROWS,
     WALKS_INPUT,
     step_key,
 )
-from walkserve.models.qwen3_omni.prompt import media_spans
+from walkserve.models.qwen3_omni.prompt import MediaSpan, media_spans
 from walkserve.models.qwen3_omni.thinker_request import ThinkerRequest
 
 
@@ -40,37 +52,53 @@ def array(x: np.ndarray) -> ArrayData:
     return ArrayData(str(x.dtype), tuple(x.shape), x.tobytes())
 
 
-def request_inputs(request: ThinkerRequest, tokens: OmniTokenIds) -> dict[str, Value]:
-    """The RequestSpec inputs of one prompt: its pieces in order, the last token, the whole prompt."""
-    ids = np.asarray(request.input_ids, dtype=np.int64)
-    positions = request.positions.positions  # [3, T] int64 or float32
-    end = len(ids) - 1  # the last token is decode's first input
-    walks: list[str] = []
-    out: dict[str, Value] = {PROMPT_INPUT: array(ids), LAST_INPUT: array(ids[end:])}
+def request_inputs(request: ThinkerRequest, tokens: OmniTokenIds, merge: bool = True) -> dict[str, Value]:
+    """The RequestSpec inputs of one prompt: its pieces in order, the last token, the whole prompt.
 
-    def piece(walk: str, lo: int, hi: int, **media: ArrayData) -> None:
+    ``merge``: text runs join the media piece after them (the last media piece also takes the trailing
+    text), so the prompt is one thinker pass per media item; otherwise every text run is its own piece.
+    """
+    ids = np.asarray(request.input_ids, dtype=np.int64)
+    end = len(ids) - 1  # the last token is decode's first input
+    out: dict[str, Value] = {PROMPT_INPUT: array(ids), LAST_INPUT: array(ids[end:])}
+    walks: list[str] = []
+    for walk, lo, hi, span in _cuts(media_spans(request.input_ids, tokens), end, merge):
         k = len(walks)
         walks.append(walk)
         out[step_key(k, "tokens")] = array(ids[lo:hi])
-        out[step_key(k, "positions")] = array(positions[:, lo:hi])
-        out.update({step_key(k, slot): value for slot, value in media.items()})
-
-    at = 0
-    for span in media_spans(request.input_ids, tokens):
-        if span.start > at:
-            piece(PREFILL_TEXT, at, span.start)
-        _media_piece(piece, request, span)
-        at = span.end
-    if end > at:
-        piece(PREFILL_TEXT, at, end)
+        out[step_key(k, "positions")] = array(request.positions.positions[:, lo:hi])
+        if span is not None:
+            out.update({step_key(k, slot): value for slot, value in _media_inputs(request, span, lo, hi).items()})
     out[WALKS_INPUT] = walks
     return out
 
 
-def _media_piece(piece: Any, request: ThinkerRequest, span: Any) -> None:
+def _cuts(spans: list[MediaSpan], end: int, merge: bool) -> list[tuple[str, int, int, MediaSpan | None]]:
+    """(walk, lo, hi, its media span or None) for each piece of rows [0, end), in order."""
+    cuts: list[tuple[str, int, int, MediaSpan | None]] = []
+    at = 0
+    for span in spans:
+        if span.start > at and not merge:
+            cuts.append((PREFILL_TEXT, at, span.start, None))
+            at = span.start
+        cuts.append((PREFILL_AUDIO if span.kind == "audio" else PREFILL_VISION, at, span.end, span))
+        at = span.end
+    if end > at:
+        if merge and cuts:
+            walk, lo, _, span = cuts[-1]
+            cuts[-1] = (walk, lo, end, span)
+        else:
+            cuts.append((PREFILL_TEXT, at, end, None))
+    return cuts
+
+
+def _media_inputs(request: ThinkerRequest, span: MediaSpan, lo: int, hi: int) -> dict[str, ArrayData]:
+    """The encoder's input of one media piece [lo, hi), and which of its rows the encoder's tokens fill."""
+    rows = np.arange(span.start - lo, span.end - lo, dtype=np.int64)
     if span.kind == "audio":
-        piece(PREFILL_AUDIO, span.start, span.end, **{MEL: array(request.audio[span.index].astype(np.float32))})
-        return
+        return {MEL: array(request.audio[span.index].astype(np.float32)), EMBED_ROWS: array(rows)}
     vision = request.images[span.index] if span.kind == "image" else request.videos[span.index].vision
-    piece(PREFILL_VISION, span.start, span.end,
-          **{PIXELS: array(vision.pixel_values.astype(np.float32)), GRID: array(np.asarray(vision.grid_thw, np.int64))})
+    visual = np.zeros(hi - lo, dtype=np.bool_)
+    visual[rows] = True
+    return {PIXELS: array(vision.pixel_values.astype(np.float32)), GRID: array(np.asarray(vision.grid_thw, np.int64)),
+            EMBED_ROWS: array(rows), VISUAL_ROWS: array(visual)}

@@ -12,7 +12,9 @@ patch rows in merge-block order (t, h/2, w/2, 2, 2), and ``grid_thw`` (t, h, w):
 
 Outputs ``image_embeds`` [n, out] and ``deepstack`` [n, levels, out]: the
 thinker adds ``deepstack[:, i]`` to its hidden state at these rows after its
-decoder layer i.
+decoder layer i. With ``visual_rows`` (bool [T], n of them true: the item's
+rows in a thinker chunk that also holds text), ``deepstack`` comes out as
+[T, levels, out], zero at the other rows (a per-token input of that chunk).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from walkserve.models.qwen3_omni.windows import WindowLayout
 PIXELS_SLOT = "pixel_values"  # float [t*h*w, patch_dim]
 GRID_SLOT = "grid_thw"  # int64 [3]
 OUTPUT_NAME = "image_embeds"  # [n_tokens, out_hidden_size]
-DEEPSTACK_NAME = "deepstack"  # [n_tokens, levels, out_hidden_size]
+DEEPSTACK_NAME = "deepstack"  # [n_tokens, levels, out_hidden_size], or [T, ...] with ROWS_SLOT
+ROWS_SLOT = "visual_rows"  # optional bool [T]: where the n tokens sit in the thinker's chunk
 
 
 def block_order_coords(t: int, h: int, w: int, merge: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -188,4 +191,17 @@ class VisionEncoder(nn.Module):
         grids = [torch.as_tensor(i[GRID_SLOT]).reshape(3).tolist() for i in inputs]
         with torch.inference_mode():
             out = self(pixels, grids)
-        return [{OUTPUT_NAME: tokens, DEEPSTACK_NAME: deep} for tokens, deep in out]
+            return [{OUTPUT_NAME: tokens, DEEPSTACK_NAME: _at_rows(deep, i.get(ROWS_SLOT))}
+                    for (tokens, deep), i in zip(out, inputs, strict=True)]
+
+
+def _at_rows(deepstack: torch.Tensor, rows: Any) -> torch.Tensor:
+    """deepstack [n, L, D] scattered to the true rows of ``rows`` (bool [T]): [T, L, D]; as is without rows."""
+    if rows is None:
+        return deepstack
+    mask = torch.as_tensor(rows, device=deepstack.device).reshape(-1).to(torch.bool)  # [T]
+    if int(mask.sum()) != deepstack.shape[0]:
+        raise ValueError(f"{ROWS_SLOT!r} marks {int(mask.sum())} rows for {deepstack.shape[0]} visual tokens")
+    out = deepstack.new_zeros(mask.shape[0], *deepstack.shape[1:])  # [T, L, D]
+    out[mask] = deepstack
+    return out
