@@ -38,9 +38,10 @@ def mixed_messages() -> list[dict]:
 
 
 def test_walk_names_and_the_captioner_graph():
-    assert list(g.build_graph().walks) == ["prefill_text", "prefill_audio", "prefill_vision", "thinker_decode",
-                                           "thinker_decode_logprobs"]
-    assert "prefill_vision" not in g.build_graph(vision=False).walks  # -Captioner: no vision encoder
+    assert list(g.build_graph().walks) == ["prefill_text", "prefill_audio", "prefill_vision", "prefill_media",
+                                           "thinker_decode", "thinker_decode_logprobs"]
+    captioner = g.build_graph(vision=False).walks  # -Captioner: no vision encoder
+    assert "prefill_vision" not in captioner and "prefill_media" not in captioner
     taps = g.build_graph(taps=g.thinker_taps(3), tap_edge=lambda ep: GraphEdge(ep, DROP))
     node = taps.walks["prefill_vision"].body.children()[1]
     assert set(node.outputs) == {"embed", "accept_hidden"}
@@ -91,6 +92,25 @@ def test_pieces_cover_the_prompt_but_its_last_token(processor, merge):
     assert _values(inputs[g.step_key(walks.index("prefill_audio"), "mel")]).shape == (128, 120)
     video = max(k for k, w in enumerate(walks) if w == "prefill_vision")
     assert _values(inputs[g.step_key(video, "grid_thw")]).tolist()[0] == 2  # 3 frames padded to 4: 2 groups
+
+
+def test_one_clip_and_one_image_are_one_pass(processor):
+    """prefill_media: the whole prompt, the clip's rows in embed_rows, the image's in visual_rows."""
+    from walkserve.models.qwen3_omni.prompt_pieces import request_inputs
+
+    messages = [{"role": "user", "content": [{"type": "image", "image": _array(rgb(40, 60))},
+                                             {"type": "text", "text": "and"},
+                                             {"type": "audio", "audio": _array(wave(1.2)), "sample_rate": 16000}]}]
+    request, _ = processor.thinker_request("chat", {"messages": messages}, {})
+    inputs = request_inputs(request, processor.config.tokens)
+    assert inputs["walks"] == ["prefill_media"]
+    ids = _values(inputs[g.step_key(0, "tokens")])
+    np.testing.assert_array_equal(ids, request.input_ids[:-1])
+    assert set(g.WALK_INPUTS["prefill_media"]) <= {key.split(".", 1)[1] for key in inputs if key.startswith("step0.")}
+    audio, visual = _values(inputs[g.step_key(0, "embed_rows")]), _values(inputs[g.step_key(0, "visual_rows")])
+    np.testing.assert_array_equal(audio, np.flatnonzero(ids == IDS["audio_pad"]))
+    np.testing.assert_array_equal(np.flatnonzero(visual), np.flatnonzero(ids == IDS["image_pad"]))
+    assert len(audio) and visual.any()
 
 
 def test_text_answers_merge_and_spoken_answers_do_not(ours_dir):

@@ -75,7 +75,7 @@ def test_generate_takes_media_inputs_and_token_ids(processor):
     spec = processor.build_request("generate", {"inputs": {"audio": audio, "audio_sample_rate": 16000,
                                                            "image": _array(rgb(32, 32)), "prompt": "What?"}},
                                    SAMPLING, {})
-    assert spec.inputs["walks"] == ["prefill_audio", "prefill_vision"]  # the text rides with the media pieces
+    assert spec.inputs["walks"] == ["prefill_media"]  # one clip, one image and the text: one thinker pass
     spec = processor.build_request("generate", {"inputs": {"prompt_token_ids": [5, 6, 7]}}, SAMPLING, {})
     assert spec.inputs["prompt_token_ids"].tolist() == [5, 6, 7] and spec.inputs["walks"] == ["prefill_text"]
 

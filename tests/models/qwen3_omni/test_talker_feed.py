@@ -46,17 +46,22 @@ def test_taps_equal_the_dense_layer_inputs(ours_dir, merge):
                                              {"type": "image", "image": _array(rgb(40, 60))}]}]
     request, _ = processor.thinker_request("chat", {"messages": messages}, {})
     pieces = request_inputs(request, processor.config.tokens, merge=merge)
-    assert pieces["walks"][0] == (g.PREFILL_AUDIO if merge else g.PREFILL_TEXT)
+    assert pieces["walks"] == ([g.PREFILL_MEDIA] if merge else [g.PREFILL_TEXT, g.PREFILL_AUDIO, g.PREFILL_TEXT,
+                                                                  g.PREFILL_VISION, g.PREFILL_TEXT])
     graph = g.build_graph(taps=g.thinker_taps(ACCEPT), tap_edge=lambda ep: GraphEdge(ep, DROP))
     engine = KVCacheEngine(g.THINKER, parts.lm, "cpu", torch.float32, block_size=4, num_blocks=64)
     taps: dict[str, list[torch.Tensor]] = {g.EMBED_TAP: [], g.ACCEPT_TAP: []}
     for k, walk in enumerate(pieces["walks"]):
         inputs = {slot: _tensor(pieces[g.step_key(k, slot)]) for slot in g.WALK_INPUTS[walk]}
-        if walk == g.PREFILL_AUDIO:
+        if g.MEL in inputs:
             inputs["embeds"] = parts.audio.forward_batch([{"mel": inputs.pop("mel")}])[0]["audio_embeds"]
-        elif walk == g.PREFILL_VISION:
-            out = parts.vision.forward_batch([{slot: inputs.pop(slot) for slot in (g.PIXELS, g.GRID, g.VISUAL_ROWS)}])[0]
-            inputs["embeds"], inputs["deepstack"] = out["image_embeds"], out["deepstack"]
+        if g.PIXELS in inputs:
+            rows = inputs[g.VISUAL_ROWS] if walk == g.PREFILL_MEDIA else inputs.pop(g.VISUAL_ROWS)  # the thinker's too
+            out = parts.vision.forward_batch([{g.PIXELS: inputs.pop(g.PIXELS), g.GRID: inputs.pop(g.GRID),
+                                               g.VISUAL_ROWS: rows}])[0]
+            inputs["deepstack"] = out["deepstack"]
+            inputs["visual_embeds" if walk == g.PREFILL_MEDIA else "embeds"] = out[
+                "visual_embeds" if walk == g.PREFILL_MEDIA else "image_embeds"]
         got = _fire(engine, k, walk, _thinker_node(graph, walk), inputs)
         for name in taps:
             taps[name].append(got[name])

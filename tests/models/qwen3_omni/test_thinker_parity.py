@@ -150,16 +150,20 @@ def _walk_pieces(components, request, merge: bool) -> torch.Tensor:
     value = lambda k, slot: torch.from_numpy(np.frombuffer(  # noqa: E731
         inputs[g.step_key(k, slot)].data, dtype=inputs[g.step_key(k, slot)].dtype).reshape(inputs[g.step_key(k, slot)].shape).copy())
     for k, walk in enumerate(inputs["walks"]):
-        ids, embeds, deepstack = value(k, "tokens"), None, None
-        if walk != g.PREFILL_TEXT:
-            encoder = components.audio if walk == g.PREFILL_AUDIO else components.vision
-            slots = [g.MEL] if walk == g.PREFILL_AUDIO else [g.PIXELS, g.GRID, g.VISUAL_ROWS]
-            [out] = encoder.forward_batch([{slot: value(k, slot) for slot in slots}])
-            embeds = lm.embed(ids).clone()  # [n, D]
-            embeds[value(k, g.EMBED_ROWS)] = out[g.AUDIO_EMBEDS if walk == g.PREFILL_AUDIO else g.IMAGE_EMBEDS]
-            deepstack = out.get(g.DEEPSTACK)  # [n, L, D], zero off the visual rows
+        ids, slots, kw = value(k, "tokens"), g.WALK_INPUTS[walk], {}
+        embeds = lm.embed(ids).clone()  # [n, D]
+        if g.MEL in slots:
+            [audio] = components.audio.forward_batch([{g.MEL: value(k, g.MEL)}])
+            embeds[value(k, g.EMBED_ROWS)] = audio[g.AUDIO_EMBEDS]
+        if g.PIXELS in slots:
+            [vision] = components.vision.forward_batch([{s: value(k, s) for s in (g.PIXELS, g.GRID, g.VISUAL_ROWS)}])
+            kw["deepstack"] = vision[g.DEEPSTACK]  # [n, L, D], zero off the visual rows
+            if walk == g.PREFILL_MEDIA:  # the clip's tokens are in embeds: the image's come as token inputs
+                kw.update(visual_embeds=vision[g.VISUAL_EMBEDS], visual_rows=value(k, g.VISUAL_ROWS))
+            else:
+                embeds[value(k, g.EMBED_ROWS)] = vision[g.IMAGE_EMBEDS]
         attn = DenseAttention("causal", past=past, keep=True)
-        hidden = lm(ids, value(k, "positions"), attn, inputs_embeds=embeds, deepstack=deepstack)
+        hidden = lm(ids, value(k, "positions"), attn, inputs_embeds=embeds, **kw)
         parts.append(lm.compute_logits(hidden))
         past = attn.kv
     return torch.cat(parts)
@@ -168,14 +172,16 @@ def _walk_pieces(components, request, merge: bool) -> torch.Tensor:
 @pytest.mark.parity
 @pytest.mark.parametrize("name", ["mixed", "video"])
 def test_merged_prefill_equals_piecewise_and_reference(name, requests, components, hf_model):
-    """A text answer's prompt runs as one thinker pass per media item (text merged in, deepstack at the visual
-    rows of a longer chunk); a spoken answer's as text and media pieces apart. Both give transformers' logits."""
+    """A text answer's prompt runs in one thinker pass (one clip and one image: prefill_media, the image's
+    tokens and deepstack as token inputs; one video with its text: prefill_vision, deepstack at the visual
+    rows of a longer chunk); a spoken answer's as text and media pieces apart. All give transformers' logits."""
     from walkserve.models.qwen3_omni.prompt_pieces import request_inputs
 
     request = requests[name]
     tokens = components.config.tokens
-    assert len(request_inputs(request, tokens, merge=True)["walks"]) < len(request_inputs(request, tokens,
-                                                                                            merge=False)["walks"])
+    merged = {"mixed": ["prefill_media"], "video": ["prefill_vision"]}[name]  # audio + text + image; video + text
+    assert request_inputs(request, tokens, merge=True)["walks"] == merged
+    assert len(request_inputs(request, tokens, merge=False)["walks"]) == {"mixed": 5, "video": 3}[name]
     with torch.inference_mode():
         want = hf_model.thinker(**hf_inputs(request)).logits[0, :-1]
         merged, piecewise = _walk_pieces(components, request, True), _walk_pieces(components, request, False)

@@ -9,6 +9,10 @@
                        ─> thinker.deepstack (a token input)
                      input.tokens (text rows and the image's or video's pad rows), input.positions,
                      input.embed_rows -> thinker
+    prefill_media:   (a text answer's prompt of one clip and one image or video) both encoders, then
+                     one thinker pass: audio_embeds ─> thinker.embeds at input.embed_rows; the vision
+                     encoder's visual_embeds [n, D] and deepstack [n, 3, D] (zero off input.visual_rows)
+                     ─> thinker token inputs, with input.visual_rows
     thinker_decode:  input.last ─> DynamicLoop[ thinker(tokens) -> token ]   carry thinker.token -> thinker.tokens
                        positions: the context's running position (max + 1 on all three axes, + i)
                        stop: stop_token_ids (<|im_end|> ...) after min_tokens, never streamed; at most max_tokens
@@ -19,7 +23,8 @@ Every prefill walk hands its input ``step`` on as its output ``step``, so the
 state machine knows which piece of the prompt finished. The prompt is cut at
 its media (``prompt_pieces.py``): for a text answer one media walk per item, in
 prompt order, each also appending the text before it (the last one the text
-after it too), so the prompt costs one thinker pass per item; for a spoken
+after it too), so the prompt costs one thinker pass per item, and a prompt of
+one clip and one image or video is one ``prefill_media`` walk; for a spoken
 answer a media walk appends exactly the placeholder rows of one item and text
 walks the text between them (walks repeat: text, media, text, ..., text). The
 last prompt token is left to ``thinker_decode``'s first step. The processor
@@ -59,6 +64,7 @@ from walkserve.models.llama.graph import LOGPROB_OUTPUTS, StopTokens
 THINKER, AUDIO_ENCODER, VISION_ENCODER = "thinker", "audio_encoder", "vision_encoder"
 CONTEXT = "main"
 PREFILL_TEXT, PREFILL_AUDIO, PREFILL_VISION = "prefill_text", "prefill_audio", "prefill_vision"
+PREFILL_MEDIA = "prefill_media"  # a text answer's prompt of one clip and one image or video: one thinker pass
 DECODE, DECODE_LOGPROBS = "thinker_decode", "thinker_decode_logprobs"
 LOOP = "thinker_loop"
 # the encoders' slots (audio_encoder.py / vision_encoder.py import torch; this module must not)
@@ -66,6 +72,7 @@ MEL, AUDIO_EMBEDS = "mel", "audio_embeds"
 PIXELS, GRID, IMAGE_EMBEDS, DEEPSTACK = "pixel_values", "grid_thw", "image_embeds", "deepstack"
 VISUAL_ROWS = "visual_rows"  # bool [n]: the rows of a vision piece the item's tokens fill (its deepstack rows)
 EMBED_ROWS = "embed_rows"  # int64 [m]: the rows of a media piece whose embeddings the encoder's m tokens replace
+VISUAL_EMBEDS = "visual_embeds"  # [n, D]: the vision tokens at visual_rows, zero elsewhere (prefill_media)
 STEP = "step"  # every prefill walk: input.step -> output.step
 WALKS_INPUT, LAST_INPUT = "walks", "last"  # RequestSpec.inputs keys: the prefill walks in order; the last prompt token
 EMBED_TAP, ACCEPT_TAP = "embed", "accept_hidden"
@@ -74,6 +81,7 @@ WALK_INPUTS: dict[str, tuple[str, ...]] = {
     PREFILL_TEXT: ("tokens", "positions"),
     PREFILL_AUDIO: ("tokens", "positions", EMBED_ROWS, MEL),
     PREFILL_VISION: ("tokens", "positions", EMBED_ROWS, PIXELS, GRID, VISUAL_ROWS),
+    PREFILL_MEDIA: ("tokens", "positions", EMBED_ROWS, MEL, PIXELS, GRID, VISUAL_ROWS),
 }
 TapEdge = Callable[[str], GraphEdge]
 
@@ -90,7 +98,7 @@ def thinker_taps(accept_hidden_layer: int) -> dict[str, int]:
 
 def _thinker(inputs: list[str], taps: Mapping[str, int] | None) -> GraphNode:
     taps = taps or {}
-    token_inputs = (DEEPSTACK,) if DEEPSTACK in inputs else ()
+    token_inputs = tuple(name for name in (DEEPSTACK, VISUAL_EMBEDS, VISUAL_ROWS) if name in inputs)
     op = append(CONTEXT, rows=ALL if taps else LAST, capture=dict(taps), token_inputs=token_inputs)
     return GraphNode(THINKER, inputs=inputs, outputs=list(taps), params=kv_params(op))
 
@@ -134,6 +142,21 @@ def prefill_vision_walk(taps: Mapping[str, int] | None = None, tap_edge: TapEdge
     edges += [GraphEdge(f"{VISION_ENCODER}.{IMAGE_EMBEDS}", f"{THINKER}.embeds"),
               GraphEdge(f"{VISION_ENCODER}.{DEEPSTACK}", f"{THINKER}.{DEEPSTACK}")]
     return _prefill(PREFILL_VISION, Sequential(encoder, thinker), edges, taps, tap_edge)
+
+
+def prefill_media_walk(taps: Mapping[str, int] | None = None, tap_edge: TapEdge | None = None) -> Walk:
+    """One clip and one image or video, and the text around them, in one thinker pass: the clip's tokens
+    replace the embeddings at ``embed_rows``, the vision tokens those at ``visual_rows`` (a token input, as
+    the deepstack features)."""
+    audio = GraphNode(AUDIO_ENCODER, inputs=[MEL], outputs=[AUDIO_EMBEDS])
+    vision = GraphNode(VISION_ENCODER, inputs=[PIXELS, GRID, VISUAL_ROWS], outputs=[VISUAL_EMBEDS, DEEPSTACK])
+    thinker = _thinker(["tokens", "embeds", EMBED_ROWS, "positions", DEEPSTACK, VISUAL_EMBEDS, VISUAL_ROWS], taps)
+    edges = [GraphEdge(f"input.{MEL}", f"{AUDIO_ENCODER}.{MEL}"),
+             GraphEdge(f"{AUDIO_ENCODER}.{AUDIO_EMBEDS}", f"{THINKER}.embeds"),
+             *[GraphEdge(f"input.{slot}", f"{VISION_ENCODER}.{slot}") for slot in (PIXELS, GRID, VISUAL_ROWS)],
+             GraphEdge(f"input.{VISUAL_ROWS}", f"{THINKER}.{VISUAL_ROWS}"),
+             *[GraphEdge(f"{VISION_ENCODER}.{out}", f"{THINKER}.{out}") for out in (VISUAL_EMBEDS, DEEPSTACK)]]
+    return _prefill(PREFILL_MEDIA, Sequential(audio, vision, thinker), edges, taps, tap_edge)
 
 
 def decode_walk(logprobs: bool = False, taps: Mapping[str, int] | None = None, tap_edge: TapEdge | None = None) -> Walk:
@@ -188,5 +211,6 @@ def build_graph(name: str = "qwen3-omni", audio: bool = True, vision: bool = Tru
     walks = [prefill_text_walk(taps, tap_edge)]
     walks += [prefill_audio_walk(taps, tap_edge)] if audio else []
     walks += [prefill_vision_walk(taps, tap_edge)] if vision else []
+    walks += [prefill_media_walk(taps, tap_edge)] if audio and vision else []
     walks += [decode_walk(False, taps, tap_edge), decode_walk(True, taps, tap_edge)]
     return WalkGraph(name, walks, ThinkerTurns())

@@ -116,6 +116,8 @@ class ThinkerLM(nn.Module):
         inputs_embeds: torch.Tensor | None = None,
         deepstack: torch.Tensor | None = None,
         capture: dict[int, torch.Tensor] | None = None,
+        visual_embeds: torch.Tensor | None = None,
+        visual_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Hidden states after the final norm, [T, D].
 
@@ -124,9 +126,15 @@ class ThinkerLM(nn.Module):
         input, is added to the hidden state after decoder layers 0..n-1: the ViT
         deepstack features at visual rows, zeros elsewhere. ``capture``: for each
         key k already present, ``capture[k]`` is set to the input of layer k
-        (k = num_hidden_layers: the input of the final norm).
+        (k = num_hidden_layers: the input of the final norm). ``visual_embeds`` [T, D]
+        with ``visual_rows`` (bool [T]), per-token inputs too, replace the embeddings at
+        those rows (a chunk whose ``inputs_embeds`` already hold another item's features).
         """
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds  # [T, D]
+        if visual_embeds is not None:
+            if visual_rows is None:
+                raise ValueError("visual_embeds needs visual_rows (which rows they replace)")
+            x = torch.where(visual_rows.reshape(-1, 1).to(torch.bool), visual_embeds.to(x.dtype), x)  # [T, D]
         if deepstack is not None and deepstack.shape[0] != x.shape[0]:
             raise ValueError(f"deepstack has {deepstack.shape[0]} rows for {x.shape[0]} tokens")
         if capture is not None and any(not 0 <= k <= self.config.num_hidden_layers for k in capture):

@@ -14,7 +14,8 @@ Outputs ``image_embeds`` [n, out] and ``deepstack`` [n, levels, out]: the
 thinker adds ``deepstack[:, i]`` to its hidden state at these rows after its
 decoder layer i. With ``visual_rows`` (bool [T], n of them true: the item's
 rows in a thinker chunk that also holds text), ``deepstack`` comes out as
-[T, levels, out], zero at the other rows (a per-token input of that chunk).
+[T, levels, out], zero at the other rows (a per-token input of that chunk), and
+``visual_embeds`` [T, out] likewise, when the firing asks for it (``prefill_media``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ GRID_SLOT = "grid_thw"  # int64 [3]
 OUTPUT_NAME = "image_embeds"  # [n_tokens, out_hidden_size]
 DEEPSTACK_NAME = "deepstack"  # [n_tokens, levels, out_hidden_size], or [T, ...] with ROWS_SLOT
 ROWS_SLOT = "visual_rows"  # optional bool [T]: where the n tokens sit in the thinker's chunk
+AT_ROWS_NAME = "visual_embeds"  # [T, out_hidden_size]: the tokens at ROWS_SLOT, zero elsewhere
 
 
 def block_order_coords(t: int, h: int, w: int, merge: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -191,17 +193,25 @@ class VisionEncoder(nn.Module):
         grids = [torch.as_tensor(i[GRID_SLOT]).reshape(3).tolist() for i in inputs]
         with torch.inference_mode():
             out = self(pixels, grids)
-            return [{OUTPUT_NAME: tokens, DEEPSTACK_NAME: _at_rows(deep, i.get(ROWS_SLOT))}
-                    for (tokens, deep), i in zip(out, inputs, strict=True)]
+            return [_outputs(tokens, deep, i.get(ROWS_SLOT), getattr(item, "outputs", None))
+                    for (tokens, deep), i, item in zip(out, inputs, items, strict=True)]
 
 
-def _at_rows(deepstack: torch.Tensor, rows: Any) -> torch.Tensor:
-    """deepstack [n, L, D] scattered to the true rows of ``rows`` (bool [T]): [T, L, D]; as is without rows."""
+def _outputs(tokens: torch.Tensor, deepstack: torch.Tensor, rows: Any, wanted: Sequence[str] | None) -> dict:
+    """One item's outputs: those its firing declares (``wanted``), or all of them for a plain dict."""
+    out = {OUTPUT_NAME: tokens, DEEPSTACK_NAME: _at_rows(deepstack, rows)}
+    if rows is not None and (wanted is None or AT_ROWS_NAME in wanted):
+        out[AT_ROWS_NAME] = _at_rows(tokens, rows)
+    return out if wanted is None else {name: out[name] for name in wanted}
+
+
+def _at_rows(x: torch.Tensor, rows: Any) -> torch.Tensor:
+    """x [n, ...] scattered to the true rows of ``rows`` (bool [T]): [T, ...], zero elsewhere; as is without rows."""
     if rows is None:
-        return deepstack
-    mask = torch.as_tensor(rows, device=deepstack.device).reshape(-1).to(torch.bool)  # [T]
-    if int(mask.sum()) != deepstack.shape[0]:
-        raise ValueError(f"{ROWS_SLOT!r} marks {int(mask.sum())} rows for {deepstack.shape[0]} visual tokens")
-    out = deepstack.new_zeros(mask.shape[0], *deepstack.shape[1:])  # [T, L, D]
-    out[mask] = deepstack
+        return x
+    mask = torch.as_tensor(rows, device=x.device).reshape(-1).to(torch.bool)  # [T]
+    if int(mask.sum()) != x.shape[0]:
+        raise ValueError(f"{ROWS_SLOT!r} marks {int(mask.sum())} rows for {x.shape[0]} visual tokens")
+    out = x.new_zeros(mask.shape[0], *x.shape[1:])  # [T, ...]
+    out[mask] = x
     return out
