@@ -6,7 +6,10 @@
 
 Each request: a short text turn, ``tokens`` thinker tokens (greedy, EOS ignored), then the talker speaks
 (greedy on both sides, no repetition penalty, so both make the same frames; at most ``frames`` frames,
-or fewer when the talker emits codec EOS). The model is a random-weight Qwen3-Omni with the release's
+or fewer when the talker emits codec EOS). transformers' talker never reads the thinker's last token
+(walkserve speaks it), so the reference runs ``tokens + 1`` thinker tokens, as the tests do, and speaks
+the same ``tokens``; the check compares all 16 codes of every frame of the first answers of each level.
+The model is a random-weight Qwen3-Omni with the release's
 structure (the tiny writer's talker, code predictor and Code2Wav; a larger thinker outside --quick).
 Figures: audio seconds per wall second; TTFA (submission to the first audio); the arrival of the 25th
 frame (Code2Wav's first chunk needs 25); RTF = a request's wall time / its audio seconds (p50, p95);
@@ -29,7 +32,7 @@ from pathlib import Path
 
 from benchmarks.common import conditions, mean, pct, table
 
-RATE, HOP = 24000, 1920
+RATE = 24000
 THINKER = dict(vocab_size=4096, hidden_size=512, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
                head_dim=64, moe_intermediate_size=256, num_experts=32, num_experts_per_tok=4, intermediate_size=512,
                rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [12, 10, 10],
@@ -55,6 +58,7 @@ class Answer:
     end: float = 0.0
     chunks: list[tuple[float, int]] = field(default_factory=list)
     frames: list[float] = field(default_factory=list)
+    codes: list[bytes] = field(default_factory=list)  # each frame's 16 codes, int64 bytes
 
     @property
     def audio_s(self) -> float:
@@ -95,7 +99,7 @@ def prompt(processor, i: int) -> list[int]:
 
 
 # ---- transformers, one request at a time --------------------------------------------------------------
-def reference(work: Workload) -> tuple[Level, list[int]]:
+def reference(work: Workload) -> tuple[Level, list[list[bytes]]]:
     import torch
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
@@ -104,27 +108,32 @@ def reference(work: Workload) -> tuple[Level, list[int]]:
     torch.set_num_threads(work.threads)
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(work.path, dtype=torch.float32).eval()
     processor = Qwen3OmniProcessor(work.path)
+    decode, seen = model.code2wav.chunked_decode, {}
 
-    def run(i: int, tokens: int, frames: int) -> tuple[Answer, int]:
+    def spy(codes, **kwargs):  # the codes [1, 16, F] generate() decodes
+        seen["codes"] = codes[0].T.contiguous()
+        return decode(codes, **kwargs)
+
+    model.code2wav.chunked_decode = spy
+
+    def run(i: int, tokens: int, frames: int) -> Answer:
         ids = torch.tensor([prompt(processor, i)])
-        answer = Answer(time.perf_counter())
+        answer, tokens = Answer(time.perf_counter()), tokens + 1  # + 1: its talker drops the last thinker token
+        seen.clear()
         with torch.no_grad():
             _, wav = model.generate(ids, attention_mask=torch.ones_like(ids), return_audio=True, speaker="ethan",
                                     thinker_max_new_tokens=tokens, thinker_min_new_tokens=tokens,
                                     thinker_do_sample=False, talker_max_new_tokens=frames + 1,
                                     talker_do_sample=False, talker_repetition_penalty=1.0)
         answer.end = time.perf_counter()
-        n = wav.numel() if wav is not None else 0
-        answer.chunks.append((answer.end, n))  # the whole waveform at the end
-        return answer, -(-n // HOP)
+        answer.chunks.append((answer.end, wav.numel() if wav is not None else 0))  # the whole waveform at the end
+        answer.codes = [row.numpy().tobytes() for row in seen.get("codes", torch.zeros(0, 16, dtype=torch.long))]
+        return answer
 
     run(0, 2, 2)  # warm-up
-    t0, answers, frames = time.perf_counter(), [], []
-    for i in range(work.requests):
-        answer, f = run(i, work.tokens, work.frames)
-        answers.append(answer)
-        frames.append(f)
-    return Level(answers, time.perf_counter() - t0), frames
+    t0 = time.perf_counter()
+    answers = [run(i, work.tokens, work.frames) for i in range(work.requests)]
+    return Level(answers, time.perf_counter() - t0), [a.codes for a in answers]
 
 
 # ---- walkserve -----------------------------------------------------------------------------------------
@@ -176,8 +185,9 @@ async def _one(engine, work: Workload, i: int, tokens: int, frames: int) -> Answ
         if isinstance(event, OutputEvent):
             if event.modality == "audio":
                 answer.chunks.append((now, event.data.numel))
-            elif event.modality == "latent":
+            elif event.modality == "latent":  # one frame's 16 codes, int64, in order
                 answer.frames.append(now)
+                answer.codes.append(event.data.data)
         elif event.error:
             raise RuntimeError(f"request failed: {event.error}")
     answer.end = time.perf_counter()
@@ -192,27 +202,36 @@ async def _busy(engine) -> dict[str, float]:
 
 
 # ---- the report ----------------------------------------------------------------------------------------
-def _row(name: str, c: int, level: Level, ref: Level, frames: list[int] | None, ref_frames: list[int]) -> tuple:
+def _check(level: Level, ref_codes: list[list[bytes]]) -> str:
+    """How many of the first answers have all 16 codes of every frame equal to the reference's."""
+    got = [a.codes for a in level.answers[: len(ref_codes)]]
+    same = sum(g == r for g, r in zip(got, ref_codes))
+    counts = "" if same == len(ref_codes) else " (frames " + ", ".join(
+        f"{len(g)} vs {len(r)}" for g, r in zip(got, ref_codes) if g != r) + ")"
+    return f"{same}/{len(ref_codes)} codes equal{counts}"
+
+
+def _row(name: str, c: int, level: Level, ref: Level, ref_codes: list[list[bytes]] | None) -> tuple:
     late = [a.misses() for a in level.answers]
     misses = sum(x for x, _ in late) / max(1, sum(n for _, n in late))
     busy = sum(level.busy.values()) or 1.0
     split = " / ".join(f"{level.busy[k] / busy:.0%}" for k in ("thinker", "talker", "codec")) if level.busy else ""
     t25 = [a.frames[24] - a.t0 for a in level.answers if len(a.frames) >= 25]
-    check = "" if frames is None else f"{sum(f == r for f, r in zip(frames, ref_frames))}/{len(ref_frames)} same frames"
+    check = "" if ref_codes is None else _check(level, ref_codes)
     return (name, c, level.audio_per_s(), level.audio_per_s() / ref.audio_per_s(), pct([a.ttfa for a in level.answers], 0.5)
             * 1e3, mean(t25) * 1e3 if t25 else float("nan"), level.rtf(0.5), level.rtf(0.95), f"{misses:.0%}", split,
             check)
 
 
-def report(work: Workload, ref: Level, ref_frames: list[int], runs: dict[str, dict[int, Level]], load) -> str:
-    rows = [_row("(ref) transformers, 1 at a time", 1, ref, ref, None, ref_frames)]
+def report(work: Workload, ref: Level, ref_codes: list[list[bytes]], runs: dict[str, dict[int, Level]], load) -> str:
+    rows = [_row("(ref) transformers, 1 at a time", 1, ref, ref, None)]
     for name, levels in runs.items():
         for c, level in levels.items():
-            frames = [len(a.frames) for a in level.answers[: len(ref_frames)]]
-            rows.append(_row(f"walkserve {name}", c, level, ref, frames, ref_frames))
+            rows.append(_row(f"walkserve {name}", c, level, ref, ref_codes))
     lines = ["## Qwen3-Omni spoken answers (`./dev bench omni`)", "",
              f"- workload: {work.requests} text turns (more at higher concurrency), {work.tokens} thinker tokens each "
-             f"(greedy, EOS ignored), then at most {work.frames} codec frames ({work.frames / 12.5:g} s), greedy talker",
+             f"({work.tokens + 1} on (ref), whose talker drops the last) (greedy, EOS ignored), then at most "
+             f"{work.frames} codec frames ({work.frames / 12.5:g} s), greedy talker",
              f"- machine: {conditions()}; torch threads per case / per worker: {work.threads}; load average "
              f"{load[0]:.2f} before, {load[1]:.2f} after", "",
              table(["case", "concurrency", "audio s / wall s", "x (ref)", "TTFA p50 ms", "25th frame ms", "RTF p50",
@@ -243,11 +262,11 @@ def main(argv: list[str]) -> int:
                                      **({} if args.quick else THINKER))
         work = Workload(path, 2 if args.quick else 4, 6 if args.quick else 32, 30 if args.quick else 75, args.threads)
         print(f"reference: {work.requests} requests ...", flush=True)
-        ref, ref_frames = reference(work)
+        ref, ref_codes = reference(work)
         runs = {}
         for name in placements:
             print(f"walkserve {name}: concurrency {concurrency} ...", flush=True)
             runs[name] = served(work, name, concurrency)
         print()
-        print(report(work, ref, ref_frames, runs, (before, os.getloadavg()[0])))
+        print(report(work, ref, ref_codes, runs, (before, os.getloadavg()[0])))
     return 0
