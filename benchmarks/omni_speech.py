@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.common import conditions, mean, pct, table
+from benchmarks.cpu_time import Usage, snapshot, usage
 
 RATE = 24000
 THINKER = dict(vocab_size=4096, hidden_size=512, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
@@ -84,6 +85,7 @@ class Level:
     answers: list[Answer]
     seconds: float
     busy: dict[str, float] = field(default_factory=dict)
+    cpu: Usage | None = None
 
     def audio_per_s(self) -> float:
         return sum(a.audio_s for a in self.answers) / self.seconds
@@ -131,9 +133,10 @@ def reference(work: Workload) -> tuple[Level, list[list[bytes]]]:
         return answer
 
     run(0, 2, 2)  # warm-up
-    t0 = time.perf_counter()
+    t0, before = time.perf_counter(), snapshot()
     answers = [run(i, work.tokens, work.frames) for i in range(work.requests)]
-    return Level(answers, time.perf_counter() - t0), [a.codes for a in answers]
+    seconds = time.perf_counter() - t0
+    return Level(answers, seconds, cpu=usage(before, snapshot(), seconds)), [a.codes for a in answers]
 
 
 # ---- walkserve -----------------------------------------------------------------------------------------
@@ -166,10 +169,12 @@ async def _level(engine, work: Workload, concurrency: int) -> Level:
         async with gate:
             return await _one(engine, work, i, work.tokens, work.frames)
 
-    t0 = time.perf_counter()
+    t0, cpu = time.perf_counter(), snapshot()
     answers = await asyncio.gather(*[gated(i) for i in range(max(work.requests, concurrency))])
-    seconds, after = time.perf_counter() - t0, await _busy(engine)
-    return Level(list(answers), seconds, {k: after[k] - before[k] for k in after})
+    seconds = time.perf_counter() - t0
+    cpu = usage(cpu, snapshot(), seconds)
+    after = await _busy(engine)
+    return Level(list(answers), seconds, {k: after[k] - before[k] for k in after}, cpu)
 
 
 async def _one(engine, work: Workload, i: int, tokens: int, frames: int) -> Answer:
@@ -236,6 +241,11 @@ def report(work: Workload, ref: Level, ref_codes: list[list[bytes]], runs: dict[
              f"{load[0]:.2f} before, {load[1]:.2f} after", "",
              table(["case", "concurrency", "audio s / wall s", "x (ref)", "TTFA p50 ms", "25th frame ms", "RTF p50",
                     "RTF p95", "deadline misses", "busy thinker / talker / codec", "check"], rows), ""]
+    lines += ["Where the wall time went (/proc: core-seconds of our processes and of the rest of the machine; each "
+              "worker's busiest thread, its compute thread):", "", f"- (ref): {ref.cpu.line() if ref.cpu else ''}"]
+    lines += [f"- {name} at {c}: {level.cpu.line() if level.cpu else ''}" for name, levels in runs.items()
+              for c, level in levels.items()]
+    lines.append("")
     for name, levels in runs.items():
         top, low = levels[max(levels)], levels[min(levels)]
         ratio = top.audio_per_s() / ref.audio_per_s()
