@@ -86,6 +86,7 @@ class Level:
     seconds: float
     busy: dict[str, float] = field(default_factory=dict)
     cpu: Usage | None = None
+    chunk_s: float = float("nan")  # mean seconds of one Code2Wav call (a chunk, or several requests' chunks batched)
 
     def audio_per_s(self) -> float:
         return sum(a.audio_s for a in self.answers) / self.seconds
@@ -174,7 +175,9 @@ async def _level(engine, work: Workload, concurrency: int) -> Level:
     seconds = time.perf_counter() - t0
     cpu = usage(cpu, snapshot(), seconds)
     after = await _busy(engine)
-    return Level(list(answers), seconds, {k: after[k] - before[k] for k in after}, cpu)
+    delta = {k: after[k] - before[k] for k in after}
+    calls = delta.pop("codec_calls")
+    return Level(list(answers), seconds, delta, cpu, delta["codec"] / calls if calls else float("nan"))
 
 
 async def _one(engine, work: Workload, i: int, tokens: int, frames: int) -> Answer:
@@ -203,7 +206,8 @@ async def _busy(engine) -> dict[str, float]:
     await asyncio.sleep(0.2)  # the next status tick
     nodes = engine.stats().nodes
     busy = lambda names: sum(nodes.get(n, {}).get("busy_s", 0.0) for n in names)  # noqa: E731
-    return {"thinker": busy(("thinker",)), "talker": busy(TALKER_NODES), "codec": busy(("code2wav",))}
+    calls = nodes.get("code2wav", {}).get("batches", 0.0)
+    return {"thinker": busy(("thinker",)), "talker": busy(TALKER_NODES), "codec": busy(("code2wav",)), "codec_calls": calls}
 
 
 # ---- the report ----------------------------------------------------------------------------------------
@@ -228,6 +232,16 @@ def _row(name: str, c: int, level: Level, ref: Level, ref_codes: list[list[bytes
             check)
 
 
+def _ttfa_target(level: Level, c: int) -> str:
+    """TTFA against the first chunk's frames (25, or all of a shorter answer) arriving plus one Code2Wav call."""
+    pairs = [(a.ttfa, a.frames[min(25, len(a.frames)) - 1] - a.t0 + level.chunk_s) for a in level.answers if a.frames]
+    met = sum(t <= b for t, b in pairs)
+    return (f"TTFA at concurrency {c}: p50 {pct([t for t, _ in pairs], 0.5) * 1e3:.0f} ms against the first chunk's "
+            f"frames (25, or all of a shorter answer) arriving + one Code2Wav call ({level.chunk_s * 1e3:.0f} ms): "
+            f"p50 {pct([b for _, b in pairs], 0.5) * 1e3:.0f} ms; {met}/{len(pairs)} answers within it "
+            f"(target: {'met' if met == len(pairs) else 'MISSED'})")
+
+
 def report(work: Workload, ref: Level, ref_codes: list[list[bytes]], runs: dict[str, dict[int, Level]], load) -> str:
     rows = [_row("(ref) transformers, 1 at a time", 1, ref, ref, None)]
     for name, levels in runs.items():
@@ -250,8 +264,7 @@ def report(work: Workload, ref: Level, ref_codes: list[list[bytes]], runs: dict[
         top, low = levels[max(levels)], levels[min(levels)]
         ratio = top.audio_per_s() / ref.audio_per_s()
         lines.append(f"- {name}: audio s per wall s at concurrency {max(levels)} = {ratio:.2f} x (ref) (target >= 3: "
-                     f"{'met' if ratio >= 3 else 'MISSED'}); TTFA at concurrency {min(levels)} "
-                     f"{pct([a.ttfa for a in low.answers], 0.5) * 1e3:.0f} ms")
+                     f"{'met' if ratio >= 3 else 'MISSED'}); {_ttfa_target(low, min(levels))}")
     return "\n".join(lines)
 
 

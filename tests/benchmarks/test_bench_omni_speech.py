@@ -33,3 +33,5 @@ def test_quick_speech_benchmark_prints_the_table():
     assert float(ref.group(1)) > 0 and float(served.group(1).replace(",", "")) > 0
     assert all(int(served.group(k)) > 0 for k in (3, 4, 5)), out  # every partition did work
     assert "audio s per wall s at concurrency 2 =" in out
+    assert re.search(r"TTFA at concurrency 2: p50 \d+ ms against .* Code2Wav call \(\d+ ms\): p50 \d+ ms; \d/2 answers", out), out
+    assert "- (ref): our processes " in out and "rank 0 (" in out, out  # where the wall time went
