@@ -1,6 +1,7 @@
 """``./dev bench omni``: Qwen3-Omni spoken answers (thinker -> talker -> Code2Wav), side by side in one run.
 
-    (ref)  transformers Qwen3OmniMoeForConditionalGeneration.generate(return_audio=True), one request at a time
+    (ref)  transformers Qwen3OmniMoeForConditionalGeneration.generate(return_audio=True), one request at a time,
+           first and (outside --quick) again after the placements; ratios are to the faster of the two
     (1)    walkserve, placement qwen3-omni (one rank), at concurrency 1 / 4 / 16
     (2)    walkserve, placement qwen3-omni-split (talker + Code2Wav on their own rank), the same
 
@@ -259,8 +260,12 @@ def _ttfa_target(level: Level, c: int) -> str:
     return text
 
 
-def report(work: Workload, ref: Level, ref_codes: list[list[bytes]], runs: dict[str, dict[int, Level]], load) -> str:
-    rows = [_row("(ref) transformers, 1 at a time", 1, ref, ref, None)]
+def report(work: Workload, refs: list[Level], ref_codes: list[list[bytes]], runs: dict[str, dict[int, Level]],
+           load) -> str:
+    """``refs``: the reference first (and again after the placements outside --quick); ratios are to the faster."""
+    ref = max(refs, key=Level.audio_per_s)
+    names = ["(ref) transformers, 1 at a time", "(ref) again, after the placements"]
+    rows = [_row(names[i], 1, r, ref, None) for i, r in enumerate(refs)]
     for name, levels in runs.items():
         for c, level in levels.items():
             rows.append(_row(f"walkserve {name}", c, level, ref, ref_codes))
@@ -269,11 +274,14 @@ def report(work: Workload, ref: Level, ref_codes: list[list[bytes]], runs: dict[
              f"({work.tokens + 1} on (ref), whose talker drops the last) (greedy, EOS ignored), then at most "
              f"{work.frames} codec frames ({work.frames / 12.5:g} s), greedy talker",
              f"- machine: {conditions()}; torch threads per case / per worker: {work.threads}; load average "
-             f"{load[0]:.2f} before, {load[1]:.2f} after", "",
+             f"{load[0]:.2f} before, {load[1]:.2f} after",
+             f"- x (ref): against the faster of the {len(refs)} reference run(s) (the other work on a shared machine "
+             "changes while the cases run)", "",
              table(["case", "concurrency", "audio s / wall s", "x (ref)", "audio s / CPU s", "TTFA p50 ms", "25th frame ms", "RTF p50",
                     "RTF p95", "deadline misses", "busy thinker / talker / codec", "check"], rows), ""]
     lines += ["Where the wall time went (/proc: core-seconds of our processes and of the rest of the machine; each "
-              "worker's busiest thread, its compute thread):", "", f"- (ref): {ref.cpu.line() if ref.cpu else ''}"]
+              "worker's busiest thread, its compute thread):", ""]
+    lines += [f"- {names[i]}: {r.cpu.line() if r.cpu else ''}" for i, r in enumerate(refs)]
     lines += [f"- {name} at {c}: {level.cpu.line() if level.cpu else ''}" for name, levels in runs.items()
               for c, level in levels.items()]
     lines.append("")
@@ -307,6 +315,10 @@ def main(argv: list[str]) -> int:
         for name in placements:
             print(f"walkserve {name}: concurrency {concurrency} ...", flush=True)
             runs[name] = served(work, name, concurrency)
+        refs = [ref]
+        if not args.quick:
+            print("reference again ...", flush=True)
+            refs.append(reference(work)[0])
         print()
-        print(report(work, ref, ref_codes, runs, (before, os.getloadavg()[0])))
+        print(report(work, refs, ref_codes, runs, (before, os.getloadavg()[0])))
     return 0

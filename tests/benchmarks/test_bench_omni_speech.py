@@ -34,4 +34,4 @@ def test_quick_speech_benchmark_prints_the_table():
     assert all(int(served.group(k)) > 0 for k in (3, 4, 5)), out  # every partition did work
     assert "audio s per wall s at concurrency 2 =" in out
     assert re.search(r"TTFA at concurrency 2, answers of >= 25 frames: p50 \d+ ms against .* chunk \(\d+ ms\): p50 \d+ ms; \d/\d within", out), out
-    assert "- (ref): our processes " in out and "rank 0 (" in out, out  # where the wall time went
+    assert "- (ref) transformers, 1 at a time: our processes " in out and "rank 0 (" in out, out  # where the wall time went
