@@ -25,11 +25,13 @@ def test_quick_speech_benchmark_prints_the_table():
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert elapsed < 90, f"--quick took {elapsed:.0f} s"
-    assert "| case | concurrency | audio s / wall s | x (ref) | TTFA p50 ms |" in out, out
-    ref = re.search(r"^\| \(ref\) transformers, 1 at a time \| 1 \| ([\d.,]+) \| 1 \|", out, re.MULTILINE)
-    served = re.search(r"^\| walkserve qwen3-omni \| 2 \| ([\d.,]+) \| [\d.,]+ \| ([\d,]+) \|.*\| (\d+)% / (\d+)% / "
-                       r"(\d+)% \| \d/2 same frames \|$", out, re.MULTILINE)
+    assert "| case | concurrency | audio s / wall s | x (ref) | audio s / CPU s | TTFA p50 ms |" in out, out
+    ref = re.search(r"^\| \(ref\) transformers, 1 at a time \| 1 \| ([\d.,]+) \| 1 \| [\d.,]+ \|", out, re.MULTILINE)
+    served = re.search(r"^\| walkserve qwen3-omni \| 2 \| ([\d.,]+) \| [\d.,]+ \| [\d.,]+ \| ([\d,]+) \|.*\| (\d+)% / (\d+)% / "
+                       r"(\d+)% \| 2/2 codes equal \|$", out, re.MULTILINE)
     assert ref and served, out
     assert float(ref.group(1)) > 0 and float(served.group(1).replace(",", "")) > 0
     assert all(int(served.group(k)) > 0 for k in (3, 4, 5)), out  # every partition did work
     assert "audio s per wall s at concurrency 2 =" in out
+    assert re.search(r"TTFA at concurrency 2, answers of >= 25 frames: p50 \d+ ms against .* chunk \(\d+ ms\): p50 \d+ ms; \d/\d within", out), out
+    assert "- (ref) transformers, 1 at a time: our processes " in out and "rank 0 (" in out, out  # where the wall time went

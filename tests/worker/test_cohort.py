@@ -302,6 +302,34 @@ def test_the_compute_thread_runs_cohorts_and_routes_their_firings():
     assert compute._cohort_firings == {}
 
 
+class SlowAddBias(AddBias):
+    def run_group(self, group: Group) -> list:
+        time.sleep(0.002)
+        return super().run_group(group)
+
+
+def test_a_cohorts_group_runs_count_as_its_engines_busy_time():
+    """The stats' busy seconds per component include the groups a cohort runs, not only the compute thread's steps."""
+    a, b = SlowAddBias(), Copy()
+    compute = ComputeThread({"a": a, "b": b})
+    compute.start()
+    try:
+        plan = _plan()
+        for i in range(3):
+            compute.join(plan, _member(f"r{i}", i, 1, steps=4))
+        reports, deadline = [], time.monotonic() + 5
+        while len(_ended(reports)) < 3 and time.monotonic() < deadline:
+            reports += [r for _, r in compute.collect()]
+            time.sleep(0.002)
+    finally:
+        compute.stop()
+    assert len(_ended(reports)) == 3
+    assert compute.steps["a"] == len(a.calls) == 4  # one group call per step, all three members in each
+    assert compute.items["a"] == sum(len(c) for c in a.calls) == 12
+    assert compute.busy_s["a"] >= 0.002 * len(a.calls)
+    assert compute.items["b"] == b.firings == 12  # b's firings are stepped as usual
+
+
 def test_each_node_gets_its_own_sampling_when_the_request_names_it():
     """Per-node sampling: node a samples with its own params, node b with the request's."""
     seen: dict[str, list] = {"a": [], "b": []}

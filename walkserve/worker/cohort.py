@@ -25,6 +25,7 @@ iteration that does not count: no speculation and nothing wasted. One
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,9 +85,12 @@ class CohortReport:
 
 
 class Cohort:
-    def __init__(self, plan: CohortPlan, engines: dict[str, Engine], firing_id: Callable[[Cohort], int]):
-        """``firing_id(cohort)`` numbers a Firing this cohort submits (the compute thread routes its result back)."""
-        self.plan, self.engines, self.firing_id = plan, engines, firing_id
+    def __init__(self, plan: CohortPlan, engines: dict[str, Engine], firing_id: Callable[[Cohort], int],
+                 account: Callable[[str, float, int], None] | None = None):
+        """``firing_id(cohort)`` numbers a Firing this cohort submits (the compute thread routes its result back);
+        ``account(component, seconds, firings)``, when given, is told of every engine call that runs groups
+        (the compute thread's busy time per component; its own steps count the other firings)."""
+        self.plan, self.engines, self.firing_id, self.account = plan, engines, firing_id, account
         self.members: list[Member] = []
         self.joining: list[Member] = []
         self.stage: int | None = None  # the body stage being run, None between steps
@@ -160,12 +164,14 @@ class Cohort:
             if issued is not None:
                 by_engine.setdefault(self.plan.specs[node].component, []).append((node, *issued))
         for component, groups in by_engine.items():
-            engine = self.engines[component]
+            engine, t0 = self.engines[component], time.perf_counter()
             try:
                 results = engine.run_groups([g for _, _, g in groups]) if len(groups) > 1 else [engine.run_group(groups[0][2])]
             except Exception as e:
                 log.exception("engine %s failed a group", component)
                 results = [[f"engine {component!r} failed: {type(e).__name__}: {e}"] * len(g.request_ids) for _, _, g in groups]
+            if self.account is not None:
+                self.account(component, time.perf_counter() - t0, sum(len(g.request_ids) for _, _, g in groups))
             for (node, alive, _), outs in zip(groups, results):
                 self._store_group(node, alive, outs)
 

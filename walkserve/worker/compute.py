@@ -149,7 +149,9 @@ class ComputeThread:
                 _, plan, member = cmd
                 cohort = self._cohorts.get((plan.walk, plan.scope))
                 if cohort is None:
-                    cohort = self._cohorts[(plan.walk, plan.scope)] = Cohort(plan, self.engines, self._cohort_firing)
+                    cohort = self._cohorts[(plan.walk, plan.scope)] = Cohort(
+                        plan, self.engines, self._cohort_firing, self._account
+                    )
                 cohort.join(member)
             else:
                 rid = cmd[1]
@@ -251,9 +253,7 @@ class ComputeThread:
             self._results.append((name, error))
             self._signal()
             return
-        self.busy_s[name] += time.perf_counter() - t0
-        self.steps[name] += 1
-        self.items[name] += len(results)
+        self._account(name, time.perf_counter() - t0, len(results))
         published = False
         for r in results:
             cohort = self._cohort_firings.pop(r.firing.id, None)
@@ -264,6 +264,12 @@ class ComputeThread:
             published = True
         if published:
             self._signal()
+
+    def _account(self, name: str, seconds: float, items: int) -> None:
+        """One engine call of component ``name``: a step, or a cohort's group run (``Engine.run_groups``)."""
+        self.busy_s[name] += seconds
+        self.steps[name] += 1
+        self.items[name] += items
 
     def _publish(self, name: str, result: FiringResult, futures: dict[str, Future]) -> None:
         for out, fut in futures.items():
