@@ -124,21 +124,27 @@ class ComputeThread:
                 log.exception("engine %s failed to close", name)
 
     def _loop(self) -> None:
+        """Each turn: new commands, one step of an engine with queued firings, then one step of every cohort.
+
+        The engine step goes first so that a firing the main thread just handed
+        over (a stream consumer's chunk, a new request's prefill) waits for at
+        most the step in progress, not also for the cohorts' next step: with the
+        cohorts first, a speech answer's first Code2Wav chunk waited one more
+        talker and code-predictor step after its frames were there.
+        """
         while not self._stop:
             self._drain_commands()
             self._submit_resolved()
-            moved = self._advance_cohorts()
             name = self._pick()
-            if name is None and moved:
-                continue
-            if name is None:
+            if name is not None:
+                self._step(name)
+            moved = self._advance_cohorts()
+            if name is None and not moved:
                 self._idle = True
                 if not self._commands and not self._stop:
                     self._wake.wait(0.05)
                 self._wake.clear()
                 self._idle = False
-                continue
-            self._step(name)
 
     def _drain_commands(self) -> None:
         while self._commands:
