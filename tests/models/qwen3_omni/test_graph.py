@@ -9,7 +9,7 @@ from tests.models.qwen3_omni.conftest import IDS, rgb, wave
 from walkserve.core.array import ArrayData
 from walkserve.core.errors import PlacementError
 from walkserve.core.sampling import SamplingParams
-from walkserve.graph import DROP, GraphEdge
+from walkserve.graph import ACCUMULATE, DROP, DynamicLoop, GraphEdge
 from walkserve.models.qwen3_omni import graph as g
 from walkserve.models.qwen3_omni.processor import Qwen3OmniProcessor
 
@@ -38,10 +38,17 @@ def mixed_messages() -> list[dict]:
 
 
 def test_walk_names_and_the_captioner_graph():
-    assert list(g.build_graph().walks) == ["prefill_text", "prefill_audio", "prefill_vision", "prefill_media",
-                                           "thinker_decode", "thinker_decode_logprobs"]
+    pieces = ["prefill_text", "prefill_audio", "prefill_vision"]
+    firsts = [g.first_walk(p, lp) for p in [*pieces, "prefill_media"] for lp in (False, True)]
+    assert firsts[-2:] == ["prefill_media_first", "prefill_media_first_logprobs"]
+    assert list(g.build_graph().walks) == [*pieces, *firsts, "thinker_decode", "thinker_decode_logprobs"]
     captioner = g.build_graph(vision=False).walks  # -Captioner: no vision encoder
-    assert "prefill_vision" not in captioner and "prefill_media" not in captioner
+    assert not any("vision" in w or "media" in w for w in captioner)
+    first = g.build_graph().walks["prefill_media_first_logprobs"]
+    loop = first.body.children()[2]  # the two encoders, then the thinker in its one-iteration loop
+    assert isinstance(loop, DynamicLoop) and loop.bound == 1 and not loop.stop.include_stopping
+    assert loop.outputs == {"thinker.token": ACCUMULATE} and first.outputs == ("step", "first")
+    assert set(loop.body.outputs) == {"token", "logprob", "top_logprobs", "top_logprob_ids"}
     taps = g.build_graph(taps=g.thinker_taps(3), tap_edge=lambda ep: GraphEdge(ep, DROP))
     node = taps.walks["prefill_vision"].body.children()[1]
     assert set(node.outputs) == {"embed", "accept_hidden"}
@@ -65,7 +72,8 @@ PIECES = {
 
 
 @pytest.mark.parametrize("merge", [True, False])
-def test_pieces_cover_the_prompt_but_its_last_token(processor, merge):
+def test_pieces_cover_the_prompt(processor, merge):
+    """A text answer's pieces take the whole prompt; a spoken answer's all but its last token (``last``)."""
     from walkserve.models.qwen3_omni.prompt_pieces import request_inputs
 
     request, _ = processor.thinker_request("chat", {"messages": mixed_messages()}, {})
@@ -74,10 +82,14 @@ def test_pieces_cover_the_prompt_but_its_last_token(processor, merge):
     assert walks == PIECES[merge]
     tokens = [_values(inputs[g.step_key(k, "tokens")]) for k in range(len(walks))]
     positions = [_values(inputs[g.step_key(k, "positions")]) for k in range(len(walks))]
-    np.testing.assert_array_equal(np.concatenate(tokens), request.input_ids[:-1])
-    np.testing.assert_array_equal(np.concatenate(positions, axis=1), request.positions.positions[:, :-1])
+    end = len(request.input_ids) - (0 if merge else 1)
+    np.testing.assert_array_equal(np.concatenate(tokens), request.input_ids[:end])
+    np.testing.assert_array_equal(np.concatenate(positions, axis=1), request.positions.positions[:, :end])
     assert positions[0].dtype == np.float32  # the video's group time is fractional (2 / 1.5 s x 13)
-    assert _values(inputs["last"]).tolist() == request.input_ids[-1:]
+    if merge:
+        assert "last" not in inputs
+    else:
+        assert _values(inputs["last"]).tolist() == request.input_ids[-1:]
     pads = {IDS["audio_pad"], IDS["image_pad"], IDS["video_pad"]}
     for k, (walk, ids) in enumerate(zip(walks, tokens, strict=True)):
         if walk == "prefill_text":
@@ -105,7 +117,7 @@ def test_one_clip_and_one_image_are_one_pass(processor):
     inputs = request_inputs(request, processor.config.tokens)
     assert inputs["walks"] == ["prefill_media"]
     ids = _values(inputs[g.step_key(0, "tokens")])
-    np.testing.assert_array_equal(ids, request.input_ids[:-1])
+    np.testing.assert_array_equal(ids, request.input_ids)
     assert set(g.WALK_INPUTS["prefill_media"]) <= {key.split(".", 1)[1] for key in inputs if key.startswith("step0.")}
     audio, visual = _values(inputs[g.step_key(0, "embed_rows")]), _values(inputs[g.step_key(0, "visual_rows")])
     np.testing.assert_array_equal(audio, np.flatnonzero(ids == IDS["audio_pad"]))
@@ -125,17 +137,26 @@ def test_text_answers_merge_and_spoken_answers_do_not(ours_dir):
 
 
 def test_the_state_machine_walks_the_pieces_then_decodes(processor):
-    machine = g.ThinkerTurns()
-    for logprobs, decode in ((None, "thinker_decode"), (2, "thinker_decode_logprobs")):
+    """The last piece samples token 0 (its ``_first`` form); decode follows unless token 0 was a stop token
+    (``first`` empty) or max_tokens is 1."""
+    machine, graph = g.ThinkerTurns(), g.build_graph()
+    token = ArrayData.from_list([7], "int64")
+    empty = ArrayData("float32", (0,), b"")  # an accumulation of no iteration
+    for logprobs, max_tokens, first, decode in ((None, 4, token, ["thinker_decode"]),
+                                                (2, 4, token, ["thinker_decode_logprobs"]),
+                                                (None, 4, empty, []), (None, 1, token, [])):
         spec = processor.build_request("chat", {"messages": mixed_messages()},
-                                       SamplingParams(max_tokens=4, logprobs=logprobs), {})
+                                       SamplingParams(max_tokens=max_tokens, logprobs=logprobs), {})
         start, seen = machine.first(spec), []
         while start is not None:
             seen.append(start.walk)
+            assert set(start.inputs) == set(graph.walk(start.walk).inputs)
             outputs = {"step": start.inputs["step"]} if "step" in start.inputs else {}
-            assert set(start.inputs) == set(g.build_graph().walk(start.walk).inputs)
+            if start.walk.endswith(("_first", "_first_logprobs")):
+                outputs["first"] = first
             start = machine.next(spec, start.walk, outputs)
-        assert seen == [*spec.inputs["walks"], decode]
+        *pieces, last = spec.inputs["walks"]
+        assert seen == [*pieces, g.first_walk(last, logprobs is not None), *decode]
     text = processor.build_request("completion", {"prompt": "Hello there"}, SamplingParams(max_tokens=4), {})
     assert text.inputs["walks"] == ["prefill_text"]  # a text-only request runs only the thinker
 

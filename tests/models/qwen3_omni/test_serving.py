@@ -167,13 +167,16 @@ def decoded(messages: list[dict]) -> list[dict]:
     return out
 
 
-def reference(hf_model, processor: Qwen3OmniProcessor, messages: list[dict], n: int = MAX_TOKENS) -> list[int]:
+def reference(hf_model, processor: Qwen3OmniProcessor, messages: list[dict], n: int = MAX_TOKENS,
+              stop: tuple[int, ...] = (), min_tokens: int = 0) -> list[int]:
+    """transformers' greedy answer, its stop token cut off (``stop``: ids that stop besides EOS)."""
     request, _ = processor.thinker_request("chat", {"messages": decoded(messages)}, {})
+    eos = [*STOP, *stop]
     with torch.no_grad():
-        out = hf_model.thinker.generate(**hf_inputs(request), max_new_tokens=n, do_sample=False, eos_token_id=STOP,
-                                        pad_token_id=STOP[1])
+        out = hf_model.thinker.generate(**hf_inputs(request), max_new_tokens=n, do_sample=False, eos_token_id=eos,
+                                        pad_token_id=STOP[1], min_new_tokens=min_tokens)
     ids = out[0, len(request.input_ids):].tolist()
-    return ids[:-1] if ids and ids[-1] in STOP else ids
+    return ids[:-1] if ids and ids[-1] in eos else ids
 
 
 @pytest.fixture(scope="module")
@@ -249,6 +252,50 @@ def test_completions_and_generate_routes(server, hf_model, processor):
     got = httpx.post(f"{server.url}/v1/generate", json=native, timeout=60).json()
     tokens = [t for e in got["outputs"] if e["modality"] == "text" for t in e["data"]["token_ids"]]
     assert tokens == reference(hf_model, processor, cases()["image"])  # the same user turn
+
+
+def _ask(client, messages, **kw):
+    return client.chat.completions.create(model="tiny-omni", messages=messages, **kw)
+
+
+def test_first_token_edges(client, hf_model, processor):
+    """Token 0 comes from the prefill: as a stop token (min_tokens 0) it ends the request unstreamed, with
+    "stop"; with min_tokens 1 the stop ids are masked for token 0 (as transformers' min_new_tokens);
+    max_tokens 1 runs no decode ("length"); a stop string in token 0 ends it too. Usage counts the prompt
+    and what was streamed."""
+    messages = cases()["audio"]
+    want = reference(hf_model, processor, messages)
+    t0 = want[0]
+    request, _ = processor.thinker_request("chat", {"messages": decoded(messages)}, {})
+    stopped = _ask(client, messages, max_tokens=MAX_TOKENS, temperature=0.0, logprobs=True,
+                   extra_body={"stop_token_ids": [t0]})
+    assert stopped.choices[0].message.content == "" and stopped.choices[0].finish_reason == "stop"
+    assert (stopped.usage.prompt_tokens, stopped.usage.completion_tokens) == (len(request.input_ids), 0)
+    late = _ask(client, messages, max_tokens=MAX_TOKENS, temperature=0.0, extra_body={"stop_token_ids": [t0],
+                                                                                       "min_tokens": 1})
+    expected = reference(hf_model, processor, messages, stop=(t0,), min_tokens=1)
+    assert expected[0] != t0 and late.choices[0].message.content == processor.decode(expected)
+    assert late.usage.completion_tokens == len(expected)
+    assert late.choices[0].finish_reason == ("length" if len(expected) == MAX_TOKENS else "stop")
+    one = _ask(client, messages, max_tokens=1, temperature=0.0, logprobs=True, top_logprobs=2)
+    assert one.choices[0].message.content == processor.decode([t0]) and one.choices[0].finish_reason == "length"
+    assert (one.usage.prompt_tokens, one.usage.completion_tokens) == (len(request.input_ids), 1)
+    assert len(one.choices[0].logprobs.content) == 1 and len(one.choices[0].logprobs.content[0].top_logprobs) == 2
+    text = processor.decode([t0])
+    if text:  # a stop string inside token 0's text
+        by_string = _ask(client, messages, max_tokens=MAX_TOKENS, temperature=0.0, stop=[text])
+        assert by_string.choices[0].message.content == "" and by_string.choices[0].finish_reason == "stop"
+
+
+def test_seeded_sampling_is_reproducible(client):
+    """Token 0 is the request's seeded draw 0 (sampled in the prefill), the rest the decode's draws 1, 2, ..."""
+    messages = cases()["image"]
+    runs = [_ask(client, messages, max_tokens=MAX_TOKENS, temperature=1.0, top_p=0.9, seed=1234, logprobs=True)
+            for _ in range(2)]
+    a, b = (r.choices[0] for r in runs)
+    assert a.message.content == b.message.content
+    assert [e.logprob for e in a.logprobs.content] == [e.logprob for e in b.logprobs.content]
+    assert runs[0].usage.completion_tokens == len(a.logprobs.content) > 0
 
 
 @pytest.mark.parametrize(("content", "param"), [

@@ -3,7 +3,7 @@
 ``build_graph(taps=thinker_taps(k), ...)`` declares, on every thinker node, captures of the input of
 layer 0 (the input embedding: text rows are the token embedding, media rows the encoder's tokens) and
 of layer k (``accept_hidden_layer``). Driving the engine with each walk's declared operations, piece by
-piece and then one decode step, gives exactly the dense whole-prompt pass's layer inputs at every
+piece (a spoken answer's then one decode step), gives exactly the dense whole-prompt pass's layer inputs at every
 position, and the greedy token.
 """
 
@@ -53,6 +53,7 @@ def test_taps_equal_the_dense_layer_inputs(ours_dir, merge):
     taps: dict[str, list[torch.Tensor]] = {g.EMBED_TAP: [], g.ACCEPT_TAP: []}
     for k, walk in enumerate(pieces["walks"]):
         inputs = {slot: _tensor(pieces[g.step_key(k, slot)]) for slot in g.WALK_INPUTS[walk]}
+        node_walk = g.first_walk(walk) if merge else walk  # a text answer's last (here: only) piece samples token 0
         if g.MEL in inputs:
             inputs["embeds"] = parts.audio.forward_batch([{"mel": inputs.pop("mel")}])[0]["audio_embeds"]
         if g.PIXELS in inputs:
@@ -62,10 +63,14 @@ def test_taps_equal_the_dense_layer_inputs(ours_dir, merge):
             inputs["deepstack"] = out["deepstack"]
             inputs["visual_embeds" if walk == g.PREFILL_MEDIA else "embeds"] = out[
                 "visual_embeds" if walk == g.PREFILL_MEDIA else "image_embeds"]
-        got = _fire(engine, k, walk, _thinker_node(graph, walk), inputs)
+        got = _fire(engine, k, node_walk, _thinker_node(graph, node_walk), inputs)
         for name in taps:
             taps[name].append(got[name])
-    last = _fire(engine, 99, g.DECODE, _thinker_node(graph, g.DECODE), {"tokens": _tensor(pieces["last"])})
+    if merge:  # token 0 came with the prompt's last row
+        last = {"token": got["token"], **{name: parts[-1][-1:] for name, parts in taps.items()}}
+        taps = {name: [torch.cat(parts)[:-1]] for name, parts in taps.items()}
+    else:  # a spoken answer: the last prompt token is its own step
+        last = _fire(engine, 99, g.DECODE, _thinker_node(graph, g.DECODE), {"tokens": _tensor(pieces["last"])})
 
     embeds, deepstack = thinker_inputs(parts, request)
     capture = {0: None, ACCEPT: None}

@@ -140,7 +140,8 @@ def test_bfloat16_components_run_close_to_float32(requests, hf_dir, components):
 
 def _walk_pieces(components, request, merge: bool) -> torch.Tensor:
     """As the prefill walks run the prompt (``prompt_pieces``): each piece's encoder on its slots, the thinker
-    over the cached keys of the pieces before it; logits of every row but the last [T - 1, V]."""
+    over the cached keys of the pieces before it; logits of every row the pieces take ([T, V] merged: a text
+    answer's pieces take the last token too; [T - 1, V] piecewise)."""
     from walkserve.layers.attention import DenseAttention
     from walkserve.models.qwen3_omni import graph as g
     from walkserve.models.qwen3_omni.prompt_pieces import request_inputs
@@ -183,8 +184,8 @@ def test_merged_prefill_equals_piecewise_and_reference(name, requests, component
     assert request_inputs(request, tokens, merge=True)["walks"] == merged
     assert len(request_inputs(request, tokens, merge=False)["walks"]) == {"mixed": 5, "video": 3}[name]
     with torch.inference_mode():
-        want = hf_model.thinker(**hf_inputs(request)).logits[0, :-1]
+        want = hf_model.thinker(**hf_inputs(request)).logits[0]
         merged, piecewise = _walk_pieces(components, request, True), _walk_pieces(components, request, False)
-    torch.testing.assert_close(merged, want, rtol=0, atol=1e-4)
-    torch.testing.assert_close(piecewise, want, rtol=0, atol=1e-4)
-    torch.testing.assert_close(merged, piecewise, rtol=0, atol=1e-4)
+    torch.testing.assert_close(merged, want, rtol=0, atol=1e-4)  # the last row: token 0's logits
+    torch.testing.assert_close(piecewise, want[:-1], rtol=0, atol=1e-4)
+    torch.testing.assert_close(merged[:-1], piecewise, rtol=0, atol=1e-4)

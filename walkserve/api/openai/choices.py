@@ -70,7 +70,10 @@ class LogprobJoiner:
 
     The decode walk sends a token and its three logprob outputs in one pass, so
     all four parts of iteration k arrive before any part of k + 1; a token is
-    released once its parts are all here.
+    released once its parts are all here. Parts are keyed by (walk, iteration),
+    walks in the order they first send: a model whose prefill walk samples the
+    first token (in a loop of its own, iteration 0) and whose decode walk then
+    counts from 0 again keeps them apart.
     """
 
     PARTS = ("text", "logprob", "top_logprobs", "top_logprob_ids")
@@ -78,11 +81,13 @@ class LogprobJoiner:
     def __init__(self, token_bytes):
         self.token_bytes = token_bytes  # id -> bytes
         self._names: dict[int, tuple[str, bytes]] = {}
+        self._walks: dict[str, int] = {}
         self.pending: dict[tuple[int, ...], dict[str, object]] = {}
 
     def push(self, event) -> list[tuple[list[int], list[TokenLogprob]]]:
         part = "text" if event.modality == "text" else event.output
-        self.pending.setdefault(event.iteration, {})[part] = event.data
+        walk = self._walks.setdefault(event.walk, len(self._walks))
+        self.pending.setdefault((walk, *event.iteration), {})[part] = event.data
         ready = []
         for it in sorted(self.pending):
             parts = self.pending[it]

@@ -16,7 +16,7 @@ The thinker half, one file per object:
 
 Serving (text out; docs/models/qwen3-omni.md):
 
-    graph.py             the walks (prefill_text / prefill_audio / prefill_vision, thinker_decode), ThinkerTurns
+    graph.py             the walks (prefill_text / prefill_audio / prefill_vision, their _first forms, thinker_decode), ThinkerTurns
     model.py             Qwen3OmniThinker: the ``qwen3-omni`` family (components, processor, memory report)
     processor.py         HTTP payloads -> RequestSpec (media_inputs.py, prompt_pieces.py, tokenizer_files.py)
     memory.py            sizes from the shards' headers, KV per token, the pool, per-rank report and refusal

@@ -6,13 +6,17 @@ taking the text before it, the last one the text after it too (a text-only promp
 ``prefill_text`` piece):
 
     ids    |<|im_start|>system ... user\\n<|audio_start|>|pad x 31|<|audio_end|><|vision_start|>|pad x 6|<|vision_end|>What? ... assistant\\n|
-    walks   prefill_audio (0)                                              prefill_vision (1)                                 (last token -> thinker_decode)
+    walks   prefill_audio (0)                                              prefill_vision (1), walked as prefill_vision_first
                                 embed_rows: the pad rows                                 embed_rows, visual_rows: the pad rows
+
+The last piece of a text answer takes the whole rest of the prompt, its last token included, and samples
+the first answer token from that row (``graph.py``: the ``_first`` walks), as transformers samples it from
+the prefill's last row.
 
 Spoken answers (``merge=False``; the talker is fed piece by piece, ``speech_graph.py``): text and media
 pieces alternate, a media piece holding exactly its placeholder rows:
 
-    walks   prefill_text (0)  prefill_audio (1)  prefill_text (2)  prefill_vision (3)  prefill_text (4)
+    walks   prefill_text (0)  prefill_audio (1)  prefill_text (2)  prefill_vision (3)  prefill_text (4)   (last token -> thinker_first)
 
 Every pass over the prompt reads all the MoE experts of every layer, so fewer, longer pieces cost less
 than many short ones (five pieces ran ~1.4x one pass on the benchmark's model).
@@ -21,8 +25,8 @@ Each piece carries its token ids and its [3, n] positions (``rope_index``); a me
 encoder input and ``embed_rows`` (int64 [m], the piece's rows the encoder's m tokens replace); a vision
 piece ``visual_rows`` (bool [n], the same rows: where the deepstack features go); a ``prefill_media``
 piece both encoders' inputs, ``embed_rows`` the clip's rows and ``visual_rows`` the image's. ``RequestSpec.inputs``
-then holds ``walks`` (the walk names in order), ``step<k>.<slot>`` per piece, ``last`` (the last prompt
-token, decode's first input) and ``prompt_token_ids`` (the whole expanded prompt, for usage).
+then holds ``walks`` (the walk names in order), ``step<k>.<slot>`` per piece, for a spoken answer ``last``
+(the last prompt token, ``thinker_first``'s input) and ``prompt_token_ids`` (the whole expanded prompt, for usage).
 """
 
 from __future__ import annotations
@@ -57,15 +61,19 @@ def array(x: np.ndarray) -> ArrayData:
 
 
 def request_inputs(request: ThinkerRequest, tokens: OmniTokenIds, merge: bool = True) -> dict[str, Value]:
-    """The RequestSpec inputs of one prompt: its pieces in order, the last token, the whole prompt.
+    """The RequestSpec inputs of one prompt: its pieces in order (and, spoken, the last token), the whole prompt.
 
-    ``merge``: text runs join the media piece after them (the last media piece also takes the trailing
-    text), so the prompt is one thinker pass per media item, or one ``prefill_media`` pass for one clip and
-    one image or video; otherwise every text run is its own piece.
+    ``merge`` (a text answer): text runs join the media piece after them (the last media piece also takes the
+    trailing text), so the prompt is one thinker pass per media item, or one ``prefill_media`` pass for one clip
+    and one image or video, the last token included; otherwise (a spoken answer) every text run is its own
+    piece and the last token is left out (``last``).
     """
     ids = np.asarray(request.input_ids, dtype=np.int64)
-    end = len(ids) - 1  # the last token is decode's first input
-    out: dict[str, Value] = {PROMPT_INPUT: array(ids), LAST_INPUT: array(ids[end:])}
+    out: dict[str, Value] = {PROMPT_INPUT: array(ids)}
+    end = len(ids)  # a text answer's last piece takes the last token too and samples token 0 from it
+    if not merge:  # a spoken answer leaves the last token to thinker_first
+        end -= 1
+        out[LAST_INPUT] = array(ids[end:])
     spans = media_spans(request.input_ids, tokens)
     walks: list[str] = []
     for walk, lo, hi, items in _cuts(spans, end, merge):

@@ -61,6 +61,7 @@ from walkserve.models.qwen3_omni.graph import (
     CONTEXT,
     DECODE,
     DECODE_LOGPROBS,
+    FIRST,
     LAST_INPUT,
     PREFILL_AUDIO,
     PREFILL_TEXT,
@@ -69,6 +70,8 @@ from walkserve.models.qwen3_omni.graph import (
     THINKER,
     WALK_INPUTS,
     WALKS_INPUT,
+    AfterFirst,
+    ThinkerStop,
     ThinkerTurns,
     _scalar,
     build_graph,
@@ -86,7 +89,7 @@ THINKER_FIRST, TALKER_LAST_PREFILL, TALKER_DECODE = "thinker_first", "talker_las
 PREFILL_AUDIO_SPEECH, PREFILL_VISION_SPEECH = "prefill_audio_speech", "prefill_vision_speech"
 SPEECH_PIECE = {PREFILL_TEXT: PREFILL_TEXT, PREFILL_AUDIO: PREFILL_AUDIO_SPEECH, PREFILL_VISION: PREFILL_VISION_SPEECH}
 TALKER_SLOTS = ("tokens", "text", "codes", "positions")
-ACCEPT_OUTPUT, FIRST, CODE0, HIDDEN = "accept", "first", "code0", "hidden"
+ACCEPT_OUTPUT, CODE0, HIDDEN = "accept", "code0", "hidden"
 TAIL = "tail"  # RequestSpec.inputs tail.tokens / tail.text / tail.codes: the 6 tail rows, token 0 left as -1
 MAX_FRAMES_PARAM = "talker_max_frames"
 THINKER_LOOP, TALK_LOOP, DEPTH_LOOP = "thinker_loop", "talk", "depth"
@@ -133,26 +136,8 @@ def talker_last_prefill_walk(code0_ranges: list[tuple[int, int]]) -> Walk:
                 outputs=[CODE0, HIDDEN, FIRST])
 
 
-class ThinkerStop:
-    """The thinker loop of ``talker_decode`` samples token k + 1 at iteration k (token 0 came before)."""
-
-    def __call__(self, value: Any, params: Mapping[str, Any], iteration: int) -> bool:
-        return scalar(value) in (params.get("stop_token_ids") or ()) and iteration + 1 >= int(
-            params.get("min_tokens") or 0)
-
-
 def _stop_flag(value: Any, params: Mapping[str, Any], iteration: int) -> bool:
     return bool(scalar(value))
-
-
-class AfterFirst:
-    """The thinker loop's bound in ``talker_decode``: max_tokens - 1 (token 0 came from ``thinker_first``)."""
-
-    def __call__(self, params: Mapping[str, Any]) -> int:
-        return int(params["max_tokens"]) - 1
-
-    def __repr__(self) -> str:
-        return "max_tokens - 1"
 
 
 def _thinker_loop() -> DynamicLoop:
