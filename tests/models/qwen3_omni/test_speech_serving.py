@@ -190,3 +190,23 @@ def test_bad_speech_requests_are_400s_naming_the_field(server, body, param, need
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and needle in error["message"], error
+
+
+def test_a_stop_token_first_ends_a_spoken_answer_unsaid(server, mixed_reference):
+    """Token 0 a stop token (min_tokens 0): nothing streamed, nothing counted, nothing spoken, finish "stop"."""
+    t0 = int(mixed_reference[0][0])
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300)
+    audio = {"voice": "Chelsie", "max_frames": FRAMES, "format": "pcm16"}
+    whole = client.chat.completions.create(model="tiny-omni-speech", messages=MIXED, temperature=0.0,
+                                           max_tokens=MAX_TOKENS, modalities=["text", "audio"],
+                                           audio={**audio, "format": "wav"}, extra_body={"stop_token_ids": [t0]})
+    choice = whole.choices[0]
+    assert choice.finish_reason == "stop" and whole.usage.completion_tokens == 0
+    assert not choice.message.content and not (choice.message.audio and choice.message.audio.transcript)
+    streamed = list(client.chat.completions.create(model="tiny-omni-speech", messages=MIXED, temperature=0.0,
+                                                   max_tokens=MAX_TOKENS, modalities=["text", "audio"], audio=audio,
+                                                   stream=True, extra_body={"stop_token_ids": [t0]}))
+    deltas = [c.choices[0].delta for c in streamed if c.choices]
+    assert not any(d.content or (getattr(d, "audio", None) and (d.audio.get("transcript") if isinstance(d.audio, dict)
+                                                                  else d.audio.transcript)) for d in deltas)
+    assert [c.choices[0].finish_reason for c in streamed if c.choices and c.choices[0].finish_reason] == ["stop"]

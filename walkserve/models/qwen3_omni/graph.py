@@ -155,7 +155,7 @@ def _tap_edges(taps: Mapping[str, int] | None, tap_edge: TapEdge | None) -> list
 def _prefill(name: str, encoders: list[GraphNode], thinker_inputs: list[str], media: list[GraphEdge],
              taps: Mapping[str, int] | None, tap_edge: TapEdge | None, first: bool | None = None) -> Walk:
     """Prefill piece ``name``; ``first`` False / True: the last piece of a text answer, which also samples
-    token 0 (with its logprobs when True) in a one-iteration loop (``_first_token``)."""
+    token 0 (with its logprobs when True) in a one-iteration loop (``first_token_loop``)."""
     slots = WALK_INPUTS[name]
     edges = [GraphEdge(f"input.{slot}", f"{THINKER}.{slot}") for slot in ("tokens", "positions", EMBED_ROWS)
              if slot in slots]
@@ -164,14 +164,14 @@ def _prefill(name: str, encoders: list[GraphNode], thinker_inputs: list[str], me
         body = Sequential(*encoders, _thinker(thinker_inputs, taps)) if encoders else _thinker(thinker_inputs, taps)
         return Walk(name, body, edges=edges, inputs=[*slots, STEP], outputs=[STEP])
     extra = LOGPROB_OUTPUTS if first else ()
-    loop = _first_token(_thinker(thinker_inputs, taps, ("token", *extra)))
+    loop = first_token_loop(_thinker(thinker_inputs, taps, ("token", *extra)))
     edges += [GraphEdge(f"{THINKER}.token", Client("text")), GraphEdge(f"{THINKER}.token", f"output.{FIRST}")]
     edges += [GraphEdge(f"{THINKER}.{out}", Client("logprobs")) for out in extra]
     return Walk(first_walk(name, first), Sequential(*encoders, loop) if encoders else loop, edges=edges,
                 inputs=[*slots, STEP], outputs=[STEP, FIRST])
 
 
-def _first_token(node: GraphNode) -> DynamicLoop:
+def first_token_loop(node: GraphNode) -> DynamicLoop:
     """One iteration: the node samples token 0 from the prompt's last row; a stop token (from min_tokens = 0)
     ends it unexposed (not streamed, ``first`` empty), otherwise the bound is hit (max_tokens 1: "length")."""
     stop = StopWhen(f"{THINKER}.token", StopTokens(), include_stopping=False, label="stop_token_ids after min_tokens")

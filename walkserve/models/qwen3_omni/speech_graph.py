@@ -7,7 +7,7 @@ same piece's user-turn rows, then the thinker's first step, the 6-position prefi
         the input of layer accept_hidden_layer at its rows: output.accept)
     talker_prefill        input.tokens/text/codes/positions -> talker                (appends to "talker")
     talker_prefill_media  the same, and input.media (the accept states) -> talker.media
-    thinker_first         input.last -> thinker -> token 0 -> client:text, output.first
+    thinker_first         input.last -> Loop 1 x [ thinker -> token 0 ] -> client:text, output.first (a stop token: none)
     talker_last_prefill   tts_pad x4, tts_bos, token 0 (+ nothink .. codec_bos) -> talker -> code 0, hidden
     talker_decode         Parallel(
       thinker:  DynamicLoop[ thinker(tokens) -> token ]  from token 0, at most max_tokens - 1 more
@@ -73,8 +73,10 @@ from walkserve.models.qwen3_omni.graph import (
     AfterFirst,
     ThinkerStop,
     ThinkerTurns,
+    _count,
     _scalar,
     build_graph,
+    first_token_loop,
     prefill_audio_walk,
     prefill_vision_walk,
     step_key,
@@ -119,8 +121,9 @@ def talker_prefill_walk(code0_ranges: list[tuple[int, int]], media: bool = False
 
 
 def thinker_first_walk() -> Walk:
-    """The thinker's first answer token (the talker's prefix tail needs it)."""
-    node = GraphNode(THINKER, inputs=["tokens"], outputs=["token"], params=kv_params(append(CONTEXT)))
+    """The thinker's first answer token (the talker's prefix tail needs it), in the text answer's one-iteration
+    loop: a stop token first ends it unexposed (not streamed, not counted; ``first`` empty, nothing to speak)."""
+    node = first_token_loop(GraphNode(THINKER, inputs=["tokens"], outputs=["token"], params=kv_params(append(CONTEXT))))
     edges = [GraphEdge(f"input.{LAST_INPUT}", f"{THINKER}.tokens"), GraphEdge(f"{THINKER}.token", Client("text")),
              GraphEdge(f"{THINKER}.token", f"output.{FIRST}")]
     return Walk(THINKER_FIRST, node, edges=edges, inputs=[LAST_INPUT], outputs=[FIRST])
@@ -252,9 +255,9 @@ class SpeechTurns(ThinkerTurns):
         return WalkStart(TALKER_PREFILL_MEDIA, {**inputs, "media": accept, STEP: k})
 
     def _tail(self, request: RequestSpec, first: Value) -> WalkStart | None:
+        if not _count(first):
+            return None  # token 0 was a stop token: nothing to say, nothing to speak
         token = int(_scalar(first))
-        if token in (request.sampling.stop_token_ids or ()):
-            return None  # nothing to speak
         text = request.inputs[f"{TAIL}.text"]
         text_ids = [t if t >= 0 else token for t in text.tolist()]  # type: ignore[union-attr]
         return WalkStart(TALKER_LAST_PREFILL, {"tokens": request.inputs[f"{TAIL}.tokens"],
