@@ -49,12 +49,6 @@ def test_every_package_has_its_test_folder_or_says_where_it_is_tested():
         assert f"`{where}`" in row("tests/") and (ROOT / where).is_file(), package
 
 
-def test_the_cohort_lookahead_is_the_one_the_compute_thread_uses():
-    from walkserve.worker.compute import LOOKAHEAD
-
-    assert f"A cohort runs at most {LOOKAHEAD} steps\n(`compute.LOOKAHEAD`) ahead" in RUNTIME
-
-
 def test_tcp_ranks_bind_what_the_doc_says():
     bind = re.search(r'"tcp://([0-9.]+):0"', (ROOT / "walkserve" / "worker" / "main.py").read_text()).group(1)
     claim = re.search(r"`transport: tcp` binds a port on ([0-9.]+)", RUNTIME)

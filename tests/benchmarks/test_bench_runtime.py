@@ -26,3 +26,33 @@ def test_null_overhead_through_per_request_streams_counts_every_output():
 
 def test_cpu_seconds_of_a_process_that_is_gone_is_none():
     assert cpu_seconds(2**22 + 12345) is None
+
+
+def test_the_streamed_fixture_runs_through_the_runtime():
+    from benchmarks.runtime import windows
+
+    assert [windows(n) for n in (5, 28, 34, 35, 36)] == [1, 1, 2, 2, 3]  # SlidingWindow(28, 7), tail flushed
+    runs, _ = null_overhead(batch=3, workers=1, steps=40, threads=1, repeat=1, family="fixture-bench-stream")
+    assert len(runs) == 1 and runs[0] > 0  # every request got all its windows (checked inside)
+
+
+def test_the_nested_fixture_runs_as_the_reference_says_on_a_virtual_cluster():
+    """The bench's nested loop (1 + 15 calls per outer step), with a 0 ms component, on two simulated ranks."""
+    from walkserve.core.request import RequestSpec
+    from walkserve.models.base import BuildContext, ModelRef
+    from walkserve.models.registry import load_model
+    from walkserve.testing.reference import ReferenceExecutor
+    from walkserve.testing.simulator import Simulator
+
+    model = load_model(ModelRef("fixture-bench-nested", options={"ms": 0.0}))
+    comps = {n: s.build(BuildContext(0, "cpu")) for n, s in model.components().items()}
+    graph, ref = model.graph(), ReferenceExecutor(model.graph(), comps)
+    sim = Simulator(graph, comps, lambda w, n: {"talker": 0, "predictor": 1}[n], seed=3)
+    requests = [RequestSpec({}, params={"steps": 2 + i}) for i in range(3)]
+    for r in requests:
+        sim.submit(r)
+    got = sim.run()
+    for r in requests:
+        want = ref.run(r)
+        assert [o.value.tolist() for o in got[r.id].outputs] == [o.value.tolist() for o in want.outputs]
+        assert len(want.outputs) == r.params["steps"] and want.walk_outputs[0]["codes"].shape == (15 * r.params["steps"],)

@@ -142,7 +142,7 @@ def test_flags_map_onto_the_configs(monkeypatch):
     args = build_parser().parse_args([
         "serve", "--port", "9000", "--max-n", "3", "--drain-timeout", "5", "--default-max-tokens", "70",
         "--media-allowlist", "https://example.com/", "--model-alias", "a", "--max-running", "4",
-        "--max-waiting", "0", "--dtype", "bfloat16", "--kv-blocks", "64", "--no-speculation", "--start-timeout", "9", "--no-cohorts",
+        "--max-waiting", "0", "--dtype", "bfloat16", "--kv-blocks", "64", "--start-timeout", "9", "--no-cohorts",
         "--ray-address", "10.0.0.7:6379",
     ])
     config = server_config(args)
@@ -150,7 +150,7 @@ def test_flags_map_onto_the_configs(monkeypatch):
     assert config.api_key == "from-env" and config.model_aliases == ("a",)
     assert config.media_allowlist == ("https://example.com/",) and config.host == "127.0.0.1"
     runtime = runtime_config(args)
-    assert (runtime.max_running, runtime.max_waiting, runtime.dtype, runtime.speculation) == (4, 0, "bfloat16", False)
+    assert (runtime.max_running, runtime.max_waiting, runtime.dtype) == (4, 0, "bfloat16")
     assert runtime.cohorts is False and runtime_config(build_parser().parse_args(["serve"])).cohorts is True
     assert runtime.engine_options == {"kv": {"num_blocks": 64}} and runtime.start_timeout_s == 9
     assert runtime.ray_address == "10.0.0.7:6379" and runtime_config(build_parser().parse_args(["serve"])).ray_address is None

@@ -36,12 +36,12 @@ def test_abort_ends_the_run_with_its_reason(conductor, reason, finish, counter):
     conductor.outbox.pending.clear()
     conductor.on_abort(m.Abort("a", reason))
     assert "a" not in conductor.runs and conductor.load[0] == 0
-    assert dict(conductor.counters) == {counter: 1}
+    assert dict(conductor.counters) == {counter: 1, "start_walks": 1}
     [finished] = conductor.outbox.pending["frontend"]
     assert (finished.request_id, finished.reason) == ("a", finish)
     assert conductor.outbox.pending[("rank", 0)] == [m.Release("a")]
     conductor.on_abort(m.Abort("a"))  # the frontend's own abort when it closes the stream: nothing left to end
-    assert dict(conductor.counters) == {counter: 1}
+    assert dict(conductor.counters) == {counter: 1, "start_walks": 1}
 
 
 def test_a_queued_request_that_is_aborted_never_starts(conductor):

@@ -20,7 +20,7 @@ GRAPH = build_graph()
 def run_of(prompt: list[int], rank: int = 0, **params) -> RequestRun:
     spec = RequestSpec({"prompt_ids": ArrayData.from_list(prompt)}, sampling=SamplingParams(max_tokens=5), params=params,
                        id="r1")
-    return RequestRun(spec, GRAPH, lambda walk, node: rank)
+    return RequestRun(spec, GRAPH, lambda plan, node, sticky: rank)
 
 
 def test_begin_sends_the_first_walk_with_the_inputs_its_ranks_read():
@@ -34,12 +34,12 @@ def test_begin_sends_the_first_walk_with_the_inputs_its_ranks_read():
 def test_a_walk_completes_when_every_node_reported_and_every_output_arrived():
     run = run_of([5, 6, 7])
     run.begin()
-    assert not run.node_done("prefill", "lm", firings=1, hit_bound=False)  # output "state" still missing
+    assert not run.node_done("prefill", ["lm"], firings=1, hit_bound=False)  # output "state" still missing
     assert run.walk_output("prefill", "state", wire_value(ArrayData.from_list([42])))
     [(_, start)] = run.advance()
     assert start.walk == "decode" and plain_value(start.inputs["last"]).tolist() == [7]
     assert plain_value(start.inputs["state"]).tolist() == [42]
-    assert not run.node_done("prefill", "lm", 1, False)  # a late report of an earlier walk changes nothing
+    assert not run.node_done("prefill", ["lm"], 1, False)  # a late report of an earlier walk changes nothing
     assert run.firings == 1 and run.walks_run == ["prefill", "decode"]
 
 
@@ -48,8 +48,20 @@ def test_the_last_walk_finishes_with_stop_or_length(hit_bound, reason):
     run = run_of([9])  # one token: straight to decode
     [(_, start)] = run.begin()
     assert start.walk == "decode"
-    assert run.node_done("decode", "lm", firings=5, hit_bound=hit_bound)
+    assert run.node_done("decode", ["lm"], firings=5, hit_bound=hit_bound)
     assert run.advance() == [] and run.finished == reason
+
+
+def test_a_walk_whole_on_one_rank_carries_the_request_so_that_rank_may_go_on_by_itself():
+    run = run_of([5, 6, 7], rank=1)
+    [(_, start)] = run.begin()
+    assert start.spec is run.spec and start.sticky == {}
+    assert run.walk_started("prefill", 1, "decode", {"lm": 1})  # the rank started decode itself
+    assert run.walk == "decode" and run.pending == {"lm"} and run.walks_run == ["prefill", "decode"]
+    assert not run.walk_started("prefill", 1, "decode", {"lm": 1})  # a stale report changes nothing
+    assert run.node_done("decode", ["lm"], 4, False) and run.advance() == [] and run.firings == 5
+    alone = RequestRun(run.spec, GRAPH, lambda plan, node, sticky: 1, local_walks=False)
+    assert alone.begin()[0][1].spec is None
 
 
 def test_outputs_are_numbered_per_modality_and_output():
@@ -63,7 +75,7 @@ def test_a_failing_state_machine_fails_the_request_not_the_conductor():
         raise KeyError("prompt_ids")
 
     graph = WalkGraph("broken", list(GRAPH.walks.values()), FunctionStateMachine(broken, broken))
-    run = RequestRun(RequestSpec({}, id="r2"), graph, lambda w, n: 0)
+    run = RequestRun(RequestSpec({}, id="r2"), graph, lambda plan, node, sticky: 0)
     messages, error = safe_advance(run, run.begin)
     assert messages == [] and error.startswith("the model's state machine failed: KeyError")
 

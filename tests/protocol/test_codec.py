@@ -18,17 +18,18 @@ TENSOR = m.TensorMsg("float32", (2, 2), data=bytes(16), nbytes=16)
 ONE_OF_EACH = [
     m.Submit(RequestSpec({"prompt": ArrayData.from_list([1, 2])}, sampling=SamplingParams(max_tokens=3), id="r1")),
     m.Abort("r1"), m.Abort("r1", "stop"), m.Shutdown(2.5), m.StatusQuery(4),
-    m.Event("r1", "text", "decode", "lm", (0, 3), 7, 3, "token"),
     m.Events("decode", "lm", "text", "token", ["r1", "r2"], [(1,), (2,)], [0, 1], stacked=TENSOR),
     m.Finished("r1", "stop", None, {"firings": 3}, {"total_s": 0.5}), m.Rejected("r2", "full", 2.0, invalid=False),
     m.Status("ready", "serving", {0: True}, {"running": 1}, 4),
     m.StartWalk("r1", "prefill", {"lm": 0}, {"prompt": TENSOR}, {"eos_at": 3}, SamplingParams(max_tokens=3)),
-    m.Release("r1"), m.Stop(), m.StatsQuery(), m.Deliver("r1", "w", "lm", "state", (0,), TENSOR),
-    m.StreamItem("r1", "w", 0, (), 5, 9), m.StreamEnd("r1", "w", 0, (), 6), m.LoopEvent("r1", "w", "loop", (), 2, 3),
-    m.Flow("r1", "w", 0, True), m.ClientOut("r1", "w", "lm", "text", (1,), 7, "token"),
+    m.Release("r1"), m.Stop(), m.StatsQuery(),
+    m.Values("w", "lm", "state", ["r1", "r2"], [(0,), (1,)], stacked=TENSOR),
+    m.StreamItems("w", 0, ["r1"], [()], [5], values=[9]), m.StreamEnds("w", 0, ["r1"], [()], [6]),
+    m.LoopEvents("w", "loop", ["r1", "r2"], [(), ()], [2, 4], [3, -1]), m.Flows("w", 0, ["r1"], [()], [True]),
     m.ClientOuts("w", "lm", "text", "token", ["r1"], [(1,)], values=[7]), m.WalkOut("r1", "w", "state", [1, 2]),
-    m.NodeDone("r1", "w", "lm", 4, True), m.Failed("r1", "boom"), m.Ready(0, 123, "ipc:///x", "up"),
-    m.WorkerStats(0, m.RankStats(requests=2, counters={"firings": 3})), m.Peers({0: "ipc:///a", 1: "tcp://127.0.0.1:5"}),
+    m.NodeDone("r1", "w", ["lm"], 4, True), m.WalkStarted("r1", "prefill", 1, False, "decode", {"lm": 0}),
+    m.Failed("r1", "boom"), m.Ready(0, 123, "ipc:///x", "up"),
+    m.WorkerStats(0, m.RankStats(counters={"firings": 3})), m.Peers({0: "ipc:///a", 1: "tcp://127.0.0.1:5"}),
 ]
 
 

@@ -92,7 +92,7 @@ def test_loop_cohort_members_fail_alone_and_their_state_is_released():
         assert stats and stats.aborted >= 1 and stats.failed >= 1
         worker = engine.status.stats["workers"]
         counters = (worker.get(0) or worker.get("0"))
-        assert counters["cohort_members"] == 0 and counters["counters"]["cohort_firings"] > 0
+        assert counters["cohort_members"] == 0 and counters["counters"]["firings"] > 0
 
 
 def test_killed_worker_fails_its_requests_fast_and_comes_back():

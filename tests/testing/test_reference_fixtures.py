@@ -74,18 +74,24 @@ def test_omni(i):
             break
         texts.append(token)
         hiddens.append(torch.tensor([[token * 0.5, k * 1.0, salt % 7]]))
-    code, codes = 1, []
+    code, frames = 1, []
     for k in range(64):
         h = int(hiddens[k].sum().item() * 10) if k < len(hiddens) else 0
         code = omni.CODEC_EOS if k == req.params["audio_len"] else 1 + mix(code, h, k) % 200
         if code == omni.CODEC_EOS:
             break
-        codes.append(code)
+        c, frame = code, [code]
+        for j in range(omni.CODEBOOKS - 1):  # the nested code predictor
+            c = 1 + mix(c, code, j) % 200
+            frame.append(c)
+        frames.append(frame)
+    codes = frames
     assert [int(t) for t in res.stream("text")] == texts
-    wave = torch.sin(torch.tensor(codes, dtype=torch.float32).cumsum(0) * 0.01).repeat_interleave(4)
+    sums = torch.tensor([sum(f) for f in frames], dtype=torch.float32)
+    wave = torch.sin(sums.cumsum(0) * 0.01).repeat_interleave(4) * 0.5
     audio = torch.cat(res.stream("audio")) if codes else torch.empty(0)
     assert torch.allclose(audio, wave, atol=1e-5)
-    assert len(res.stream("audio")) == -(-len(codes) // 25)  # one chunk per 25 new codes, tail flushed
+    assert len(res.stream("audio")) == -(-len(codes) // 25)  # one chunk per 25 new frames, tail flushed
 
 
 @pytest.mark.parametrize("i", range(8))

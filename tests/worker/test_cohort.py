@@ -1,13 +1,17 @@
-"""Loop cohorts: many requests' instances of one loop stepped together, with the semantics of one firing per iteration."""
+"""Cohorts: every request's instance of a loop stepped together, with the semantics of one iteration at a time.
+
+The executor is driven by hand here (no threads, no processes): StartWalk
+messages in, passes and engine steps, messages out.
+"""
 
 from __future__ import annotations
 
-import itertools
-import time
-
 import pytest
+import torch
 
+from walkserve.core.sampling import SamplingParams
 from walkserve.engines.base import Engine, Firing, FiringResult, Group
+from walkserve.engines.values import concat
 from walkserve.graph import (
     Client,
     DynamicLoop,
@@ -21,12 +25,9 @@ from walkserve.graph import (
     WalkStart,
 )
 from walkserve.graph.compose import ACCUMULATE, LAST
+from walkserve.protocol import messages as m
 from walkserve.testing.simulator import GroupOnlyEngine
-from walkserve.worker.cohort import Cohort, Member
-from walkserve.worker.cohort_plan import CARRIED, CUR, FIXED
-from walkserve.worker.compute import ComputeThread
-from walkserve.worker.future import FAILED, READY, Future
-from walkserve.worker.plan_index import index_of
+from walkserve.worker.executor import Executor
 
 
 def stop_rule(value, params, k):
@@ -35,7 +36,7 @@ def stop_rule(value, params, k):
     return params.get("stop_at") == k
 
 
-def _plan():
+def _graph() -> WalkGraph:
     loop = DynamicLoop(
         Sequential(GraphNode("a", ["x", "bias"], ["y"]), GraphNode("b", ["y"], ["x"])),
         stop=StopWhen("b.x", stop_rule, include_stopping=False, label="stop_at"),
@@ -58,8 +59,7 @@ def _plan():
         inputs=["x", "bias"],
         outputs=["last", "ys"],
     )
-    graph = WalkGraph("t", [walk], FunctionStateMachine(lambda req: WalkStart("w", {})))
-    return index_of(graph.plans["w"]).cohorts["L"]
+    return WalkGraph("t", [walk], FunctionStateMachine(lambda req: WalkStart("w", {})))
 
 
 class AddBias(GroupOnlyEngine):
@@ -82,13 +82,13 @@ class AddBias(GroupOnlyEngine):
 
 
 class Copy(Engine):
-    """b: x = y, one ordinary firing at a time (no ``run_group``): the cohort submits and waits."""
+    """b: x = y, one ordinary firing at a time (no ``run_group``): the member waits for its result."""
 
     component = "b"
 
-    def __init__(self, fail_for: str | None = None):
+    def __init__(self, fail_for: str | None = None, raise_on_step: bool = False):
         self.queue: list[Firing] = []
-        self.fail_for = fail_for
+        self.fail_for, self.raise_on_step = fail_for, raise_on_step
         self.firings = 0
 
     def submit(self, firing: Firing) -> None:
@@ -98,6 +98,8 @@ class Copy(Engine):
         return bool(self.queue)
 
     def step(self) -> list[FiringResult]:
+        if self.raise_on_step:
+            raise RuntimeError("boom")
         out = []
         for f in self.queue:
             self.firings += 1
@@ -112,222 +114,157 @@ class Copy(Engine):
         self.queue = [f for f in self.queue if f.request_id != request_id]
 
 
-def _member(rid: str, x: int, bias: int, steps: int, **params) -> Member:
-    return Member(rid, (), steps, {"steps": steps, **params}, None, {("a", "x"): x, ("a", "bias"): bias})
-
-
-def _run(cohort: Cohort, b: Copy, limit: int = 100) -> list:
-    """Drive the cohort the way the compute thread does; every step's report."""
-    reports = []
-    for _ in range(limit):
-        report = cohort.advance()
-        if report is not None:
-            reports.append(report)
-        elif b.has_work():
-            for r in b.step():
-                cohort.on_result(r)
-        elif not cohort.has_work():
-            return reports
-    raise AssertionError("the cohort did not finish")
-
-
-def _cohort(a: Engine | None = None, b: Engine | None = None) -> tuple[Cohort, Engine, Engine]:
+def _executor(a: Engine | None = None, b: Engine | None = None) -> tuple[Executor, AddBias, Copy]:
     a, b = a or AddBias(), b or Copy()
-    ids = itertools.count(-1, -1)
-    return Cohort(_plan(), {"a": a, "b": b}, lambda cohort: next(ids)), a, b
+    return Executor(0, _graph(), {"a": a, "b": b}, concat), a, b
 
 
-def _client(reports) -> dict[str, list]:
+def _start(ex: Executor, rid: str, x: int, bias: int, steps: int, **params) -> None:
+    ex.receive(_walk(rid, x, bias, steps, **params))
+
+
+def _walk(rid: str, x: int, bias: int, steps: int, **params) -> m.StartWalk:
+    inputs = {"x": torch.tensor([x]), "bias": torch.tensor([bias])}
+    return m.StartWalk(rid, "w", {"a": 0, "b": 0}, inputs, {"steps": steps, **params}, SamplingParams())
+
+
+def _drive(ex: Executor, limit: int = 1000) -> list:
+    """Passes and engine steps until nothing moves; every message sent."""
+    sent = []
+    for _ in range(limit):
+        moved = ex.advance()
+        stepped = ex.step_engine()
+        sent += ex.out.take()
+        if not moved and not stepped:
+            return sent
+    raise AssertionError("the executor did not settle")
+
+
+def _until(ex: Executor, done, limit: int = 20) -> None:
+    for _ in range(limit):
+        if done():
+            return
+        ex.advance()
+    raise AssertionError("never got there")
+
+
+def _client(sent) -> dict[str, list]:
     out: dict[str, list] = {}
-    for rep in reports:
-        for (node, output, modality), (rids, paths, values) in rep.client.items():
-            assert (node, output, modality) == ("b", "x", "text")
-            for rid, path, v in zip(rids, paths, values, strict=True):
-                out.setdefault(rid, []).append((path, v))
+    for _, msg in sent:
+        if isinstance(msg, m.ClientOuts):
+            for rid, path, v in zip(msg.request_ids, msg.paths, msg.values, strict=True):
+                out.setdefault(rid, []).append((tuple(path), int(v)))
     return out
 
 
-def _ended(reports) -> dict[str, tuple]:
-    return {e[0]: e[1:] for rep in reports for e in rep.ended}
-
-
-def test_plan_reads_carries_invariants_and_exits():
-    cp = _plan()
-    assert cp.nodes == ("a", "b")
-    assert cp.slots["a"] == (("x", CARRIED, ("a", "x"), None), ("bias", FIXED, ("a", "bias"), None))
-    assert cp.slots["b"] == (("y", CUR, "a", "y"),)
-    assert cp.carries == ((("a", "x"), "b", "x"),)
-    assert sorted((n, o, last) for n, o, _, last in cp.exits) == [("a", "y", False), ("b", "x", True)]
-    assert cp.client == (("b", "x", "text"),)
+def _kinds(sent, kind) -> list:
+    return [msg for _, msg in sent if isinstance(msg, kind)]
 
 
 def test_members_step_together_and_only_exposed_iterations_leave():
-    cohort, a, b = _cohort()
-    cohort.join(_member("stops", 1, 10, steps=8, stop_at=2))  # iteration 2 decides to stop: 2 exposed
-    cohort.join(_member("bound", 0, 1, steps=4))  # runs into its bound: 4 exposed, hit_bound
-    cohort.join(_member("first", 5, 5, steps=8, stop_at=0))  # stops at once: nothing exposed
-    reports = _run(cohort, b)
-    client = _client(reports)
+    ex, a, b = _executor()
+    _start(ex, "stops", 1, 10, steps=8, stop_at=2)  # iteration 2 decides to stop: 2 exposed
+    _start(ex, "bound", 0, 1, steps=4)  # runs into its bound: 4 exposed, hit_bound
+    _start(ex, "first", 5, 5, steps=8, stop_at=0)  # stops at once: nothing exposed
+    sent = _drive(ex)
+    client = _client(sent)
     assert client["stops"] == [((0,), 11), ((1,), 21)]
     assert client["bound"] == [((0,), 1), ((1,), 2), ((2,), 3), ((3,), 4)]
     assert "first" not in client
-    ended = _ended(reports)
-    exits = {rid: {type(r).__name__ + ":" + (getattr(r, "name", None) or ""): v for r, v in e[4]} for rid, e in ended.items()}
-    assert ended["stops"][:4] == ((), 2, 3, False)  # outer, exposed, fired, hit bound
-    assert ended["bound"][:4] == ((), 4, 4, True)
-    assert ended["first"][:4] == ((), 0, 1, False)
-    assert exits["stops"] == {"ToOutput:last": [21], "ToOutput:ys": [11, 21]}
-    assert exits["first"] == {"ToOutput:last": [], "ToOutput:ys": []}
+    outs = {(w.request_id, w.name): w.value for w in _kinds(sent, m.WalkOut)}
+    assert outs[("stops", "last")].tolist() == [21] and outs[("stops", "ys")].tolist() == [11, 21]
+    assert outs[("bound", "ys")].tolist() == [1, 2, 3, 4]
+    done = {d.request_id: (d.firings, d.hit_bound) for d in _kinds(sent, m.NodeDone)}
+    assert done == {"stops": (6, False), "bound": (8, True)}
+    assert [f.request_id for f in _kinds(sent, m.Failed)] == ["first"]  # no last value of b.x: nothing exposed
     # one group call per step for every live member; b saw one firing per member and iteration
     assert a.calls[0] == ["stops", "bound", "first"] and a.calls[1] == ["stops", "bound"] and len(a.calls) == 4
     assert b.firings == 3 + 4 + 1
-    assert sum(r.firings for r in reports) == 2 * (3 + 4 + 1)
+    assert ex.counters["firings"] == 2 * (3 + 4 + 1)
 
 
 def test_a_late_member_joins_the_next_step():
-    cohort, a, b = _cohort()
-    cohort.join(_member("early", 0, 1, steps=3))
-    assert cohort.advance() is None  # a ran as a group; b's firing is pending
-    cohort.join(_member("late", 100, 1, steps=2))
-    reports = _run(cohort, b)
-    client = _client(reports)
+    ex, a, b = _executor()
+    _start(ex, "early", 0, 1, steps=3)
+    _until(ex, lambda: b.queue)  # a ran as a group; b's firing is pending
+    _start(ex, "late", 100, 1, steps=2)
+    client = _client(_drive(ex))
     assert [v for _, v in client["early"]] == [1, 2, 3]
     assert [v for _, v in client["late"]] == [101, 102]
     assert a.calls == [["early"], ["early", "late"], ["early", "late"]]
 
 
 def test_release_while_a_firing_is_pending_lets_the_others_finish():
-    cohort, _, b = _cohort()
-    cohort.join(_member("r1", 0, 1, steps=3))
-    cohort.join(_member("r2", 0, 2, steps=3))
-    assert cohort.advance() is None and len(b.queue) == 2
-    cohort.release("r1")
-    b.release("r1")  # the engine drops its firing: no result will ever come
-    reports = _run(cohort, b)
-    assert set(_client(reports)) == {"r2"} and set(_ended(reports)) == {"r2"}
-    assert not any(rep.failed for rep in reports)
+    ex, _, b = _executor()
+    _start(ex, "r1", 0, 1, steps=3)
+    _start(ex, "r2", 0, 2, steps=3)
+    _until(ex, lambda: len(b.queue) == 2)
+    ex.receive(m.Release("r1"))
+    assert len(b.queue) == 1 and ex.pending.get(b.queue[0].id) is not None
+    sent = _drive(ex)
+    assert set(_client(sent)) == {"r2"} and {d.request_id for d in _kinds(sent, m.NodeDone)} == {"r2"}
+    assert not _kinds(sent, m.Failed) and not ex.stats().inflight
 
 
 @pytest.mark.parametrize("where", ["group", "firing"])
 def test_an_engine_error_fails_that_member_only(where):
     a = AddBias(fail_for="r2" if where == "group" else None)
     b = Copy(fail_for="r2" if where == "firing" else None)
-    cohort, _, _ = _cohort(a, b)
+    ex, _, _ = _executor(a, b)
     for rid in ("r1", "r2", "r3"):
-        cohort.join(_member(rid, 0, 1, steps=2))
-    reports = _run(cohort, b)
-    failed = [f for rep in reports for f in rep.failed]
-    assert failed == [("r2", "bad input" if where == "group" else "b refused")]
-    assert set(_ended(reports)) == {"r1", "r3"}
-    assert "r2" not in _client(reports)
+        _start(ex, rid, 0, 1, steps=2)
+    sent = _drive(ex)
+    assert [(f.request_id, f.error) for f in _kinds(sent, m.Failed)] == [("r2", "bad input" if where == "group" else "b refused")]
+    assert {d.request_id for d in _kinds(sent, m.NodeDone)} == {"r1", "r3"}
+    assert "r2" not in _client(sent)
 
 
 def test_an_output_an_engine_left_out_fails_the_member_that_needs_it():
-    cohort, _, b = _cohort(AddBias(omit_for="r2"))
-    cohort.join(_member("r1", 0, 1, steps=2))
-    cohort.join(_member("r2", 0, 1, steps=2))
-    reports = _run(cohort, b)
-    failed = dict(f for rep in reports for f in rep.failed)
-    assert failed == {"r2": "node 'a' returned no output 'y', which node 'b' reads"}
-    assert set(_ended(reports)) == {"r1"}
+    ex, _, _ = _executor(AddBias(omit_for="r2"))
+    _start(ex, "r1", 0, 1, steps=2)
+    _start(ex, "r2", 0, 1, steps=2)
+    sent = _drive(ex)
+    assert {f.request_id: f.error for f in _kinds(sent, m.Failed)} == {"r2": "node 'a' returned no output 'y', which node 'b' reads"}
+    assert {d.request_id for d in _kinds(sent, m.NodeDone)} == {"r1"}
 
 
-def test_a_failing_stop_rule_fails_that_member_with_its_message():
-    cohort, _, b = _cohort()
-    cohort.join(_member("ok", 0, 1, steps=3))
-    cohort.join(_member("bad", 0, 1, steps=3, bad_rule=1))
-    reports = _run(cohort, b)
-    failed = dict(f for rep in reports for f in rep.failed)
-    assert failed == {"bad": "stop rule of loop 'L' failed: RuntimeError: rule broke"}
-    assert [p for p, _ in _client(reports)["bad"]] == [(0,)]  # iteration 0 counted before the rule broke
-    assert set(_ended(reports)) == {"ok"}
+def test_a_failing_stop_rule_fails_that_member_and_keeps_its_earlier_outputs():
+    ex, _, _ = _executor()
+    _start(ex, "ok", 0, 1, steps=3)
+    _start(ex, "bad", 0, 1, steps=3, bad_rule=1)
+    sent = _drive(ex)
+    assert {f.request_id: f.error for f in _kinds(sent, m.Failed)} == {"bad": "stop rule of loop 'L' failed: RuntimeError: rule broke"}
+    assert [p for p, _ in _client(sent)["bad"]] == [(0,)]  # iteration 0 counted before the rule broke
+    kinds = [type(msg).__name__ for _, msg in sent if "bad" in getattr(msg, "request_ids", ()) or getattr(msg, "request_id", "") == "bad"]
+    assert kinds.index("ClientOuts") < kinds.index("Failed")
 
 
 def test_a_group_call_that_raises_fails_the_members_in_it():
-    cohort, _, b = _cohort(AddBias(raise_on_call=2))
-    cohort.join(_member("r1", 0, 1, steps=3))
-    cohort.join(_member("r2", 0, 1, steps=3))
-    reports = _run(cohort, b)
-    failed = dict(f for rep in reports for f in rep.failed)
+    ex, _, _ = _executor(AddBias(raise_on_call=2))
+    _start(ex, "r1", 0, 1, steps=3)
+    _start(ex, "r2", 0, 1, steps=3)
+    failed = {f.request_id: f.error for f in _kinds(_drive(ex), m.Failed)}
     assert set(failed) == {"r1", "r2"} and "device lost" in failed["r1"]
-    # a member that joins afterwards runs normally
-    cohort.join(_member("r3", 0, 1, steps=1))
-    assert set(_ended(_run(cohort, b))) == {"r3"}
+    _start(ex, "r3", 0, 1, steps=1)  # a member that joins afterwards runs normally
+    assert {d.request_id for d in _kinds(_drive(ex), m.NodeDone)} == {"r3"}
 
 
 def test_an_engine_that_fails_a_step_fails_the_members_waiting_on_it():
-    cohort, _, _ = _cohort()
-    cohort.join(_member("r1", 0, 1, steps=3))
-    assert cohort.advance() is None
-    cohort.engine_failed("b", "engine 'b' failed: boom")
-    report = cohort.advance()
-    assert report.failed == [("r1", "engine 'b' failed: boom")] and not report.ended
+    ex, _, _ = _executor(b=Copy(raise_on_step=True))
+    _start(ex, "r1", 0, 1, steps=3)
+    sent = _drive(ex)
+    assert [(f.request_id, f.error) for f in _kinds(sent, m.Failed)] == [("r1", "engine 'b' failed: RuntimeError: boom")]
+    assert not _kinds(sent, m.NodeDone) and not ex.pending
 
 
-def test_a_member_waits_for_futures_it_reads_and_fails_with_a_failed_one():
-    cohort, _, b = _cohort()
-    pending, broken = Future(), Future()
-    m1 = _member("waits", 0, 1, steps=1)
-    m1.entry[("a", "bias")] = pending
-    m2 = _member("broken", 0, 1, steps=1)
-    m2.entry[("a", "x")] = broken
-    broken.state = FAILED
-    cohort.join(m1)
-    cohort.join(m2)
-    report = cohort.advance()
-    assert report.failed == [("broken", "an input of this loop failed")]
-    assert cohort.joining == [m1]
-    pending.value, pending.state = 7, READY
-    reports = _run(cohort, b)
-    assert _client(reports)["waits"] == [((0,), 7)]
-
-
-def test_the_compute_thread_runs_cohorts_and_routes_their_firings():
-    a, b = AddBias(), Copy()
-    compute = ComputeThread({"a": a, "b": b})
-    compute.start()
-    try:
-        plan = _plan()
-        for i in range(4):
-            compute.join(plan, _member(f"r{i}", i, 1, steps=3 + i))
-        reports, deadline = [], time.monotonic() + 5
-        while len(_ended(reports)) < 4 and time.monotonic() < deadline:
-            reports += [r for _, r in compute.collect()]
-            time.sleep(0.002)
-    finally:
-        compute.stop()
-    client = _client(reports)
-    for i in range(4):
-        assert [v for _, v in client[f"r{i}"]] == [i + k + 1 for k in range(3 + i)]
-    assert compute._cohort_firings == {}
-
-
-class SlowAddBias(AddBias):
-    def run_group(self, group: Group) -> list:
-        time.sleep(0.002)
-        return super().run_group(group)
-
-
-def test_a_cohorts_group_runs_count_as_its_engines_busy_time():
-    """The stats' busy seconds per component include the groups a cohort runs, not only the compute thread's steps."""
-    a, b = SlowAddBias(), Copy()
-    compute = ComputeThread({"a": a, "b": b})
-    compute.start()
-    try:
-        plan = _plan()
+def test_cohorts_off_steps_each_request_alone_with_the_same_results():
+    batched, a1, _ = _executor()
+    alone = Executor(0, _graph(), {"a": (a2 := AddBias()), "b": Copy()}, concat, batched=False)
+    for ex in (batched, alone):
         for i in range(3):
-            compute.join(plan, _member(f"r{i}", i, 1, steps=4))
-        reports, deadline = [], time.monotonic() + 5
-        while len(_ended(reports)) < 3 and time.monotonic() < deadline:
-            reports += [r for _, r in compute.collect()]
-            time.sleep(0.002)
-    finally:
-        compute.stop()
-    assert len(_ended(reports)) == 3
-    assert compute.steps["a"] == len(a.calls) == 4  # one group call per step, all three members in each
-    assert compute.items["a"] == sum(len(c) for c in a.calls) == 12
-    assert compute.busy_s["a"] >= 0.002 * len(a.calls)
-    assert compute.items["b"] == b.firings == 12  # b's firings are stepped as usual
+            _start(ex, f"r{i}", i, 1, steps=2 + i)
+    assert _client(_drive(batched)) == _client(_drive(alone))
+    assert max(len(c) for c in a1.calls) == 3 and max(len(c) for c in a2.calls) == 1
 
 
 def test_each_node_gets_its_own_sampling_when_the_request_names_it():
@@ -336,63 +273,17 @@ def test_each_node_gets_its_own_sampling_when_the_request_names_it():
 
     class RecordA(AddBias):
         def run_group(self, group: Group) -> list:
-            seen["a"] += group.sampling
+            seen["a"] += [s.temperature for s in group.sampling]
             return super().run_group(group)
 
     class RecordB(Copy):
         def submit(self, firing: Firing) -> None:
-            seen["b"].append(firing.sampling)
+            seen["b"].append(firing.sampling.temperature)
             super().submit(firing)
 
-    cohort, _, b = _cohort(RecordA(), RecordB())
-    member = _member("r", 1, 2, 2)
-    member.sampling, member.node_sampling = "request's", {"a": "a's own"}
-    cohort.join(member)
-    _run(cohort, b)
-    assert seen == {"a": ["a's own", "a's own"], "b": ["request's", "request's"]}
-
-
-class Passes(GroupOnlyEngine):
-    """Two guidance-like passes ``p1``/``p2`` of one component: records how the cohort called it."""
-
-    component = "p"
-
-    def __init__(self):
-        self.calls: list[list[tuple[str, list[str]]]] = []  # per engine call: (node, members) per group
-
-    def run_group(self, group: Group) -> list:
-        return self.run_groups([group])[0]
-
-    def run_groups(self, groups: list[Group]) -> list:
-        self.calls.append([(g.node, list(g.request_ids)) for g in groups])
-        scale = {"p1": 1, "p2": 10}
-        return [[{"v": inp["x"] * scale[g.node]} for inp in g.inputs] for g in groups]
-
-
-def test_independent_nodes_of_one_engine_run_in_one_call_per_step():
-    """Like a CFG step: two passes read the carried latent, a combine reads both; each step calls the
-    passes' engine once for both nodes and every member."""
-    body = Sequential(GraphNode("p1", ["x"], ["v"], component="p"), GraphNode("p2", ["x"], ["v"], component="p"),
-                      GraphNode("c", ["a", "b"], ["x"]))
-    loop = DynamicLoop(body, stop=StopWhen("c.x", stop_rule, label="stop_at"), max_iterations="steps",
-                       carry={"c.x": ["p1.x", "p2.x"]}, outputs={"c.x": LAST}, name="L")
-    walk = Walk("w", loop, [GraphEdge("input.x", "p1.x"), GraphEdge("input.x", "p2.x"), GraphEdge("p1.v", "c.a"),
-                            GraphEdge("p2.v", "c.b"), GraphEdge("c.x", "output.last")], inputs=["x"], outputs=["last"])
-    graph = WalkGraph("t", [walk], FunctionStateMachine(lambda req: WalkStart("w", {})))
-    plan = index_of(graph.plans["w"]).cohorts["L"]
-    assert plan.stages == (("p1", "p2"), ("c",))
-
-    class Combine(Copy):
-        def step(self) -> list[FiringResult]:
-            out = [FiringResult(f, outputs={"x": f.inputs["a"] + f.inputs["b"]}) for f in self.queue]
-            self.queue = []
-            return out
-
-    passes, combine = Passes(), Combine()
-    ids = itertools.count(-1, -1)
-    cohort = Cohort(plan, {"p": passes, "c": combine}, lambda c: next(ids))
-    for rid, x in (("r1", 1), ("r2", 2)):
-        cohort.join(Member(rid, (), 3, {"steps": 3}, None, {("p1", "x"): x, ("p2", "x"): x}))
-    ended = _ended(_run(cohort, combine))
-    assert passes.calls == [[("p1", ["r1", "r2"]), ("p2", ["r1", "r2"])]] * 3
-    assert {rid: e[4][0][1] for rid, e in ended.items()} == {"r1": [1331], "r2": [2662]}
+    ex, _, _ = _executor(RecordA(), RecordB())
+    walk = _walk("r", 1, 2, steps=2)
+    walk.sampling, walk.node_sampling = SamplingParams(temperature=0.5), {"a": SamplingParams(temperature=0.9)}
+    ex.receive(walk)
+    _drive(ex)
+    assert seen == {"a": [0.9, 0.9], "b": [0.5, 0.5]}

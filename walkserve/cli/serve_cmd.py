@@ -100,9 +100,8 @@ def _runtime_args(g: argparse._ArgumentGroup) -> None:
                    "(default: the checkpoint's)")
     g.add_argument("--kv-blocks", type=int, metavar="N",
                    help="KV-cache blocks per LM (default: half the free GPU memory, or a fixed CPU budget)")
-    g.add_argument("--no-speculation", action="store_true", help="never run a loop iteration ahead of its stop rule")
-    g.add_argument("--no-cohorts", action="store_true", help="run each loop iteration as its own firing, not "
-                   "in a loop cohort (see docs/runtime.md)")
+    g.add_argument("--no-cohorts", action="store_true", help="step each request's loops on their own, not "
+                   "batched with other requests' (see docs/runtime.md)")
     g.add_argument("--start-timeout", type=float, default=None, metavar="SECONDS", help="seconds the workers may take to load "
                    "(default: $WALKSERVE_START_TIMEOUT_S)")
     g.add_argument("--ray-address", default=None, metavar="ADDRESS", help="the running Ray cluster a placement with ranks on "
@@ -127,7 +126,7 @@ def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
     if args.ray_address:
         options["ray_address"] = args.ray_address
     return RuntimeConfig(max_running=args.max_running, max_waiting=args.max_waiting, dtype=args.dtype,
-                         speculation=not args.no_speculation, cohorts=not args.no_cohorts, **options)
+                         cohorts=not args.no_cohorts, **options)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -21,7 +21,9 @@ from walkserve.conductor.supervisor import Supervisor
 from walkserve.core.errors import WalkserveError
 from walkserve.core.finish import FinishReason
 from walkserve.core.request import RequestSpec
+from walkserve.graph.plan import WalkPlan
 from walkserve.graph.walk import WalkGraph
+from walkserve.placement.choice import choose_rank
 from walkserve.placement.plan import Placement
 from walkserve.protocol import messages as m
 from walkserve.protocol.run import RunSpec
@@ -164,16 +166,8 @@ class Conductor:
 
     # ---- requests ----------------------------------------------------------------------------
     def start_request(self, spec: RequestSpec, queued_at: float) -> None:
-        sticky: dict[tuple[str, tuple[int, ...]], int] = {}
-
-        def choose(walk: str, node: str) -> int:
-            candidates = self.placement.ranks_for(walk, node)
-            if len(candidates) == 1:
-                return candidates[0]
-            key = (self.graph.plans[walk].nodes[node].component, candidates)
-            if key not in sticky:
-                sticky[key] = min(candidates, key=lambda r: (self.load[r], r))
-            return sticky[key]
+        def choose(plan: WalkPlan, node: str, sticky: dict[str, int]) -> int:
+            return choose_rank(self.placement, plan, node, sticky, self.load.__getitem__)
 
         run = RequestRun(spec, self.graph, choose)
         run.admitted_at = queued_at
@@ -188,6 +182,7 @@ class Conductor:
     def send_walk(self, run: RequestRun, messages: list) -> None:
         for rank, start in messages:
             self.outbox.put(("rank", rank), start)
+        self.counters["start_walks"] += len(messages)
         self.unload(run)
         run.loaded = {r for r, _ in messages}
         for rank in run.loaded:
@@ -197,13 +192,6 @@ class Conductor:
         for rank in run.loaded:
             self.load[rank] -= 1
         run.loaded = set()
-
-    def on_client_out(self, msg: m.ClientOut) -> None:
-        run = self.runs.get(msg.request_id)
-        if run is None:
-            return
-        index = run.next_index((msg.modality, msg.output))
-        self.outbox.put(FRONTEND, m.Event(msg.request_id, msg.modality, msg.walk, msg.node, msg.path, msg.value, index, msg.output))
 
     def on_client_outs(self, msg: m.ClientOuts) -> None:
         """A cohort step's outputs: numbered per request, passed on as one message (-1: request gone)."""
@@ -220,8 +208,14 @@ class Conductor:
 
     def on_node_done(self, msg: m.NodeDone) -> None:
         run = self.runs.get(msg.request_id)
-        if run is not None and run.node_done(msg.walk, msg.node, msg.firings, msg.hit_bound):
+        if run is not None and run.node_done(msg.walk, msg.nodes, msg.firings, msg.hit_bound):
             self.advance(run)
+
+    def on_walk_started(self, msg: m.WalkStarted) -> None:
+        """A rank went on to the request's next walk by itself (it held every node of both walks)."""
+        run = self.runs.get(msg.request_id)
+        if run is not None and run.walk_started(msg.finished, msg.firings, msg.walk, msg.ranks):
+            self.counters["walks_started_by_workers"] += 1
 
     def advance(self, run: RequestRun) -> None:
         messages, error = safe_advance(run, run.advance)
@@ -377,10 +371,10 @@ class Conductor:
         m.Abort: on_abort,
         m.Shutdown: on_shutdown,
         m.StatusQuery: on_status_query,
-        m.ClientOut: on_client_out,
         m.ClientOuts: on_client_outs,
         m.WalkOut: on_walk_out,
         m.NodeDone: on_node_done,
+        m.WalkStarted: on_walk_started,
         m.Failed: on_failed,
         m.Ready: on_ready,
         m.WorkerStats: on_worker_stats,

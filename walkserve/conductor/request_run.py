@@ -3,7 +3,9 @@
 The conductor knows which node runs on which rank for this request, which
 nodes of the current walk have reported done, and the walk's outputs. When
 every node is done and every walk output arrived, the model's state machine
-picks the next walk, or the request finishes.
+picks the next walk, or the request finishes. A walk that ran wholly on one
+rank may be followed there by the next one without asking (WalkStarted):
+the conductor then records that walk as if it had started it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 from walkserve.core.errors import GraphError
 from walkserve.core.finish import FinishReason
 from walkserve.core.request import RequestSpec
-from walkserve.graph.plan import INPUT, ToNode, ToOutput
+from walkserve.graph.plan import INPUT, ToNode, ToOutput, WalkPlan
 from walkserve.graph.walk import WalkGraph, WalkStart
 from walkserve.protocol.arrays import plain_value, wire_value
 from walkserve.protocol.messages import StartWalk
@@ -34,13 +36,16 @@ def request_params(spec: RequestSpec) -> dict[str, Any]:
 class RequestRun:
     spec: RequestSpec
     graph: WalkGraph
-    choose_rank: Callable[[str, str], int]  # (walk, node) -> rank, sticky per component within a request
+    # (plan, node, sticky) -> rank; ``sticky`` (component -> rank) keeps a component where it ran before
+    choose_rank: Callable[[WalkPlan, str, dict[str, int]], int]
+    local_walks: bool = True  # let a rank that holds a whole walk start the next one itself
     walk: str | None = None
     walks_run: list[str] = field(default_factory=list)
     pending: set[str] = field(default_factory=set)
     outputs: dict[str, Any] = field(default_factory=dict)
     hit_bound: bool = False
     ranks: dict[str, dict[str, int]] = field(default_factory=dict)  # walk -> node -> rank
+    sticky: dict[str, int] = field(default_factory=dict)
     seq: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     firings: int = 0
     admitted_at: float = field(default_factory=time.monotonic)
@@ -64,10 +69,8 @@ class RequestRun:
     def _start(self, start: WalkStart) -> list[tuple[int, StartWalk]]:
         self.graph.check_start(start)
         plan = self.graph.plans[start.walk]
-        ranks = {node: self.choose_rank(start.walk, node) for node in plan.nodes}
-        self.walk, self.pending, self.outputs, self.hit_bound = start.walk, set(plan.nodes), {}, False
-        self.walks_run.append(start.walk)
-        self.ranks[start.walk] = ranks
+        ranks = {node: self.choose_rank(plan, node, self.sticky) for node in plan.nodes}
+        self._record(start.walk, ranks)
         needs: dict[int, set[str]] = defaultdict(set)
         for (src, out), routes in plan.routes.items():
             if src == INPUT:
@@ -77,20 +80,36 @@ class RequestRun:
                     elif isinstance(r, ToOutput):  # a walk input handed on as a walk output (input.x -> output.y)
                         self.outputs[r.name] = start.inputs[out]
         params, sampling, per_node = request_params(self.spec), self.spec.sampling, self.spec.node_sampling
+        whole = self.local_walks and len(set(ranks.values())) == 1
+        spec, sticky = (self.spec, dict(self.sticky)) if whole else (None, {})
         messages = []
         for rank in sorted(set(ranks.values())):
             inputs = {name: wire_value(start.inputs[name]) for name in sorted(needs[rank])}
-            messages.append((rank, StartWalk(self.id, start.walk, ranks, inputs, params, sampling, per_node)))
+            start_walk = StartWalk(self.id, start.walk, ranks, inputs, params, sampling, per_node, spec, sticky)
+            messages.append((rank, start_walk))
         return messages
 
-    def node_done(self, walk: str, node: str, firings: int, hit_bound: bool) -> bool:
-        """Record a node's end; True when the walk is complete."""
+    def _record(self, walk: str, ranks: dict[str, int]) -> None:
+        self.walk, self.pending, self.outputs, self.hit_bound = walk, set(ranks), {}, False
+        self.walks_run.append(walk)
+        self.ranks[walk] = ranks
+
+    def node_done(self, walk: str, nodes: list[str], firings: int, hit_bound: bool) -> bool:
+        """Record the end of a rank's nodes of the walk; True when the walk is complete."""
         if walk != self.walk:
             return False
-        self.pending.discard(node)
+        self.pending.difference_update(nodes)
         self.firings += firings
         self.hit_bound |= hit_bound
         return self.walk_complete()
+
+    def walk_started(self, finished: str, firings: int, walk: str, ranks: dict[str, int]) -> bool:
+        """A rank finished ``finished`` and started ``walk`` itself; False if this run has moved on."""
+        if finished != self.walk:
+            return False
+        self.firings += firings
+        self._record(walk, dict(ranks))
+        return True
 
     def walk_output(self, walk: str, name: str, value: Any) -> bool:
         if walk != self.walk:

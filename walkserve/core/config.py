@@ -14,11 +14,11 @@ class RuntimeConfig:
     """How the runtime behaves, whatever the model.
 
     ``max_running`` requests run at once; ``max_waiting`` more wait in a
-    queue; past that, submissions are rejected (HTTP 429). ``speculation``
-    lets a DynamicLoop run one iteration ahead of its stop rule. ``cohorts``
-    steps every request's instance of a qualifying loop together in the
-    worker's compute thread (one engine call per node per step; see
-    docs/engines.md); off, each iteration is its own firing.
+    queue; past that, submissions are rejected (HTTP 429). ``cohorts``
+    steps every request's instance of a loop (of any level) together in the
+    worker's executor: one engine call per node per step for all of them
+    (docs/runtime.md); off, each request's instances step on their own, by
+    the same code (a debugging and testing aid).
     ``engine_options`` override per-engine-kind options, e.g.
     ``{"kv": {"num_blocks": 64}, "stateless": {"max_batch": 16}}``.
     ``ray_address`` is the running Ray cluster a placement with ``launcher:
@@ -29,7 +29,6 @@ class RuntimeConfig:
 
     max_running: int = 256
     max_waiting: int = 1024
-    speculation: bool = True
     cohorts: bool = True
     start_timeout_s: float = field(default_factory=env.WALKSERVE_START_TIMEOUT_S.get)
     worker_threads: int = field(default_factory=env.WALKSERVE_WORKER_THREADS.get)  # 0 = cores / workers

@@ -60,10 +60,11 @@ class Firing:
 class Group:
     """One node's firings for several requests, run as one call (a loop cohort's step; see ``Engine.run_group``).
 
-    Member ``i`` is request ``request_ids[i]`` at ``paths[i]`` with ``inputs[i]``,
-    ``sampling[i]`` (this node's) and, for a KV-cache component, ``kv[i]`` (its
-    bound context operations; ``kv`` None: the engine binds them); the other
-    fields are those of a Firing, shared by every member.
+    Member ``i`` is request ``request_ids[i]`` at ``paths[i]`` with ``inputs[i]``
+    (and ``spans[i]`` when the node reads a stream), ``sampling[i]`` (this node's)
+    and, for a KV-cache component, ``kv[i]`` (its bound context operations;
+    ``kv`` None: the engine binds them); the other fields are those of a Firing,
+    shared by every member.
     """
 
     walk: str
@@ -78,6 +79,7 @@ class Group:
     params: list[Mapping[str, Any]]
     sampling: list[SamplingParams | None]
     kv: list[tuple[Any, ...] | None] | None = None
+    spans: list[dict[str, Span]] | None = None
 
 
 @dataclass(slots=True)

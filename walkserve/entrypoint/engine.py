@@ -44,7 +44,7 @@ from walkserve.models.processor import Processor
 from walkserve.placement.plan import Placement, load_placement, parse_placement
 from walkserve.placement.resolve import check_placement
 from walkserve.protocol import messages as m
-from walkserve.protocol.arrays import event_values, plain_value
+from walkserve.protocol.arrays import event_values
 from walkserve.protocol.codec import BadMessage, decode, encode
 from walkserve.protocol.run import RunSpec, save_run_spec
 from walkserve.transport import rundir, shm
@@ -271,12 +271,8 @@ class AsyncEngine(EngineClient):
                     self._events(msg)
                     continue
                 channel = self.streams.get(msg.request_id)
-                if channel is None:
-                    continue
-                if isinstance(msg, m.Event):
-                    rid = msg.request_id
-                    msg = OutputEvent(rid, msg.modality, msg.walk, msg.node, tuple(msg.iteration), plain_value(msg.data), msg.index, msg.output)
-                channel.put(msg)
+                if channel is not None:
+                    channel.put(msg)
 
     def _events(self, msg: m.Events) -> None:
         """A cohort step's outputs of one node output: one OutputEvent per request still listening."""

@@ -126,10 +126,12 @@ class Loop(Section):
 class DynamicLoop(Loop):
     """A Loop that each request may leave early, when ``stop`` fires, and at most ``max_iterations``.
 
-    The runtime may prepare iteration k+1 before the stop rule for k is
-    known; a stop then takes effect at the next boundary, wasting at most one
-    step, and the extra step's outputs are never exposed. ``speculate=False``
-    (or ``speculate=False`` on a body node) disables that.
+    The semantics allow a runtime to prepare iteration k+1 before the stop
+    rule for k is known (a stop then takes effect at the next boundary,
+    wasting at most one step, and the extra step's outputs are never
+    exposed); ``speculate=False`` (or ``speculate=False`` on a body node)
+    forbids that. walkserve's executor decides every iteration before the
+    next one starts, so it never runs a step that does not count.
     """
 
     kind = "dynamic"

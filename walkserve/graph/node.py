@@ -29,9 +29,9 @@ class GraphNode(Section):
     several nodes may share a component (the CFG branches of an image model),
     and the same node name may appear in several walks (``lm`` in prefill and
     decode), which is what placement refers to. ``op`` and ``params`` are
-    handed to the component unchanged. ``speculate=False`` stops the runtime
-    from running this node's next loop iteration before the loop's stop rule
-    for the current one is known.
+    handed to the component unchanged. ``speculate=False`` forbids running
+    this node's next loop iteration before the loop's stop rule for the
+    current one is known (walkserve's executor never does; see DynamicLoop).
     """
 
     name: str

@@ -93,10 +93,6 @@ class WalkPlan:
             return loop.stop.output.split(".")[0]
         return None
 
-    def scope_nodes(self, scope: str) -> list[str]:
-        """Nodes whose chain contains ``scope`` (nested ones included)."""
-        return [n for n, c in self.chains.items() if scope in c]
-
 
 def _err(walk: Walk, msg: str) -> GraphError:
     return GraphError(f"walk {walk.name!r}: {msg}")

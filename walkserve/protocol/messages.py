@@ -2,13 +2,15 @@
 
 Who fills what: the frontend (F) sends Submit/Abort/Shutdown to the
 conductor (C); C sends StartWalk/Release/Stop to workers (W); workers send
-each other Deliver/StreamItem/StreamEnd/LoopEvent/Flow; workers report
-ClientOut/WalkOut/NodeDone/Failed/Ready/WorkerStats to C; C reports
-Event/Finished/Rejected/Status to F. A loop cohort's step reports its
-outputs of one node output as one ClientOuts (C passes them on as one
-Events): row i of the stacked tensor belongs to the i-th request. Tensors travel as TensorMsg: inline
-bytes for small ones, a shared-memory segment name for large ones on one
-host. Messages to one destination are sent together in a Batch.
+each other Values/StreamItems/StreamEnds/LoopEvents/Flows; workers report
+ClientOuts/WalkOut/NodeDone/WalkStarted/Failed/Ready/WorkerStats to C; C
+reports Events/Finished/Rejected/Status to F. Messages that carry rows carry
+one per request of a step: a step's outputs of one node output are one
+ClientOuts (C passes them on as one Events), its values for one other rank
+one Values, and so on; row i of a stacked tensor belongs to the i-th
+request. Tensors travel as TensorMsg: inline bytes for small ones, a
+shared-memory segment name for large ones on one host. Messages to one
+destination are sent together in a Batch (one frame).
 """
 
 from __future__ import annotations
@@ -62,17 +64,6 @@ class StatusQuery(msgspec.Struct, tag=True, array_like=True):
 # ---- conductor -> frontend -----------------------------------------------------------------
 
 
-class Event(msgspec.Struct, tag=True, array_like=True):
-    request_id: str
-    modality: str
-    walk: str
-    node: str
-    iteration: Path
-    data: Wire
-    index: int
-    output: str = ""  # the node's output name (one modality may carry several, e.g. logprobs)
-
-
 class Events(msgspec.Struct, tag=True, array_like=True):
     """One node output's events for several requests (a cohort step); see ClientOuts for ``stacked``/``values``."""
 
@@ -119,6 +110,10 @@ class StartWalk(msgspec.Struct, tag=True, array_like=True):
     ``ranks`` maps each node of the walk to the rank that runs it for this
     request; ``inputs`` holds the walk inputs this rank's nodes read;
     ``sampling`` is the request's sampling, ``node_sampling`` a node's own.
+    When every node of the walk is on the receiving rank, ``spec`` is the
+    request and ``sticky`` the ranks its components were given, so the worker
+    can start the next walk itself if the state machine's choice is all local
+    too (WalkStarted).
     """
 
     request_id: str
@@ -128,6 +123,8 @@ class StartWalk(msgspec.Struct, tag=True, array_like=True):
     params: dict[str, Any]
     sampling: SamplingParams
     node_sampling: dict[str, SamplingParams] = {}
+    spec: RequestSpec | None = None
+    sticky: dict[str, int] = {}
 
 
 class Release(msgspec.Struct, tag=True, array_like=True):
@@ -144,68 +141,75 @@ class StatsQuery(msgspec.Struct, tag=True, array_like=True):
     pass
 
 
-# ---- worker <-> worker ---------------------------------------------------------------------
+# ---- worker <-> worker: one message per step and destination, one row per request ----------
+# Row i of each list belongs to request ``request_ids[i]``. Tensor values travel as ``stacked`` (rows
+# of one tensor, when they share dtype and shape) or one by one in ``values``.
 
 
-class Deliver(msgspec.Struct, tag=True, array_like=True):
-    """A producer's output value (at the path its routes use) for a consumer on the receiving rank."""
+class Values(msgspec.Struct, tag=True, array_like=True):
+    """One node output's values for consumers on the receiving rank.
 
-    request_id: str
+    ``paths[i]`` is where request i's value sits: the producer's path, or, for
+    a value leaving loops, the path of the level it lands in.
+    """
+
     walk: str
     node: str
     output: str
-    path: Path
-    value: Wire
+    request_ids: list[str]
+    paths: list[Path]
+    stacked: TensorMsg | None = None
+    values: list[Wire] = []
 
 
-class StreamItem(msgspec.Struct, tag=True, array_like=True):
-    request_id: str
+class StreamItems(msgspec.Struct, tag=True, array_like=True):
+    """Items of one stream: request i's item number ``indices[i]`` of its instance ``prefixes[i]``."""
+
     walk: str
     stream: int
-    prefix: Path
-    index: int
-    value: Wire
+    request_ids: list[str]
+    prefixes: list[Path]
+    indices: list[int]
+    stacked: TensorMsg | None = None
+    values: list[Wire] = []
 
 
-class StreamEnd(msgspec.Struct, tag=True, array_like=True):
-    request_id: str
+class StreamEnds(msgspec.Struct, tag=True, array_like=True):
+    """Producers of one stream finished: request i's instance ``prefixes[i]`` has ``counts[i]`` items."""
+
     walk: str
     stream: int
-    prefix: Path
-    n_items: int
+    request_ids: list[str]
+    prefixes: list[Path]
+    counts: list[int]
 
 
-class LoopEvent(msgspec.Struct, tag=True, array_like=True):
-    """A loop instance's progress: iteration ``k`` continues (end < 0) or the loop ended with ``end`` exposed."""
+class LoopEvents(msgspec.Struct, tag=True, array_like=True):
+    """Decisions of one level (a loop, or a stream scope) made on the rank that can make them.
 
-    request_id: str
+    Request i's instance ``outers[i]``: iteration ``ks[i]`` continues
+    (``ends[i]`` < 0), or the instance ended with ``ends[i]`` iterations exposed.
+    """
+
     walk: str
     scope: str
-    outer: Path
-    k: int
-    end: int = -1
+    request_ids: list[str]
+    outers: list[Path]
+    ks: list[int]
+    ends: list[int]
 
 
-class Flow(msgspec.Struct, tag=True, array_like=True):
-    """Backpressure: pause or resume the producer of a stream."""
+class Flows(msgspec.Struct, tag=True, array_like=True):
+    """Backpressure on one stream: pause (or resume) request i's producer instance ``prefixes[i]``."""
 
-    request_id: str
     walk: str
     stream: int
-    pause: bool
+    request_ids: list[str]
+    prefixes: list[Path]
+    pauses: list[bool]
 
 
 # ---- worker -> conductor -------------------------------------------------------------------
-
-
-class ClientOut(msgspec.Struct, tag=True, array_like=True):
-    request_id: str
-    walk: str
-    node: str
-    modality: str
-    path: Path
-    value: Wire
-    output: str = ""
 
 
 class ClientOuts(msgspec.Struct, tag=True, array_like=True):
@@ -233,11 +237,29 @@ class WalkOut(msgspec.Struct, tag=True, array_like=True):
 
 
 class NodeDone(msgspec.Struct, tag=True, array_like=True):
+    """Every node of the walk on the sending rank (``nodes``) finished, after ``firings`` firings."""
+
     request_id: str
     walk: str
-    node: str
+    nodes: list[str]
     firings: int
     hit_bound: bool = False
+
+
+class WalkStarted(msgspec.Struct, tag=True, array_like=True):
+    """A worker finished ``finished`` (every node of it was there) and started ``walk`` itself.
+
+    The model's state machine picked ``walk`` and every node of it runs on
+    this rank (``ranks``), so the walk began without a round trip; the
+    conductor records it as if it had sent the StartWalk.
+    """
+
+    request_id: str
+    finished: str
+    firings: int
+    hit_bound: bool
+    walk: str
+    ranks: dict[str, int]
 
 
 class Failed(msgspec.Struct, tag=True, array_like=True):
@@ -300,7 +322,6 @@ Message = (
     | Abort
     | Shutdown
     | StatusQuery
-    | Event
     | Events
     | Finished
     | Rejected
@@ -309,12 +330,12 @@ Message = (
     | Release
     | Stop
     | StatsQuery
-    | Deliver
-    | StreamItem
-    | StreamEnd
-    | LoopEvent
-    | Flow
-    | ClientOut
+    | Values
+    | StreamItems
+    | StreamEnds
+    | LoopEvents
+    | Flows
+    | WalkStarted
     | ClientOuts
     | WalkOut
     | NodeDone

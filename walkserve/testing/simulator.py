@@ -1,51 +1,51 @@
-"""A virtual cluster in one process: every rank's dataflow, messages delivered in a random order.
+"""A virtual cluster in one process: every rank's executor, messages delivered in a random order.
 
-The simulator drives the same WalkState and RequestRun the real worker and
-conductor use, but replaces processes and sockets with in-memory channels.
-Messages between a pair of endpoints stay in order (as ZeroMQ keeps them);
-everything else (which channel moves next, when a firing completes, whether a
-launched firing exposes futures first) is drawn from a seeded RNG. Running
-many requests this way against the reference executor checks the dataflow
-semantics under interleavings that real processes rarely produce. With
-``cohorts``, qualifying loops run in per-rank loop cohorts as in the worker:
-joins, cohort steps and their reports are channel messages like the others.
+The simulator drives the same Executor the worker's compute thread runs and
+the same RequestRun the conductor keeps, but replaces processes and sockets
+with in-memory channels. Messages between a pair of endpoints stay in order
+(as ZeroMQ keeps them); everything else is drawn from a seeded RNG: which
+channel delivers next, when a rank takes a pass over its cohorts, when an
+engine steps, and, per rank and component, whether the engine runs groups or
+answers single firings a random few at a time. Running many requests this
+way against the reference executor checks the executor's semantics under
+interleavings real processes rarely produce.
 """
 
 from __future__ import annotations
 
 import random
 from collections import defaultdict, deque
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from walkserve.conductor.request_run import RequestRun, safe_advance
+from walkserve.core.finish import FinishReason
 from walkserve.core.request import RequestSpec
 from walkserve.engines.base import Engine, Firing, FiringResult, Group
 from walkserve.engines.values import concat, to_array, to_tensor
 from walkserve.graph.walk import WalkGraph
+from walkserve.placement.plan import Placement, RankSpec
+from walkserve.protocol import messages as m
+from walkserve.protocol.arrays import plain_value
 from walkserve.testing.reference import ClientOutput, ReferenceResult
-from walkserve.worker.cohort import Cohort, CohortReport, Member
-from walkserve.worker.dataflow import WalkState
+from walkserve.worker.executor import Executor
+from walkserve.worker.outgoing import CONDUCTOR
 
-
-class _Future:
-    def __init__(self):
-        self.value: Any = None
-        self.ready = False
+RanksOf = Callable[[str, str], int]  # (walk, node) -> rank
 
 
 @dataclass
 class SimStats:
-    firings: int = 0
-    speculative: int = 0
-    wasted: int = 0
-    messages: int = 0
-    max_wasted_per_node: int = 0  # over every (request, walk, node, loop instance)
+    messages: int = 0  # worker to worker
+    start_walks: int = 0  # conductor to worker
+    walks_started_by_workers: int = 0
 
 
 class GroupOnlyEngine(Engine):
-    """An engine that only runs loop cohorts' groups (``run_group``); never given single firings.
+    """An engine that only runs groups (``run_group``); never given single firings.
 
     For the simulator and for tests of cohorts: subclasses implement ``run_group``.
     """
@@ -65,250 +65,206 @@ class GroupOnlyEngine(Engine):
         pass
 
 
+def _forward(module: Any, firing: Firing) -> dict | str:
+    try:
+        return module.forward_batch([firing])[0]
+    except Exception as e:
+        return f"node {firing.node!r} failed: {type(e).__name__}: {e}"
+
+
 class _GroupEngine(GroupOnlyEngine):
-    """A cohort's engine in the simulator: each member through the component's ``forward_batch`` alone."""
+    """Each member of a group through the component's ``forward_batch`` alone."""
 
     def __init__(self, component: str, module: Any):
         self.component, self.module = component, module
 
     def run_group(self, group: Group) -> list:
+        spans = group.spans or [{}] * len(group.request_ids)
+        return [
+            _forward(self.module, Firing(0, rid, group.walk, group.node, group.component, group.op, path, inputs,
+                                         group.outputs, params, None, group.node_params, sp))
+            for rid, path, inputs, params, sp in zip(group.request_ids, group.paths, group.inputs, group.params, spans, strict=True)
+        ]
+
+
+class _FiringEngine(Engine):
+    """Single firings, answered a random non-empty few per step (the others wait for later steps)."""
+
+    def __init__(self, component: str, module: Any, rng: random.Random):
+        self.component, self.module, self.rng = component, module, rng
+        self.queue: list[Firing] = []
+
+    def submit(self, firing: Firing) -> None:
+        self.queue.append(firing)
+
+    def has_work(self) -> bool:
+        return bool(self.queue)
+
+    def step(self) -> list[FiringResult]:
+        n = self.rng.randint(1, len(self.queue))
+        picked = self.rng.sample(range(len(self.queue)), n)
+        batch = [self.queue[i] for i in sorted(picked)]
+        self.queue = [f for i, f in enumerate(self.queue) if i not in picked]
         out = []
-        for rid, path, inputs, params in zip(group.request_ids, group.paths, group.inputs, group.params, strict=True):
-            firing = Firing(0, rid, group.walk, group.node, group.component, group.op, path, inputs, group.outputs, params, None, group.node_params)
-            try:
-                out.append(self.module.forward_batch([firing])[0])
-            except Exception as e:
-                out.append(f"node {group.node!r} failed: {type(e).__name__}: {e}")
+        for f in batch:
+            result = _forward(self.module, f)
+            out.append(FiringResult(f, error=result) if isinstance(result, str) else FiringResult(f, outputs=result))
         return out
 
+    def release(self, request_id: str) -> None:
+        self.queue = [f for f in self.queue if f.request_id != request_id]
 
-@dataclass
-class _Rank:
-    states: dict[tuple[str, str], WalkState] = field(default_factory=dict)
-    early: dict[tuple[str, str], list] = field(default_factory=lambda: defaultdict(list))
+
+def placement_of(graph: WalkGraph, ranks_of: RanksOf) -> Placement:
+    """The placement ``ranks_of`` describes: every node of every walk on one rank."""
+    entries = {(w, n): (ranks_of(w, n),) for w, plan in graph.plans.items() for n in plan.nodes}
+    ranks = {r: RankSpec(r, "cpu") for candidates in entries.values() for r in candidates}
+    return Placement("simulated", ranks, entries)
 
 
 class Simulator:
-    """Run requests through a virtual cluster. ``ranks_of(walk, node) -> rank`` places nodes."""
+    """Run requests through a virtual cluster; ``ranks_of(walk, node) -> rank`` places nodes."""
 
     def __init__(
         self,
         graph: WalkGraph,
         components: Mapping[str, Any],
-        ranks_of,
+        ranks_of: RanksOf,
         seed: int = 0,
-        futures: bool = True,
-        speculate: bool = True,
-        cohorts: bool = False,
+        batched: bool = True,
+        groups: float = 0.5,
+        local_walks: bool = True,
     ):
-        self.speculate, self.cohorts = speculate, cohorts
-        self.group_engines = {name: _GroupEngine(name, module) for name, module in components.items()}
-        self.cohort_of: dict[tuple, Cohort] = {}  # (rank, walk, scope) -> that rank's cohort
-        self.graph = graph
-        self.components = components
-        self.ranks_of = ranks_of
+        """``groups``: the share of (rank, component) engines that run groups; the rest answer firings."""
+        self.graph, self.components, self.ranks_of = graph, components, ranks_of
         self.rng = random.Random(seed)
-        self.futures = futures
-        self.ranks: dict[int, _Rank] = defaultdict(_Rank)
+        self.batched, self.groups, self.local_walks = batched, groups, local_walks
+        self.placement = placement_of(graph, ranks_of)
+        self.executors: dict[int, Executor] = {}
         self.channels: dict[tuple, deque] = defaultdict(deque)  # (src, dst) -> messages in order
         self.runs: dict[str, RequestRun] = {}
         self.results: dict[str, ReferenceResult] = {}
         self.stats = SimStats()
 
-    # ---- the sink each WalkState writes to ---------------------------------------------------
-    def fire(self, ws, node, path, inputs, spans, speculative):
-        self.stats.firings += 1
-        self.stats.speculative += speculative
-        futures = {out: _Future() for out in ws.plan.nodes[node].outputs}
-        pending = ("fire", ws, node, path, inputs, spans, futures)
-        self.channels[(("compute", ws.rank), ("rank", ws.rank))].append(pending)
-        if self.futures and self.rng.random() < 0.7:
-            ws.launched(node, path, futures)
+    def firings(self) -> int:
+        """Node instances run, over every rank."""
+        return sum(ex.counters["firings"] for ex in self.executors.values())
 
-    def send(self, rank, kind, ws, **fields):
-        self.stats.messages += 1
-        self.channels[(("rank", ws.rank), ("rank", rank))].append((kind, ws.request_id, ws.walk, fields))
-
-    def report(self, kind, ws, **fields):
-        self.channels[(("rank", ws.rank), "conductor")].append((kind, ws.request_id, ws.walk, fields))
-
-    def join(self, ws, plan, outer, bound, entry):
-        member = Member(ws.request_id, outer, bound, ws.params, None, entry)
-        self.channels[(("main", ws.rank), ("compute", ws.rank))].append(("join", (ws.rank, plan.walk, plan.scope), plan, member))
-
-    # ---- loop cohorts (the compute thread's side, then the main thread's) ----------------------
-    def _cohort_message(self, key, msg) -> None:
-        kind, ckey = msg[0], msg[1]
-        if kind == "join":
-            plan, member = msg[2], msg[3]
-            if any(isinstance(v, _Future) and not v.ready for v in member.entry.values()):
-                self.channels[key].append(msg)  # a launched firing it reads has not run yet: later
-                return
-            member.entry = {k: (v.value if isinstance(v, _Future) else v) for k, v in member.entry.items()}
-            cohort = self.cohort_of.get(ckey)
-            if cohort is None:
-                cohort = self.cohort_of[ckey] = Cohort(plan, self.group_engines, lambda cohort: 0)
-            cohort.join(member)
-            self.channels[(("compute", ckey[0]), ("compute", ckey[0]))].append(("step", ckey))
-            return
-        cohort = self.cohort_of[ckey]
-        for m in cohort.members + cohort.joining:
-            run = self.runs[m.request_id]
-            if run.finished is not None or run.error is not None:
-                cohort.release(m.request_id)
-        report = cohort.advance()
-        if report is not None:
-            self.stats.firings += report.firings
-            self.channels[(("compute", ckey[0]), ("rank", ckey[0]))].append(("report", ckey, report))
-        if cohort.has_work():
-            self.channels[key].append(("step", ckey))
-
-    def _cohort_report(self, rank: int, report: CohortReport) -> None:
-        states = self.ranks[rank].states
-        for (node, out, modality), (rids, paths, values) in report.client.items():
-            for rid, path, value in zip(rids, paths, values, strict=True):
-                ws = states.get((rid, report.walk))
-                if ws is not None and not ws.failed:
-                    self.report("client", ws, node=node, modality=modality, path=path, value=value, output=out)
-        for rid, error in report.failed:
-            ws = states.get((rid, report.walk))
-            if ws is not None and not ws.failed:
-                ws.failed = True
-                self.report("failed", ws, error=error)
-        for rid, outer, n, fired, hit_bound, exits in report.ended:
-            ws = states.get((rid, report.walk))
-            if ws is not None:
-                ws.cohort_ended(report.scope, outer, n, fired, hit_bound, exits)
+    def executor(self, rank: int) -> Executor:
+        ex = self.executors.get(rank)
+        if ex is None:
+            engines = {}
+            for name, module in self.components.items():
+                grouped = self.rng.random() < self.groups
+                engines[name] = _GroupEngine(name, module) if grouped else _FiringEngine(name, module, self.rng)
+            ex = self.executors[rank] = Executor(
+                rank, self.graph, engines, concat, self.placement, self.batched, (to_array, to_tensor)
+            )
+        return ex
 
     # ---- driving ---------------------------------------------------------------------------
     def submit(self, spec: RequestSpec) -> None:
-        cache: dict[tuple, int] = {}
-
-        def choose(walk: str, node: str) -> int:
-            return cache.setdefault((walk, node), self.ranks_of(walk, node))
-
-        run = RequestRun(spec, self.graph, choose)
+        run = RequestRun(spec, self.graph, lambda plan, node, sticky: self.ranks_of(plan.name, node), self.local_walks)
         self.runs[spec.id] = run
         self.results[spec.id] = ReferenceResult()
-        messages, error = safe_advance(run, run.begin)
-        self._start_walk(run, messages, error)
+        self._start_walk(run, *safe_advance(run, run.begin))
 
-    def run(self, max_steps: int = 1_000_000) -> dict[str, ReferenceResult]:
+    def run(self, max_steps: int = 2_000_000) -> dict[str, ReferenceResult]:
         for _ in range(max_steps):
             live = [k for k, q in self.channels.items() if q]
-            if not live:
+            busy = [r for r, ex in self.executors.items() if ex.dirty or any(e.has_work() for e in ex.engines.values())]
+            if not live and not busy:
                 break
-            key = self.rng.choice(live)
-            self._handle(key, self.channels[key].popleft())
+            if busy and (not live or self.rng.random() < 0.4):
+                self._tick(self.rng.choice(busy))
+            else:
+                key = self.rng.choice(live)
+                self._deliver(key, self.channels[key].popleft())
         unfinished = [r for r in self.runs.values() if r.finished is None and r.error is None]
         if unfinished:
             raise RuntimeError(f"simulation stalled with {len(unfinished)} unfinished request(s): {[r.id for r in unfinished]}")
         return self.results
 
-    def _handle(self, key, msg) -> None:
-        kind = msg[0]
-        if kind == "fire":
-            self._complete(*msg[1:])
-        elif kind in ("join", "step"):
-            self._cohort_message(key, msg)
-        elif kind == "report":
-            self._cohort_report(key[1][1], msg[2])
-        elif key[1] == "conductor":
+    def _tick(self, rank: int) -> None:
+        """A pass over the rank's cohorts or one engine step, whichever the RNG picks among those with work."""
+        ex = self.executors[rank]
+        can_step = any(e.has_work() for e in ex.engines.values())
+        if ex.dirty and (not can_step or self.rng.random() < 0.5):
+            ex.advance()
+        else:
+            ex.step_engine()
+        self._flush(rank)
+
+    def _flush(self, rank: int) -> None:
+        for dest, msg in self.executors[rank].out.take():
+            if dest != CONDUCTOR:
+                self.stats.messages += 1
+            self.channels[(("rank", rank), dest)].append(msg)
+
+    def _deliver(self, key: tuple, msg: Any) -> None:
+        dest = key[1]
+        if dest == CONDUCTOR:
             self._conductor(msg)
+            return
+        rank = dest[1]
+        if isinstance(msg, m.StartWalk):
+            msg = msgspec.structs.replace(msg, inputs={k: to_tensor(plain_value(v)) for k, v in msg.inputs.items()})
+        self.executor(rank).receive(msg)
+        self._flush(rank)
+
+    # ---- the conductor's side ----------------------------------------------------------------
+    def _conductor(self, msg: Any) -> None:
+        if isinstance(msg, m.ClientOuts):
+            for rid, path, value in zip(msg.request_ids, msg.paths, msg.values, strict=True):
+                r = self.runs[rid]
+                if r.finished is None and r.error is None:
+                    self.results[rid].outputs.append(ClientOutput(msg.modality, msg.walk, msg.node, tuple(path), value))
+            return
+        if isinstance(msg, m.WorkerStats):
+            return
+        run = self.runs[msg.request_id]
+        if run.finished is not None or run.error is not None:
+            return
+        if isinstance(msg, m.Failed):
+            self._fail(run, msg.error)
+            return
+        if isinstance(msg, m.WalkStarted):
+            if run.walk_started(msg.finished, msg.firings, msg.walk, msg.ranks):
+                self.stats.walks_started_by_workers += 1
+                self._walk_complete(run, msg.finished, {})
+            return
+        if isinstance(msg, m.WalkOut):
+            complete = run.walk_output(msg.walk, msg.name, to_array(msg.value))
         else:
-            self._worker(key[1][1], msg)
-
-    def _complete(self, ws, node, path, inputs, spans, futures) -> None:
-        resolved = {k: (v.value if isinstance(v, _Future) else v) for k, v in inputs.items()}
-        if any(isinstance(v, _Future) and not v.ready for v in inputs.values()):
-            raise AssertionError(f"{node}{path} consumed a future that was not computed first")
-        n = ws.plan.nodes[node]
-        firing = Firing(0, ws.request_id, ws.walk, node, n.component, n.op, path, resolved, n.outputs, ws.params, None, n.params, spans)
-        run = self.runs[ws.request_id]
-        if run.finished is not None or run.error is not None:
-            return
-        try:
-            outputs = self.components[n.component].forward_batch([firing])[0]
-        except Exception as e:
-            self._fail(run, f"node {node!r} failed: {type(e).__name__}: {e}")
-            return
-        for out, fut in futures.items():
-            fut.value, fut.ready = outputs[out], True
-        ws.completed(node, path, outputs)
-
-    def _worker(self, rank: int, msg) -> None:
-        kind, rid, walk, fields = msg
-        run = self.runs[rid]
-        if run.finished is not None or run.error is not None:
-            return
-        ws = self.ranks[rank].states.get((rid, walk))
-        if ws is None:
-            self.ranks[rank].early[(rid, walk)].append(msg)
-            return
-        if kind == "deliver":
-            ws.deliver(fields["node"], fields["output"], fields["path"], fields["value"])
-        elif kind == "item":
-            ws.stream_item(fields["stream"], fields["prefix"], fields["index"], fields["value"])
-        elif kind == "end":
-            ws.stream_end(fields["stream"], fields["prefix"], fields["n_items"])
-        elif kind == "loop":
-            ws.loop_event(fields["scope"], fields["outer"], fields["k"], fields["end"])
-        elif kind == "flow":
-            ws.flow(fields["stream"], fields["prefix"], fields["pause"])
-
-    def _conductor(self, msg) -> None:
-        kind, rid, walk, fields = msg
-        run, result = self.runs[rid], self.results[rid]
-        if run.finished is not None or run.error is not None:
-            return
-        if kind == "failed":
-            self._fail(run, fields["error"])
-            return
-        if kind == "client":
-            value = fields["value"]
-            result.outputs.append(ClientOutput(fields["modality"], walk, fields["node"], tuple(fields["path"]), value))
-            return
-        if kind == "output":
-            complete = run.walk_output(walk, fields["name"], to_array(fields["value"]))
-        else:
-            complete = run.node_done(walk, fields["node"], fields["firings"], fields["hit_bound"])
+            complete = run.node_done(msg.walk, msg.nodes, msg.firings, msg.hit_bound)
         if complete:
-            for r in self.ranks.values():
-                st = r.states.get((rid, walk))
-                if st is not None:
-                    self.stats.wasted += sum(st.wasted.values())
-                    self.stats.max_wasted_per_node = max(self.stats.max_wasted_per_node, *st.wasted.values(), 0)
-            result.walks.append(walk)
-            result.walk_outputs.append(dict(run.outputs))
-            messages, error = safe_advance(run, run.advance)
-            self._start_walk(run, messages, error)
+            self._walk_complete(run, run.walk, dict(run.outputs))
+            self._start_walk(run, *safe_advance(run, run.advance))
 
-    def _start_walk(self, run: RequestRun, messages, error) -> None:
+    def _walk_complete(self, run: RequestRun, walk: str, outputs: dict) -> None:
+        result = self.results[run.id]
+        result.walks.append(walk)
+        result.walk_outputs.append(outputs)
+
+    def _start_walk(self, run: RequestRun, messages: list, error: str | None) -> None:
         result = self.results[run.id]
         if error:
             self._fail(run, error)
             return
         if run.finished is not None:
             result.finish = run.finished
+            self._release(run)
             return
         for rank, start in messages:
-            plan = self.graph.plans[start.walk]
-            ws = WalkState(plan, run.id, rank, start.ranks, start.params, self, concat, self.speculate, self.cohorts)
-            self.ranks[rank].states[(run.id, start.walk)] = ws
-            inputs = {k: to_tensor(_plain(v)) for k, v in start.inputs.items()}
-            ws.start(inputs)
-            for early in self.ranks[rank].early.pop((run.id, start.walk), []):
-                self._worker(rank, early)
+            self.stats.start_walks += 1
+            self.channels[(CONDUCTOR, ("rank", rank))].append(start)
 
     def _fail(self, run: RequestRun, error: str) -> None:
-        from walkserve.core.finish import FinishReason
-
         run.error = error
         self.results[run.id].finish = FinishReason.ERROR
         self.results[run.id].error = error
+        self._release(run)
 
-
-def _plain(v):
-    from walkserve.protocol.arrays import plain_value
-
-    return plain_value(v)
+    def _release(self, run: RequestRun) -> None:
+        for rank in run.involved_ranks():
+            self.channels[(CONDUCTOR, ("rank", rank))].append(m.Release(run.id))

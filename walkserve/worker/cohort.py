@@ -1,352 +1,384 @@
-"""Loop cohorts: every request's instance of one loop, stepped together inside the compute thread.
+"""A cohort: every member of one local level, stepped together (one engine call per node per step).
 
-Per request and iteration, the per-firing dataflow pays for a Firing, its
-futures, the hand-over to this thread and back, routing and the stop rule;
-for a decode loop that is most of the runtime's cost. A cohort runs the body
-of a qualifying loop (``cohort_plan``) for all its members at once:
+The big idea: a member is one instance of a level (a loop instance, a stream
+scope's instance, a walk's top) and sits at a *unit* of its iteration. A pass
+walks the units in order; at each unit, every member that is there and has
+what the unit needs runs it at once:
 
-    step:  for each stage of the body (nodes independent of each other), one
-           engine call for every member and every node of the stage that
-           engine runs (``Engine.run_groups``: the CFG passes of a flow step
-           are one forward); engines without groups get one Firing per member
-           and are stepped as usual, the step waits for their results
-           then, per member: carries move on, the stop rule or the bound says
-           whether the iteration counts, exposed outputs are reported
-    join:  a member enters at iteration 0 with the values captured from
-           outside the loop (futures of launched firings resolve here first)
-    end:   a member leaves with its exposed count, its exit values and whether
-           it hit the bound; the walk on the main thread goes on from there
+    node unit    one Group for all of them (Engine.run_group), or one Firing each
+                 for an engine without groups (the member waits for its result)
+    child unit   each member starts its child instance (a nested loop, a stream
+                 consumer's scope); the child runs in its own cohort, concurrently,
+                 and the member's iteration ends only after the child ended
+    end          the members whose units are done end their iteration together
+                 (``iteration``: decision, exposure, exits, carries) and are back
+                 at the first unit for the next one
 
-The stop rule is applied before the next step, so a cohort never runs an
-iteration that does not count: no speculation and nothing wasted. One
-``CohortReport`` per step goes back to the main thread.
+    buckets[i]: members at unit i     pass: i = 0 .. n-1, then the end
+
+A member moves through every unit whose inputs are here within one pass, so
+members that started the pass together step in lockstep; a member that waits
+(a value from another rank, a stream chunk, a child) stays in its bucket and
+is looked at again on the next pass. A new member joins at the next step
+boundary (when members start an iteration, or none is inside one), so it
+steps with the others instead of half a step behind them. What a step sends
+(client rows, values for other ranks, stream items) is appended per output
+for all members at once.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from walkserve.engines.base import Engine, Firing, FiringResult, Group
+from walkserve.engines.base import Firing, Group
 from walkserve.engines.kv.ops import bind as bind_kv
-from walkserve.worker.cohort_plan import CUR, FIXED, CohortPlan
-from walkserve.worker.future import FAILED, PENDING, Future
+from walkserve.worker import iteration, streams
+from walkserve.worker.local import ChildUnit, LocalLevel, NodeUnit
+from walkserve.worker.program import CARRY, CHUNK, CUR, NodeProgram
+from walkserve.worker.state import Member
+
+if TYPE_CHECKING:
+    from walkserve.worker.executor import Executor
 
 log = logging.getLogger(__name__)
 
 _MISSING = object()
 
 
-class Member:
-    """One request's instance of the loop."""
-
-    __slots__ = ("bound", "cur", "dead", "entry", "exits", "k", "node_sampling", "outer", "params", "prev",
-                 "request_id", "sampling")
-
-    def __init__(self, request_id: str, outer: tuple, bound: int, params: Any, sampling: Any, entry: dict,
-                 node_sampling: Any = None):
-        self.request_id, self.outer, self.bound = request_id, outer, bound
-        self.params, self.sampling = params, sampling
-        self.node_sampling = node_sampling  # node -> SamplingParams overriding ``sampling`` (None: none)
-        self.entry = entry  # (consumer, slot) -> value captured from outside the loop
-        self.k = 0
-        self.cur: dict[str, dict[str, Any]] = {}  # node -> its outputs of this iteration (shared: never written into)
-        self.prev: dict[tuple[str, str], Any] = {}  # (consumer, slot) -> the value a carry slot reads
-        self.exits: dict[Any, list] = {}
-        self.dead = False
-
-
-@dataclass
-class CohortReport:
-    walk: str
-    scope: str
-    # (node, out, modality) -> ([request], [path], [value]) of the exposed iterations
-    client: dict = field(default_factory=dict)
-    ended: list = field(default_factory=list)  # (request, outer, exposed n, firings per node, hit bound, [(route, values)])
-    failed: list = field(default_factory=list)  # (request, error)
-    firings: int = 0
-
-    def merge(self, later: CohortReport) -> None:
-        """Append a later step's report (a request's rows stay in step order, before its end)."""
-        for key, (rids, paths, values) in later.client.items():
-            rows = self.client.get(key)
-            if rows is None:
-                self.client[key] = (rids, paths, values)
-            else:
-                rows[0].extend(rids)
-                rows[1].extend(paths)
-                rows[2].extend(values)
-        self.ended.extend(later.ended)
-        self.failed.extend(later.failed)
-        self.firings += later.firings
-
-
 class Cohort:
-    def __init__(self, plan: CohortPlan, engines: dict[str, Engine], firing_id: Callable[[Cohort], int],
-                 account: Callable[[str, float, int], None] | None = None):
-        """``firing_id(cohort)`` numbers a Firing this cohort submits (the compute thread routes its result back);
-        ``account(component, seconds, firings)``, when given, is told of every engine call that runs groups
-        (the compute thread's busy time per component; its own steps count the other firings)."""
-        self.plan, self.engines, self.firing_id, self.account = plan, engines, firing_id, account
-        self.members: list[Member] = []
+    __slots__ = ("boundary", "buckets", "ex", "joining", "local", "units")
+
+    def __init__(self, ex: Executor, local: LocalLevel):
+        self.ex, self.local, self.units = ex, local, local.units
+        self.buckets: list[list[Member]] = [[] for _ in range(len(local.units) + 1)]
         self.joining: list[Member] = []
-        self.stage: int | None = None  # the body stage being run, None between steps
-        self.issued = False
-        self.batch: list[Member] = []
-        self.pending: dict[int, tuple[Member, str]] = {}  # firing id -> (member, component)
-        self.report = CohortReport(plan.walk, plan.scope)
+        self.boundary = False  # members started an iteration in the last pass
 
-    # ---- membership ----------------------------------------------------------------------------
-    def join(self, member: Member) -> None:
-        self.joining.append(member)
+    def add(self, m: Member) -> None:
+        m.cohort = self
+        if self.local.level.kind == "root":
+            self.buckets[0].append(m)
+        else:
+            self.joining.append(m)
+        self.ex.touch(self)
 
-    def release(self, request_id: str) -> None:
-        for m in self.members + self.joining:
-            if m.request_id == request_id:
-                m.dead = True
-        self.joining = [m for m in self.joining if not m.dead]
-        self.pending = {fid: p for fid, p in self.pending.items() if not p[0].dead}
+    def members(self) -> int:
+        return sum(1 for b in (*self.buckets, self.joining) for m in b if m.live)
 
-    def has_work(self) -> bool:
-        return bool(self.members or self.joining)
+    def _admit(self) -> bool:
+        if self.boundary or not any(m.live for b in self.buckets[1:] for m in b):
+            self.buckets[0].extend(self.joining)
+            self.joining = []
+            return True
+        return False
 
-    def _admit(self) -> None:
-        waiting = []
-        for m in self.joining:
-            states = {v.state for v in m.entry.values() if isinstance(v, Future)}
-            if FAILED in states:
-                self._fail(m, "an input of this loop failed")
-            elif PENDING in states:
-                waiting.append(m)
+    # ---- one pass ------------------------------------------------------------------------------
+    def advance(self) -> bool:
+        """Run every unit its members are ready for, and end the iterations that are complete."""
+        moved = bool(self.joining) and self._admit()
+        self.boundary = False
+        buckets, ex = self.buckets, self.ex
+        gated = bool(self.local.gate) or bool(self.local.level.produces)
+        for i, unit in enumerate(self.units):
+            bucket = buckets[i]
+            if not bucket:
+                continue
+            ready, stay, nxt = [], [], buckets[i + 1]
+            waits = unit.waits
+            for m in bucket:
+                if not m.live:
+                    continue
+                if m.busy:
+                    stay.append(m)
+                elif m.unit_done:
+                    m.unit_done, m.pos = False, i + 1
+                    nxt.append(m)
+                    moved = True
+                elif i == 0 and not m.started:
+                    if not gated:
+                        m.started = True
+                    elif not iteration.gate(ex, m):
+                        if m.live:
+                            stay.append(m)
+                        continue
+                    if waits and not self._has(m, unit):
+                        stay.append(m)
+                    else:
+                        ready.append(m)
+                elif waits and not self._has(m, unit):
+                    stay.append(m)
+                else:
+                    ready.append(m)
+            buckets[i] = stay
+            if ready:
+                moved = True
+                if type(unit) is NodeUnit:
+                    self._run(unit, ready, stay, nxt, i)
+                else:
+                    self._start_children(unit, ready, nxt, i)
+        if buckets[-1]:
+            moved |= self._finish()
+        return moved
+
+    def _has(self, m: Member, unit: NodeUnit | ChildUnit) -> bool:
+        """Whether everything the unit waits for is here for this member."""
+        if type(unit) is ChildUnit:
+            cur = m.cur
+            return all(k[0] in cur and k[1] in cur[k[0]] for k in unit.waits)
+        for r in unit.waits:
+            kind = r.kind
+            if kind == CUR:
+                values = m.cur.get(r.node)
+            elif kind == CARRY:
+                if not m.k:
+                    continue
+                values = m.prev.get(r.node)
             else:
-                for key, v in m.entry.items():
-                    if isinstance(v, Future):
-                        m.entry[key] = v.value
-                for key, _, _ in self.plan.carries:
-                    m.prev[key] = m.entry[key]
-                self.members.append(m)
-        self.joining = waiting
-
-    # ---- stepping ------------------------------------------------------------------------------
-    def advance(self) -> CohortReport | None:
-        """Run as far as possible: a finished step's report, or None (idle, or waiting on an engine)."""
-        if self.stage is None:
-            self._admit()
-            self.members = [m for m in self.members if not m.dead]
-            if not self.members:
-                return self._take_report() if self.report.failed else None
-            self.stage, self.issued, self.batch = 0, False, list(self.members)
-        stages = self.plan.stages
-        while self.stage < len(stages):
-            if self.issued:
-                if self.pending:
-                    return None
-                self.stage, self.issued = self.stage + 1, False
+                if m.run.stream_in(r.stream, m.outer).buffer.chunk(m.k) is None:
+                    return False
                 continue
-            self._issue_stage(stages[self.stage])
-            self.issued = True
-        self._finish()
-        self.stage = None
-        return self._take_report()
+            if values is None or r.output not in values:
+                return False
+        return True
 
-    def _take_report(self) -> CohortReport:
-        report, self.report = self.report, CohortReport(self.plan.walk, self.plan.scope)
-        return report
-
-    def _issue_stage(self, stage: tuple[str, ...]) -> None:
-        """Every node of the stage for every live member; nodes on one group engine go in one call."""
-        by_engine: dict[str, list[tuple[str, list[Member], Group]]] = {}
-        for node in stage:
-            issued = self._issue(node)
-            if issued is not None:
-                by_engine.setdefault(self.plan.specs[node].component, []).append((node, *issued))
-        for component, groups in by_engine.items():
-            engine, t0 = self.engines[component], time.perf_counter()
-            try:
-                results = engine.run_groups([g for _, _, g in groups]) if len(groups) > 1 else [engine.run_group(groups[0][2])]
-            except Exception as e:
-                log.exception("engine %s failed a group", component)
-                results = [[f"engine {component!r} failed: {type(e).__name__}: {e}"] * len(g.request_ids) for _, _, g in groups]
-            if self.account is not None:
-                self.account(component, time.perf_counter() - t0, sum(len(g.request_ids) for _, _, g in groups))
-            for (node, alive, _), outs in zip(groups, results):
-                self._store_group(node, alive, outs)
-
-    def _store_group(self, node: str, alive: list[Member], results: list) -> None:
-        component = self.plan.specs[node].component
-        if len(results) != len(alive):
-            results = [f"engine {component!r} returned {len(results)} results for {len(alive)} firings"] * len(alive)
-        for m, out in zip(alive, results):
-            if m.dead:  # failed by another node of the stage
-                continue
+    # ---- node units ----------------------------------------------------------------------------
+    def _run(self, unit: NodeUnit, ready: list[Member], stay: list[Member], nxt: list[Member], i: int) -> None:
+        ex, node = self.ex, unit.node
+        members, inputs, spans = self._gather(unit, ready)
+        if not members:
+            return
+        engine = ex.engines[node.component]
+        kv = None
+        if engine.kv_contexts:
+            members, inputs, spans, kv = self._bind(node, members, inputs, spans)
+            if not members:
+                return
+        ex.counters["firings"] += len(members)
+        if not engine.runs_groups:
+            self._submit(engine, unit, members, inputs, spans, kv, stay)
+            return
+        results = self._group(engine, unit, members, inputs, spans, kv)
+        name, done = node.name, []
+        for m, out in zip(members, results):
             if type(out) is dict:
-                m.cur[node] = out
-            else:
-                self._store(m, node, out)
+                m.cur[name] = out
+                m.fired += 1
+                done.append(m)
+            elif m.live:
+                ex.fail(m.run, out if isinstance(out, str) else f"node {name!r} returned {type(out).__name__}, not outputs")
+        self._produced(unit, done)
+        for m in done:
+            if m.live:
+                m.pos = i + 1
+                nxt.append(m)
 
-    def _issue(self, node: str) -> tuple[list[Member], Group] | None:
-        """The node for every live member: a Group for an engine that runs groups (returned, not yet run),
-        else one submitted Firing per member."""
-        spec, slots = self.plan.specs[node], self.plan.slots[node]
-        alive, inputs = [], []
-        for m in self.batch:
-            if m.dead:
-                continue
+    def _gather(self, unit: NodeUnit, ready: list[Member]) -> tuple[list[Member], list[dict], list[dict] | None]:
+        """The inputs (and stream spans) of the members that have them; a missing output fails its request."""
+        members, inputs = [], []
+        entry_reads, cur_reads, carry_reads = unit.entry_reads, unit.cur_reads, unit.carry_reads
+        spans: list[dict] | None = [] if unit.chunks else None
+        for m in ready:
+            inp: dict[str, Any] = {}
+            entry = m.entry
             try:
-                inputs.append(self._inputs(m, slots))
+                for slot, key in entry_reads:
+                    inp[slot] = entry[key]
+                if cur_reads:
+                    cur = m.cur
+                    for slot, node, output in cur_reads:
+                        inp[slot] = cur[node][output]
+                if carry_reads:
+                    if m.k:
+                        prev = m.prev
+                        for slot, node, output, _ in carry_reads:
+                            inp[slot] = prev[node][output]
+                    else:
+                        for slot, _, _, key in carry_reads:
+                            inp[slot] = entry[key]
             except KeyError:
-                src, out = _missing(m, slots)
-                self._fail(m, f"node {src!r} returned no output {out!r}, which node {node!r} reads")
+                missing = next(r for r in unit.node.reads if r.slot not in inp)
+                self.ex.fail(m.run, f"node {missing.node!r} returned no output {missing.output!r}, which node {unit.node.name!r} reads")
                 continue
-            alive.append(m)
-        if not alive:
-            return None
-        engine = self.engines[spec.component]
-        if getattr(engine, "kv_contexts", False):
-            alive, inputs, kv = self._bind(node, spec.params, alive, inputs)
-            if not alive:
-                return None
-        self.report.firings += len(alive)
-        if engine.runs_groups:
-            return alive, Group(
-                self.plan.walk, node, spec.component, spec.op, spec.outputs, spec.params,
-                [m.request_id for m in alive], [(*m.outer, m.k) for m in alive], inputs,
-                [m.params for m in alive], [_sampling(m, node) for m in alive],
-                kv if getattr(engine, "kv_contexts", False) else None,
-            )
-        for m, inp in zip(alive, inputs, strict=True):
-            firing = Firing(
-                self.firing_id(self), m.request_id, self.plan.walk, node, spec.component, spec.op,
-                (*m.outer, m.k), inp, spec.outputs, m.params, _sampling(m, node), spec.params,
-            )
-            self.pending[firing.id] = (m, spec.component)
-            engine.submit(firing)
-        return None
+            if spans is not None:
+                spans.append(self._chunks(m, unit.node.reads, inp))
+            members.append(m)
+            inputs.append(inp)
+        return members, inputs, spans
 
-    def _bind(self, node: str, params: Any, alive: list[Member], inputs: list[dict]) -> tuple[list, list, list]:
+    def _chunks(self, m: Member, reads: tuple, inp: dict) -> dict:
+        sp = {}
+        for r in reads:
+            if r.kind == CHUNK:
+                s = m.run.stream_in(r.stream, m.outer)
+                chunk = s.buffer.chunk(m.k)
+                inp[r.slot] = self.ex.concat(list(chunk.items), s.template)
+                sp[r.slot] = chunk.span
+        return sp
+
+    def _bind(self, node: NodeProgram, members: list, inputs: list, spans: list | None) -> tuple[list, list, list | None, list]:
         """Each member's context operations bound to its inputs (a member whose inputs do not fit fails)."""
-        kept, kept_inputs, kv = [], [], []
-        for m, inp in zip(alive, inputs):
+        kept, kept_inputs, kept_spans, kv = [], [], [] if spans is not None else None, []
+        for j, m in enumerate(members):
             try:
-                kv.append(bind_kv(node, params, inp))
+                kv.append(bind_kv(node.name, node.params, inputs[j]))
             except ValueError as e:
-                self._fail(m, f"{self.plan.specs[node].component}: {e}")
+                self.ex.fail(m.run, f"{node.component}: {e}")
                 continue
             kept.append(m)
-            kept_inputs.append(inp)
-        return kept, kept_inputs, kv
+            kept_inputs.append(inputs[j])
+            if spans is not None:
+                kept_spans.append(spans[j])
+        return kept, kept_inputs, kept_spans, kv
 
-    @staticmethod
-    def _inputs(m: Member, slots: tuple) -> dict[str, Any]:
-        cur, inputs = m.cur, {}
-        for slot, how, a, b in slots:
-            if how == CUR:
-                inputs[slot] = cur[a][b]
-            elif how == FIXED:
-                inputs[slot] = m.entry[a]
-            else:
-                inputs[slot] = m.prev[a]
-        return inputs
+    def _group(self, engine: Any, unit: NodeUnit, members: list[Member], inputs: list, spans: list | None, kv: list | None) -> list:
+        node = unit.node
+        group = Group(
+            members[0].run.walk, node.name, node.component, node.op, node.outputs, node.params,
+            [m.rid for m in members], [m.path for m in members], inputs,
+            [m.run.request.params for m in members], [m.run.request.sampling_for(node.name) for m in members],
+            kv=kv, spans=spans,
+        )
+        try:
+            results = engine.run_group(group)
+        except Exception as e:
+            log.exception("engine %s failed a group", node.component)
+            return [f"engine {node.component!r} failed: {type(e).__name__}: {e}"] * len(members)
+        if len(results) != len(members):
+            return [f"engine {node.component!r} returned {len(results)} results for {len(members)} firings"] * len(members)
+        return results
 
-    def _store(self, m: Member, node: str, outputs: dict | str) -> None:
-        """Keep a node's outputs; one an engine left out is simply not there (as per firing)."""
-        if isinstance(outputs, dict):
-            m.cur[node] = outputs
-        else:
-            self._fail(m, outputs if isinstance(outputs, str) else f"node {node!r} returned {type(outputs).__name__}, not outputs")
+    def _submit(self, engine: Any, unit: NodeUnit, members: list[Member], inputs: list, spans: list | None,
+                kv: list | None, stay: list) -> None:
+        ex, node = self.ex, unit.node
+        for j, m in enumerate(members):
+            req = m.run.request
+            firing = Firing(
+                ex.next_id(), m.rid, m.run.walk, node.name, node.component, node.op, m.path,
+                inputs[j], node.outputs, req.params, req.sampling_for(node.name), node.params,
+                spans[j] if spans else {}, kv[j] if kv else None,
+            )
+            ex.pending[firing.id] = (self, m, unit, m.k)
+            m.busy = 1
+            stay.append(m)
+            engine.submit(firing)
 
-    def on_result(self, result: FiringResult) -> None:
-        """A result of a firing this cohort submitted to an engine without ``run_group``."""
-        entry = self.pending.pop(result.firing.id, None)
-        if entry is None or entry[0].dead:
+    def on_result(self, m: Member, unit: NodeUnit, k: int, outputs: dict | None, error: str | None) -> None:
+        """An engine answered a Firing of ``unit`` for ``m`` at iteration ``k``."""
+        if not m.live or m.k != k:
             return
-        if result.error is not None:
-            self._fail(entry[0], result.error)
-        else:
-            self._store(entry[0], result.firing.node, result.outputs or {})
+        m.busy = 0
+        if error is not None:
+            self.ex.fail(m.run, error)
+            return
+        m.cur[unit.node.name] = outputs or {}
+        m.fired += 1
+        self._produced(unit, [m])
+        if m.live:
+            m.unit_done = True
+            self.ex.touch(self)
 
-    def engine_failed(self, component: str, error: str) -> None:
-        """An engine raised in a step: the members waiting on it fail."""
-        for fid, (m, comp) in list(self.pending.items()):
-            if comp == component:
-                del self.pending[fid]
-                if not m.dead:
-                    self._fail(m, error)
+    def _produced(self, unit: NodeUnit, done: list[Member]) -> None:
+        """A node ran for ``done``: consume stream chunks, send what other ranks read, let leaving outputs go."""
+        ex = self.ex
+        for stream in unit.chunks:
+            for m in done:
+                streams.consumed(ex, m.run, stream, m.outer, m.k)
+        if unit.sends:
+            self._send(unit, done)
+        if unit.leaves:
+            self.leave(unit.node, done)
 
-    def _fail(self, m: Member, error: str) -> None:
-        m.dead = True
-        self.report.failed.append((m.request_id, error))
-
-    def _finish(self) -> None:
-        """The step ran for every live member: carries, the stop rule, exposed outputs, ended members."""
-        plan, report = self.plan, self.report
-        stop, client, exits, carries = plan.stop, plan.client, plan.exits, plan.carries
-        rows = report.client
-        for m in self.batch:
-            if m.dead:
-                continue
-            cur, k = m.cur, m.k
-            end, hit = None, False
-            if stop is not None:
-                node, out, rule = stop
-                value = cur[node].get(out, _MISSING)
+    def _send(self, unit: NodeUnit, done: list[Member]) -> None:
+        out, name = self.ex.out, unit.node.name
+        walk = self.local.program.walk
+        for output, readers in unit.sends:
+            key, rows = (name, output), {}
+            for m in done:
+                value = m.cur[name].get(output, _MISSING)
                 if value is _MISSING:
-                    self._fail(m, f"node {node!r} returned no output {out!r}, which the stop rule of loop {plan.scope!r} reads")
                     continue
-                try:
-                    stopping = rule.should_stop(value, m.params, k)
-                except Exception as e:
-                    self._fail(m, f"stop rule of loop {plan.scope!r} failed: {type(e).__name__}: {e}")
-                    continue
-                if stopping:
-                    end = k + 1 if rule.include_stopping else k
-                elif k + 1 >= m.bound:
-                    end, hit = k + 1, True
-            elif k + 1 >= m.bound:
-                end = k + 1
-            if end is None or k < end:
-                path = (*m.outer, k)
-                for key in client:
-                    value = cur[key[0]].get(key[1], _MISSING)
-                    if value is _MISSING:
-                        continue
-                    r = rows.get(key)
+                for rank in m.run.remote_readers(key, readers):
+                    r = rows.get(rank)
                     if r is None:
-                        r = rows[key] = ([], [], [])
-                    r[0].append(m.request_id)
-                    r[1].append(path)
+                        r = rows[rank] = out.value_rows(rank, walk, name, output)
+                    r[0].append(m.rid)
+                    r[1].append(m.path)
                     r[2].append(value)
-                for node, out, route, last in exits:
-                    value = cur[node].get(out, _MISSING)
-                    if value is _MISSING:
-                        continue
-                    if last:
-                        m.exits[route] = [value]
-                    else:
-                        m.exits.setdefault(route, []).append(value)
-            m.k = k + 1
-            if end is not None:
-                m.dead = True
-                ended = [(route, m.exits.get(route, [])) for _, _, route, _ in exits]
-                report.ended.append((m.request_id, m.outer, end, m.k, hit, ended))
+
+    def leave(self, node: NodeProgram, members: list[Member]) -> None:
+        """``node``'s outputs of this iteration that leave it: client rows, stream items, walk outputs."""
+        ex, name = self.ex, node.name
+        for output, modality in node.client:
+            if self.local.level.hold_at is not None:
+                for m in members:
+                    value = m.cur[name].get(output, _MISSING)
+                    if value is not _MISSING:
+                        iteration.client(ex, m, name, output, modality, m.path, value)
                 continue
-            prev = m.prev
-            for key, node, out in carries:
-                value = cur[node].get(out, _MISSING)
-                if value is _MISSING:
-                    self._fail(m, f"node {node!r} returned no output {out!r}, which the carry of loop {plan.scope!r} reads")
-                    break
-                prev[key] = value
+            rids, paths, values = ex.out.client_rows(self.local.program.walk, name, output, modality)
+            for m in members:
+                value = m.cur[name].get(output, _MISSING)
+                if value is not _MISSING:
+                    rids.append(m.rid)
+                    paths.append(m.path)
+                    values.append(value)
+        for output, stream in node.streams:
+            for m in members:
+                value = m.cur[name].get(output, _MISSING)
+                if value is not _MISSING:
+                    streams.item(ex, m.run, stream, m.outer, m.k, value)
+        for output, walk_output in node.walk_outputs:
+            for m in members:
+                value = m.cur[name].get(output, _MISSING)
+                if value is not _MISSING:
+                    ex.walk_output(m.run, walk_output, value)
 
+    # ---- ends of iterations --------------------------------------------------------------------
+    def _finish(self) -> bool:
+        """End the iterations of the members whose units are done (whose decision is known)."""
+        ex, local = self.ex, self.local
+        decided, stay = [], []
+        told = local.awaits  # another rank decides: wait here until its decision came
+        for m in self.buckets[-1]:
+            if not m.live:
+                continue
+            if m.children or (told and m.end is None and m.decided < m.k):
+                stay.append(m)
+                continue
+            end = iteration.decide(ex, m)
+            if end is iteration.WAIT:
+                stay.append(m)
+            elif m.live:
+                decided.append((m, end))
+        self.buckets[-1] = stay
+        if not decided:
+            return False
+        exposed = [m for m, end in decided if end is None or m.k < end]
+        if local.at_finish:
+            for node in local.leaving:
+                self.leave(node, exposed)
+        if local.exits or any(m.held for m, _ in decided):
+            for m, end in decided:
+                if end is None or m.k < end:
+                    iteration.expose(ex, m)
+                else:
+                    m.held = None
+        first = self.buckets[0]
+        for m, end in decided:
+            if not m.live:
+                continue
+            if end is not None and end <= m.k + 1:
+                iteration.end_member(ex, m, end)
+            else:
+                m.next_iteration()
+                first.append(m)
+                self.boundary = True
+        return True
 
-def _sampling(m: Member, node: str) -> Any:
-    """The member's sampling for ``node``: its per-node entry, else the request's."""
-    return m.node_sampling.get(node, m.sampling) if m.node_sampling else m.sampling
-
-
-def _missing(m: Member, slots: tuple) -> tuple[str, str]:
-    """The first same-iteration output a node's slots read that is not there (for an error message)."""
-    return next((a, b) for _, how, a, b in slots if how == CUR and b not in m.cur.get(a, {}))
+    # ---- child units ---------------------------------------------------------------------------
+    def _start_children(self, unit: ChildUnit, ready: list[Member], nxt: list[Member], i: int) -> None:
+        for m in ready:
+            if self.ex.join(m, unit):
+                m.pos = i + 1
+                nxt.append(m)

@@ -83,9 +83,6 @@ def build_worker(spec: RunSpec, rank: int, site: RankSite):
     placement = parse_placement(spec.placement, spec.placement_source)
     device = site.device or placement.ranks[rank].device
     torch.set_num_threads(_threads(spec, device))
-    # The compute thread re-takes the GIL between device calls; a short switch interval keeps the
-    # main thread's routing from holding it for the default 5 ms.
-    sys.setswitchinterval(0.0005)
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device if ":" in device else "cuda:0"))
     model = load_model(ModelRef(spec.model_family, spec.model_path, spec.model_options))
@@ -97,7 +94,7 @@ def build_worker(spec: RunSpec, rank: int, site: RankSite):
     engines = build_engines([components[name] for name in sorted(hosted)], ctx, spec.config.engine_options)
     for name in sorted(hosted):
         log.info("rank %d built component %s (%s engine) on %s", rank, name, components[name].engine, device)
-    return Worker(spec, rank, graph, engines, site)
+    return Worker(spec, rank, graph, engines, site, placement)
 
 
 def _report_start_failure(site: RankSite, spec: RunSpec, rank: int, e: Exception) -> None:

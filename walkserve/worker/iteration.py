@@ -1,0 +1,208 @@
+"""Loop semantics, once: how an iteration starts and ends, what it exposes, and how an instance ends.
+
+    start    an iteration begins once its gate is open: the chunk it reads
+             exists (an exhausted stream ends the instance instead) and no
+             consumer paused it (backpressure)
+    end of k the rank that can decides: the stop rule (at the stop node's rank),
+             the bound (a Loop), the next chunk (a stream scope); other ranks
+             wait for that decision (LoopEvents). Then, if k is exposed, its
+             leaving outputs go out (client rows, stream items; they wait for an
+             enclosing droppable loop's decision when there is one) and its exit
+             values gather; the carries are iteration k's values, read at k+1
+    end      an instance that ended ends its streams, combines its exits (last or
+             accumulated) and hands them to the level they land in, and its parent
+             iteration goes on
+
+An iteration that ran is always exposed unless the loop is *droppable*: a
+DynamicLoop whose stop rule excludes the stopping iteration, or one driven by
+a stream (whose end is found when iteration k has no chunk). Nothing runs
+ahead of a decision, so nothing runs that is not exposed but those iterations.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from walkserve.streaming.buffer import EXHAUSTED
+from walkserve.worker import streams
+from walkserve.worker.state import Member
+
+if TYPE_CHECKING:
+    from walkserve.worker.executor import Executor
+
+WAIT = object()
+_MISSING = object()
+
+
+# ---- starting an iteration -----------------------------------------------------------------------
+def gate(ex: Executor, m: Member) -> bool:
+    """True once iteration k of ``m`` may start; an exhausted stream ends ``m`` here."""
+    if m.paused:
+        return False
+    for info in m.local.gate:
+        chunk = m.run.stream_in(info.index, m.outer).buffer.chunk(m.k)
+        if chunk is None:
+            return False
+        if chunk is EXHAUSTED:
+            claim_end(ex, m, m.k)
+            return False
+    m.started = True
+    return True
+
+
+def claim_end(ex: Executor, m: Member, n: int) -> None:
+    """This rank found that ``m`` has exactly ``n`` iterations: tell the other ranks and end it."""
+    run, level = m.run, m.local.level
+    for rank in m.others:
+        ex.out.loop(rank, run.walk, level.id, m.rid, m.outer, m.k, n)
+    end_member(ex, m, n)
+
+
+# ---- outputs -------------------------------------------------------------------------------------
+def client(ex: Executor, m: Member, node: str, out: str, modality: str, path: tuple, value: Any) -> None:
+    """A client output, or a wait at the nearest enclosing droppable loop that has not decided yet."""
+    hold = m.local.level.hold_at
+    if hold is None:
+        ex.out.client(m.run.walk, node, out, modality, m.rid, path, value)
+        return
+    a = m.parent
+    while a.local.level.id != hold:
+        a = a.parent
+    if a.held is None:
+        a.held = []
+    a.held.append((node, out, modality, path, value))
+
+
+# ---- ending an iteration -------------------------------------------------------------------------
+def decide(ex: Executor, m: Member) -> Any:
+    """Iteration k of ``m`` ran here: None (k+1 follows), the exposed count if the instance ends, or WAIT."""
+    local = m.local
+    kind, k = local.level.kind, m.k
+    if kind == "root":
+        return 1
+    if local.stop_local:
+        return _stop_rule(ex, m)
+    if kind == "loop":
+        return k + 1 if k + 1 >= m.bound else None
+    if kind == "stream":  # a chunk that ran counts; the next one decides (here, or on the consumer's rank)
+        return m.end if m.end is not None and m.end <= k + 1 else None
+    if m.end is not None:
+        return m.end
+    return None if m.decided >= k else WAIT  # another rank decides
+
+
+def _stop_rule(ex: Executor, m: Member) -> int | None:
+    """The stop rule on iteration k, here at the stop node's rank: the exposed count if the loop ends."""
+    run, level, k = m.run, m.local.level, m.k
+    node, out, rule = level.stop
+    values = m.cur.get(node)
+    value = values.get(out, _MISSING) if values is not None else _MISSING
+    if value is _MISSING:
+        ex.fail(run, f"node {node!r} returned no output {out!r}, which the stop rule of loop {level.id!r} reads")
+        return None
+    try:
+        stop = rule.should_stop(value, run.request.params, k)
+    except Exception as e:
+        ex.fail(run, f"stop rule of loop {level.id!r} failed: {type(e).__name__}: {e}")
+        return None
+    end = None
+    if stop:
+        end = k + 1 if rule.include_stopping else k
+    elif k + 1 >= m.bound:
+        end = k + 1
+        run.hit_bound = True
+    for rank in m.others:
+        ex.out.loop(rank, run.walk, level.id, m.rid, m.outer, k, -1 if end is None else end)
+    return end
+
+
+def expose(ex: Executor, m: Member) -> None:
+    """Iteration k counts: outputs held for it move on, exit values gather."""
+    held, m.held = m.held, None
+    if held:
+        for node, out, modality, path, value in held:
+            client(ex, m, node, out, modality, path, value)
+    exits = m.local.exits
+    if not exits:
+        return
+    acc = m.acc
+    if acc is None:
+        acc = m.acc = {}
+    for route, i in exits:
+        if i == 0:
+            values = m.cur.get(route.node)
+            value = values.get(route.output, _MISSING) if values is not None else _MISSING
+        else:
+            value = (m.exit_in or {}).get(route, _MISSING)
+        if value is _MISSING:
+            continue
+        if route.last[i]:
+            acc[route] = [value]
+        else:
+            acc.setdefault(route, []).append(value)
+
+
+# ---- ending an instance --------------------------------------------------------------------------
+def end_member(ex: Executor, m: Member, n: int) -> None:
+    """``m`` ran its last iteration, of which ``n`` are exposed."""
+    m.live = False
+    run, local = m.run, m.local
+    level = local.level
+    run.firings += m.fired
+    run.members.pop((level.id, m.outer), None)
+    for _, _, info in local.produces:
+        streams.end(ex, run, info, m.outer, n)
+    pm = m.parent
+    for route, i in local.exits:
+        values = m.acc.get(route, ()) if m.acc else ()
+        if route.last[i]:
+            if not values:
+                ex.fail(run, f"loop {level.id!r} exposed no iteration, so {route.node}.{route.output} has no last value")
+                return
+            value = values[-1]
+        else:
+            value = ex.concat(list(values), None)
+        if i + 1 < len(route.levels):
+            if pm.exit_in is None:
+                pm.exit_in = {}
+            pm.exit_in[route] = value
+        else:
+            ex.land(pm, route, value)
+    if pm is None:
+        ex.walk_done(run)
+    else:
+        pm.children -= 1
+        ex.touch(pm.cohort)
+
+
+def kill(ex: Executor, m: Member) -> None:
+    """Drop ``m`` and everything it started in its current iteration, sending nothing."""
+    m.live = False
+    run = m.run
+    run.firings += m.fired
+    run.members.pop((m.local.level.id, m.outer), None)
+    path = m.path
+    for unit in m.local.units:
+        child_level = getattr(unit, "child", None)
+        if child_level is not None:
+            child = run.members.get((child_level.level.id, path))
+            if child is not None:
+                kill(ex, child)
+
+
+def decision(ex: Executor, m: Member, k: int, end: int) -> None:
+    """Another rank decided iteration ``k`` of ``m``: it continues (``end`` < 0) or ``end`` are exposed."""
+    if end < 0:
+        if k > m.decided:
+            m.decided = k
+    else:
+        m.end = end
+        if m.k >= end:  # the current iteration is not exposed: drop what it started, and end
+            path = m.path
+            for unit in m.local.units:
+                child_level = getattr(unit, "child", None)
+                if child_level is not None and (child := m.run.members.get((child_level.level.id, path))):
+                    kill(ex, child)
+            end_member(ex, m, end)
+            return
+    ex.touch(m.cohort)

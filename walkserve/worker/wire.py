@@ -1,0 +1,55 @@
+"""A worker's messages on the wire: tensor values packed for their destination, unpacked on arrival.
+
+The executor builds messages with raw values; the main thread packs them:
+a step's values of one node output become the rows of one stacked tensor
+when they share dtype and shape (one shared-memory segment, or one inline
+buffer, for the whole step), else one TensorMsg each. Values for the
+conductor and for TCP ranks always travel inline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from walkserve.protocol import messages as m
+from walkserve.transport.tensors import TensorCodec, stack_rows, unpack
+
+_ROWS = (m.ClientOuts, m.Values, m.StreamItems)
+
+
+def pack(msg: Any, codec: TensorCodec, inline: bool) -> Any:
+    """``msg`` (built by the executor, raw values) ready to encode."""
+    if isinstance(msg, _ROWS):
+        values = msg.values
+        stack = stack_rows(values) if values else None
+        if stack is not None:
+            msg.stacked, msg.values = codec.pack(stack, allow_shm=not inline), []
+        else:
+            msg.values = [_wire(v, codec, inline) for v in values]
+    elif isinstance(msg, m.WalkOut):
+        msg.value = _wire(msg.value, codec, True)
+    return msg
+
+
+def unpack_message(msg: Any) -> Any:
+    """A received message with its tensors as torch tensors (rows of a stacked tensor as views)."""
+    if isinstance(msg, (m.Values, m.StreamItems)):
+        if msg.stacked is not None:
+            msg.values, msg.stacked = list(unpack(msg.stacked).unbind(0)), None
+        else:
+            msg.values = [_value(v) for v in msg.values]
+    elif isinstance(msg, m.StartWalk):
+        msg.inputs = {k: _value(v) for k, v in msg.inputs.items()}
+    return msg
+
+
+def _wire(value: Any, codec: TensorCodec, inline: bool) -> Any:
+    if isinstance(value, torch.Tensor):
+        return codec.pack(value, allow_shm=not inline)
+    return value
+
+
+def _value(value: Any) -> Any:
+    return unpack(value) if isinstance(value, m.TensorMsg) else value
