@@ -169,7 +169,7 @@ class Conductor:
         def choose(plan: WalkPlan, node: str, sticky: dict[str, int]) -> int:
             return choose_rank(self.placement, plan, node, sticky, self.load.__getitem__)
 
-        run = RequestRun(spec, self.graph, choose)
+        run = RequestRun(spec, self.graph, choose, stateful=frozenset(self.spec.stateful))
         run.admitted_at = queued_at
         run.queue_s = time.monotonic() - queued_at
         self.runs[spec.id] = run
@@ -180,11 +180,11 @@ class Conductor:
         self.send_walk(run, messages)
 
     def send_walk(self, run: RequestRun, messages: list) -> None:
-        for rank, start in messages:
-            self.outbox.put(("rank", rank), start)
-        self.counters["start_walks"] += len(messages)
+        for rank, msg in messages:  # StartWalk, and MoveContexts first when a component's state moves
+            self.outbox.put(("rank", rank), msg)
+        self.counters["start_walks"] += sum(isinstance(msg, m.StartWalk) for _, msg in messages)
         self.unload(run)
-        run.loaded = {r for r, _ in messages}
+        run.loaded = {r for r, msg in messages if isinstance(msg, m.StartWalk)}
         for rank in run.loaded:
             self.load[rank] += 1
 

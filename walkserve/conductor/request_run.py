@@ -22,7 +22,7 @@ from walkserve.core.request import RequestSpec
 from walkserve.graph.plan import INPUT, ToNode, ToOutput, WalkPlan
 from walkserve.graph.walk import WalkGraph, WalkStart
 from walkserve.protocol.arrays import plain_value, wire_value
-from walkserve.protocol.messages import StartWalk
+from walkserve.protocol.messages import MoveContexts, StartWalk
 
 
 def request_params(spec: RequestSpec) -> dict[str, Any]:
@@ -39,6 +39,7 @@ class RequestRun:
     # (plan, node, sticky) -> rank; ``sticky`` (component -> rank) keeps a component where it ran before
     choose_rank: Callable[[WalkPlan, str, dict[str, int]], int]
     local_walks: bool = True  # let a rank that holds a whole walk start the next one itself
+    stateful: frozenset[str] = frozenset()  # components whose per-request state moves between ranks
     walk: str | None = None
     walks_run: list[str] = field(default_factory=list)
     pending: set[str] = field(default_factory=set)
@@ -46,6 +47,7 @@ class RequestRun:
     hit_bound: bool = False
     ranks: dict[str, dict[str, int]] = field(default_factory=dict)  # walk -> node -> rank
     sticky: dict[str, int] = field(default_factory=dict)
+    state_at: dict[str, int] = field(default_factory=dict)  # stateful component -> the rank holding its state
     seq: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     firings: int = 0
     admitted_at: float = field(default_factory=time.monotonic)
@@ -62,11 +64,11 @@ class RequestRun:
     def involved_ranks(self) -> set[int]:
         return {r for m in self.ranks.values() for r in m.values()}
 
-    def begin(self) -> list[tuple[int, StartWalk]]:
+    def begin(self) -> list[tuple[int, StartWalk | MoveContexts]]:
         """Choose the first walk; return the StartWalk message for each rank it involves."""
         return self._start(self.graph.state_machine.first(self.spec))
 
-    def _start(self, start: WalkStart) -> list[tuple[int, StartWalk]]:
+    def _start(self, start: WalkStart) -> list[tuple[int, StartWalk | MoveContexts]]:
         self.graph.check_start(start)
         plan = self.graph.plans[start.walk]
         ranks = {node: self.choose_rank(plan, node, self.sticky) for node in plan.nodes}
@@ -82,12 +84,29 @@ class RequestRun:
         params, sampling, per_node = request_params(self.spec), self.spec.sampling, self.spec.node_sampling
         whole = self.local_walks and len(set(ranks.values())) == 1
         spec, sticky = (self.spec, dict(self.sticky)) if whole else (None, {})
-        messages = []
+        moves = self._moves(plan, ranks)
+        messages: list[tuple[int, Any]] = []
+        for (src, dst), components in sorted(moves.items()):
+            messages.append((src, MoveContexts(self.id, components, dst)))
         for rank in sorted(set(ranks.values())):
             inputs = {name: wire_value(start.inputs[name]) for name in sorted(needs[rank])}
-            start_walk = StartWalk(self.id, start.walk, ranks, inputs, params, sampling, per_node, spec, sticky)
+            moved_in = sorted(c for (_, dst), comps in moves.items() if dst == rank for c in comps)
+            start_walk = StartWalk(self.id, start.walk, ranks, inputs, params, sampling, per_node, spec, sticky, moved_in)
             messages.append((rank, start_walk))
         return messages
+
+    def _moves(self, plan: WalkPlan, ranks: dict[str, int]) -> dict[tuple[int, int], list[str]]:
+        """(from rank, to rank) -> stateful components whose state must move before the walk uses it."""
+        moves: dict[tuple[int, int], list[str]] = defaultdict(list)
+        for node, rank in ranks.items():
+            comp = plan.nodes[node].component
+            if comp not in self.stateful:
+                continue
+            held = self.state_at.get(comp)
+            if held is not None and held != rank and comp not in moves[(held, rank)]:
+                moves[(held, rank)].append(comp)
+            self.state_at[comp] = rank
+        return {k: v for k, v in moves.items() if v}
 
     def _record(self, walk: str, ranks: dict[str, int]) -> None:
         self.walk, self.pending, self.outputs, self.hit_bound = walk, set(ranks), {}, False
@@ -109,6 +128,8 @@ class RequestRun:
             return False
         self.firings += firings
         self._record(walk, dict(ranks))
+        plan = self.graph.plans[walk]
+        self.state_at.update({plan.nodes[n].component: r for n, r in ranks.items() if plan.nodes[n].component in self.stateful})
         return True
 
     def walk_output(self, walk: str, name: str, value: Any) -> bool:
@@ -121,7 +142,7 @@ class RequestRun:
         walk = self.graph.walks[self.walk]
         return not self.pending and all(o in self.outputs for o in walk.outputs)
 
-    def advance(self) -> list[tuple[int, StartWalk]]:
+    def advance(self) -> list[tuple[int, StartWalk | MoveContexts]]:
         """The current walk is complete: start the next one, or finish (returns no messages)."""
         finished_walk, outputs = self.walk, dict(self.outputs)
         hit = self.hit_bound

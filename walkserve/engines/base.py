@@ -139,6 +139,20 @@ class Engine(ABC):
         """
         return [self.run_group(g) for g in groups]
 
+    def export_contexts(self, request_id: str) -> list[Any]:
+        """The request's per-request state (``protocol.messages.ContextState`` each), removed from here.
+
+        Optional (``migrates = True``). Called between walks, when nothing of the
+        request runs here, to move its state to the rank that runs its next walk;
+        that rank's engine gets it through ``import_contexts`` before any firing.
+        """
+        raise NotImplementedError
+
+    def import_contexts(self, request_id: str, contexts: list[Any]) -> None:
+        """Take over state another rank's engine exported for the request (see ``export_contexts``)."""
+        raise NotImplementedError
+
+    migrates = False
     runs_groups = False
     kv_contexts = False  # True: the worker binds each firing's declared context operations (Firing.kv, Group.kv)
 

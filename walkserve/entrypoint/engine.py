@@ -189,6 +189,7 @@ class AsyncEngine(EngineClient):
             engine_options(comp.engine, name, comp.options, config.engine_options.get(comp.engine))
         parsed = parse_placement(data, source)
         require_ray(parsed)
+        movable = tuple(sorted(c for c, s in comps.items() if s.stateful and s.engine == "kv"))
         check_placement(
             parsed,
             model.graph(),
@@ -197,12 +198,14 @@ class AsyncEngine(EngineClient):
             {c: s.state_bytes for c, s in comps.items()},
             device_free=device_free_bytes,
             kv_shares={c: s.kv_share for c, s in comps.items() if s.kv_share},
+            movable=set(movable),
         )
         model.memory_report(parsed, device_total_bytes)  # a model with real sizes refuses a plan that cannot fit
         run_id = new_run_id()
         run_dir = rundir.make_run_dir(run_id)
         ref = model.ref
-        spec = RunSpec(run_id, secrets.token_hex(16), str(run_dir), ref.family, ref.path, dict(ref.options), data, source, config)
+        spec = RunSpec(run_id, secrets.token_hex(16), str(run_dir), ref.family, ref.path, dict(ref.options), data, source, config,
+                       movable)
         save_run_spec(spec, spec.address_path("spec.msgpack"))
         engine = cls(model, spec)
         engine.process = Child([sys.executable, "-m", "walkserve.conductor.main", spec.address_path("spec.msgpack"), str(os.getpid())])

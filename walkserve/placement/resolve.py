@@ -25,6 +25,7 @@ def check_placement(
     state_bytes: Mapping[str, int | StateSize],
     device_free: Callable[[str], int | None] | None = None,
     kv_shares: Mapping[str, str] | None = None,
+    movable: set[str] | frozenset[str] = frozenset(),
 ) -> None:
     """Raise PlacementError if the placement cannot serve this model.
 
@@ -34,12 +35,16 @@ def check_placement(
     it is asked only for GPU ranks with a memory budget, and never under Ray,
     where the rank's budget stands for the memory of the GPU Ray will pick. ``kv_shares`` maps
     components to their KV share group (components that read each other's KV
-    contexts): every node of a group must run on the same ranks.
+    contexts): every node of a group must run on the same ranks. A stateful
+    component keeps each KV context on one set of ranks within a walk;
+    ``movable`` ones (their engine moves a request's contexts) may use a
+    context on other ranks in another walk (prefill on one rank, decode on
+    another).
     """
     walks = walk_nodes(graph)
     placement.check_covers(walks)
     check_kv_shares(placement, graph, walks, kv_shares or {})
-    check_state_kept_together(placement, graph, walks, stateful)
+    check_state_kept_together(placement, graph, walks, stateful, movable)
     demands = {rank: rank_demands(placement, rank, graph, walks, weight_bytes, state_bytes, device_free)
                for rank in placement.ranks}
     placement.check_memory(demands)
@@ -84,25 +89,30 @@ def rank_demands(
 
 
 def check_state_kept_together(placement: Placement, graph: WalkGraph, walks: Mapping[str, list[str]],
-                              stateful: set[str]) -> None:
-    """A stateful component's per-request state stays where it was made: every node touching one of its KV
-    contexts (writing, reading, forking from or into it; a node without declared operations touches
-    ``main``) must be placed on the same ranks. Nodes over different contexts may sit on different ranks."""
+                              stateful: set[str], movable: set[str] | frozenset[str] = frozenset()) -> None:
+    """A stateful component's per-request state stays where it is used: within a walk, every node touching one
+    of its KV contexts (writing, reading, forking from or into it; a node without declared operations touches
+    ``main``) must be placed on the same ranks; across walks too, unless the component is ``movable`` (its
+    engine moves the context to the rank of the next walk). Nodes over different contexts may sit apart."""
     seen: dict[tuple[str, str], tuple[tuple[int, ...], str]] = {}  # (component, context) -> (ranks, where)
     for w, names in walks.items():
+        here: dict[tuple[str, str], tuple[tuple[int, ...], str]] = {}
         for n in names:
             node = graph.plans[w].nodes[n]
             if node.component not in stateful:
                 continue
-            ranks = placement.ranks_for(w, n)
+            ranks, where = placement.ranks_for(w, n), f"node {n!r} in walk {w!r}"
             for context in touched_contexts(node.params):
-                first = seen.setdefault((node.component, context), (ranks, f"node {n!r} in walk {w!r}"))
+                key = (node.component, context)
+                first = here.setdefault(key, (ranks, where))
+                why = "within one walk"
+                if first[0] == ranks and node.component not in movable:
+                    first, why = seen.setdefault(key, (ranks, where)), "and its engine cannot move that state"
                 if first[0] != ranks:
                     raise PlacementError(
                         f"{placement.source}: component {node.component!r} keeps per-request state, so every node "
                         f"that touches its context {context!r} must be placed on the same ranks ({first[1]} on ranks "
-                        f"{list(first[0])}; node {n!r} in walk {w!r} on ranks {list(ranks)}); moving that state "
-                        f"between ranks is not supported yet"
+                        f"{list(first[0])}; node {n!r} in walk {w!r} on ranks {list(ranks)}) {why}"
                     )
 
 

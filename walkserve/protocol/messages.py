@@ -1,8 +1,9 @@
 """Every message that crosses a process boundary, in one place.
 
 Who fills what: the frontend (F) sends Submit/Abort/Shutdown to the
-conductor (C); C sends StartWalk/Release/Stop to workers (W); workers send
-each other Values/StreamItems/StreamEnds/LoopEvents/Flows; workers report
+conductor (C); C sends StartWalk/MoveContexts/Release/Stop to workers (W);
+workers send each other Values/StreamItems/StreamEnds/LoopEvents/Flows and,
+between walks, a request's moved KV contexts (Contexts); workers report
 ClientOuts/WalkOut/NodeDone/WalkStarted/Failed/Ready/WorkerStats to C; C
 reports Events/Finished/Rejected/Status to F. Messages that carry rows carry
 one per request of a step: a step's outputs of one node output are one
@@ -125,6 +126,19 @@ class StartWalk(msgspec.Struct, tag=True, array_like=True):
     node_sampling: dict[str, SamplingParams] = {}
     spec: RequestSpec | None = None
     sticky: dict[str, int] = {}
+    moved_in: list[str] = []  # components whose state comes from another rank first (Contexts)
+
+
+class MoveContexts(msgspec.Struct, tag=True, array_like=True):
+    """Conductor -> worker: the request's next walk runs ``components`` on ``to_rank``; send it their state.
+
+    The walk before has ended here, so the state is idle; the receiving rank
+    holds the walk's start until it arrived (StartWalk.moved_in).
+    """
+
+    request_id: str
+    components: list[str]
+    to_rank: int
 
 
 class Release(msgspec.Struct, tag=True, array_like=True):
@@ -207,6 +221,48 @@ class Flows(msgspec.Struct, tag=True, array_like=True):
     request_ids: list[str]
     prefixes: list[Path]
     pauses: list[bool]
+
+
+class SegmentState(msgspec.Struct, array_like=True):
+    """Rows ``[start, start + n)`` of a context appended together (engines.kv.sequence.Segment, moving)."""
+
+    start: int
+    n: int
+    mask: str
+    frame: int
+    pos_base: int | float | None
+    positions: Wire
+    embeds: Wire
+    embed_rows: Wire
+    token_inputs: dict[str, Wire]
+    axes: int
+
+
+class ContextState(msgspec.Struct, array_like=True):
+    """One KV context of a request on its way to another rank: its history, and the K/V of computed rows.
+
+    ``k``, ``v``: [layers, computed rows, KV heads, head dim], or None (the
+    receiver recomputes the rows from ``segments``).
+    """
+
+    name: str
+    component: str
+    token_ids: list[int]
+    sampled: list[int]
+    segments: list[SegmentState]
+    cache_limit: int | None
+    next_position: int | float
+    axes: int
+    k: Wire = None
+    v: Wire = None
+
+
+class Contexts(msgspec.Struct, tag=True, array_like=True):
+    """Worker -> worker: a request's per-request state (KV contexts) of ``components``, moved here."""
+
+    request_id: str
+    components: list[str]
+    contexts: list[ContextState]
 
 
 # ---- worker -> conductor -------------------------------------------------------------------
@@ -330,6 +386,8 @@ Message = (
     | Release
     | Stop
     | StatsQuery
+    | MoveContexts
+    | Contexts
     | Values
     | StreamItems
     | StreamEnds

@@ -27,6 +27,7 @@ class RunSpec:
     placement: dict[str, Any]  # the placement mapping (same schema as the YAML file)
     placement_source: str
     config: RuntimeConfig = field(default_factory=RuntimeConfig)
+    stateful: tuple[str, ...] = ()  # components whose per-request state moves with the request's walks
 
     def address(self, name: str) -> str:
         return f"ipc://{self.run_dir}/{name}.sock"

@@ -255,9 +255,9 @@ class Simulator:
             result.finish = run.finished
             self._release(run)
             return
-        for rank, start in messages:
-            self.stats.start_walks += 1
-            self.channels[(CONDUCTOR, ("rank", rank))].append(start)
+        for rank, msg in messages:
+            self.stats.start_walks += isinstance(msg, m.StartWalk)
+            self.channels[(CONDUCTOR, ("rank", rank))].append(msg)
 
     def _fail(self, run: RequestRun, error: str) -> None:
         run.error = error

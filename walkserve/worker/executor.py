@@ -63,6 +63,8 @@ class Executor:
         self.pending: dict[int, tuple[Cohort, Member, NodeUnit, int]] = {}  # firing id -> who waits for it
         self.early: dict[tuple[str, str], list[tuple[float, Row]]] = {}  # rows for walks not started here yet
         self.released: dict[str, float] = {}
+        self.arrived: dict[str, set[str]] = {}  # request -> components whose state came from another rank
+        self.held: dict[str, list[m.StartWalk]] = {}  # walks waiting for that state
         self.out = Outgoing()
         self.counters: dict[str, int] = defaultdict(int)
         self.busy_s: dict[str, float] = defaultdict(float)
@@ -79,6 +81,9 @@ class Executor:
     def on_start(self, msg: m.StartWalk) -> None:
         rid = msg.request_id
         if rid in self.released:
+            return
+        if msg.moved_in and not set(msg.moved_in) <= self.arrived.get(rid, set()):
+            self.held.setdefault(rid, []).append(msg)  # its components' state is still on its way here
             return
         req = self.requests.get(rid)
         if req is None:
@@ -135,6 +140,40 @@ class Executor:
         for rid, prefix, pause in zip(msg.request_ids, msg.prefixes, msg.pauses, strict=True):
             self._row(rid, msg.walk, FlowRow(msg.stream, tuple(prefix), pause))
 
+    def on_move(self, msg: m.MoveContexts) -> None:
+        """The request's next walk runs these components elsewhere: their state goes there (Contexts)."""
+        rid, states = msg.request_id, []
+        if rid in self.released:
+            return
+        for engine in {id(e): e for c in msg.components if (e := self.engines.get(c)) is not None}.values():
+            try:
+                if not engine.migrates:
+                    raise ValueError(f"engine {engine.component!r} cannot move a request's state")
+                states += engine.export_contexts(rid)
+            except ValueError as e:
+                self.out.conductor(m.Failed(rid, f"the state of {msg.components} could not move: {e}"))
+                return
+        self.counters["contexts_moved_out"] += len(states)
+        self.out.to(msg.to_rank, m.Contexts(rid, list(msg.components), states))
+
+    def on_contexts(self, msg: m.Contexts) -> None:
+        """State another rank's engines exported for a request: into this rank's engines, then its walk may start."""
+        rid = msg.request_id
+        if rid in self.released:
+            return
+        for engine in {id(e): e for c in msg.components if (e := self.engines.get(c)) is not None}.values():
+            mine = [st for st in msg.contexts if self.engines.get(st.component) is engine]
+            try:
+                engine.import_contexts(rid, mine)
+            except Exception as e:
+                log.exception("engine %s failed to take the contexts of %s", engine.component, rid)
+                self.out.conductor(m.Failed(rid, f"the state of {msg.components} could not move here: {e}"))
+                return
+        self.counters["contexts_moved_in"] += len(msg.contexts)
+        self.arrived.setdefault(rid, set()).update(msg.components)
+        for start in self.held.pop(rid, ()):
+            self.on_start(start)
+
     def on_release(self, msg: m.Release) -> None:
         self.release(msg.request_id)
 
@@ -148,6 +187,8 @@ class Executor:
         m.StreamEnds: on_ends,
         m.LoopEvents: on_loops,
         m.Flows: on_flows,
+        m.MoveContexts: on_move,
+        m.Contexts: on_contexts,
         m.Release: on_release,
         m.StatsQuery: on_stats_query,
     }
@@ -305,6 +346,8 @@ class Executor:
         self.pending = {f: rec for f, rec in self.pending.items() if rec[1].run.request.id != rid}
         for key in [k for k in self.early if k[0] == rid]:
             del self.early[key]
+        self.arrived.pop(rid, None)
+        self.held.pop(rid, None)
         if not self.batched:
             for key in [k for k in self.cohorts if k[1] == rid]:
                 self.dirty.pop(self.cohorts.pop(key), None)
@@ -409,7 +452,8 @@ class Executor:
             engine_state=state,
             inflight=len(self.pending),
             cohort_members=sum(c.members() for c in self.cohorts.values()),
-            early=sum(len(v) for v in self.early.values()) + sum(len(v) for run in runs for v in run.early.values()),
+            early=sum(len(v) for v in self.early.values()) + sum(len(v) for run in runs for v in run.early.values())
+            + sum(len(v) for v in self.held.values()),
             counters=dict(self.counters),
             engines=engines,
             nodes=nodes,

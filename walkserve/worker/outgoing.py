@@ -95,6 +95,10 @@ class Outgoing:
     def conductor(self, message: Any) -> None:
         self._other.append((CONDUCTOR, message))
 
+    def to(self, rank: int, message: Any) -> None:
+        """A message for another rank that carries no rows (a request's moved state)."""
+        self._other.append((to_rank(rank), message))
+
     def take(self) -> list[tuple[Any, Any]]:
         """Every message gathered since the last take, as (destination, message), in sending order."""
         out: list[tuple[Any, Any]] = []

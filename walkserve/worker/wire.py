@@ -30,6 +30,9 @@ def pack(msg: Any, codec: TensorCodec, inline: bool) -> Any:
             msg.values = [_wire(v, codec, inline) for v in values]
     elif isinstance(msg, m.WalkOut):
         msg.value = _wire(msg.value, codec, True)
+    elif isinstance(msg, m.Contexts):
+        for st in msg.contexts:
+            _map_state(st, lambda v: _wire(v, codec, inline))
     return msg
 
 
@@ -42,7 +45,18 @@ def unpack_message(msg: Any) -> Any:
             msg.values = [_value(v) for v in msg.values]
     elif isinstance(msg, m.StartWalk):
         msg.inputs = {k: _value(v) for k, v in msg.inputs.items()}
+    elif isinstance(msg, m.Contexts):
+        for st in msg.contexts:
+            _map_state(st, _value)
     return msg
+
+
+def _map_state(st: m.ContextState, f: Any) -> None:
+    """Apply ``f`` to every tensor field of a moving context (K/V, and its segments' positions and inputs)."""
+    st.k, st.v = f(st.k), f(st.v)
+    for g in st.segments:
+        g.positions, g.embeds, g.embed_rows = f(g.positions), f(g.embeds), f(g.embed_rows)
+        g.token_inputs = {k: f(v) for k, v in g.token_inputs.items()}
 
 
 def _wire(value: Any, codec: TensorCodec, inline: bool) -> Any:

@@ -37,6 +37,7 @@ from walkserve.core.errors import ConfigError
 from walkserve.engines.base import Engine, Firing, FiringResult, Group
 from walkserve.engines.kv.block_manager import BlockManager, ContextKey
 from walkserve.engines.kv.kv_pool import KVPool, KVPoolShape, pool_blocks
+from walkserve.engines.kv.migrate import export_contexts, import_contexts
 from walkserve.engines.kv.ops import ContextOp, bind
 from walkserve.engines.kv.outputs import OUTPUTS
 from walkserve.engines.kv.runner import ModelRunner
@@ -70,6 +71,7 @@ class KVCacheEngine(Engine):
 
     runs_groups = True
     kv_contexts = True
+    migrates = True
 
     def __init__(
         self,
@@ -198,6 +200,12 @@ class KVCacheEngine(Engine):
                 break
         self._ready = others + self._ready
         return [[answers.get(fid, f"{self.component}: the firing was never answered") for fid in part] for part in ids]
+
+    def export_contexts(self, request_id: str) -> list[Any]:
+        return export_contexts(self, request_id)
+
+    def import_contexts(self, request_id: str, contexts: list[Any]) -> None:
+        import_contexts(self, request_id, contexts)
 
     def has_work(self) -> bool:
         return (bool(self._ready) or bool(self.scheduler.queries)
