@@ -178,8 +178,8 @@ def report(shape: Shape, args: argparse.Namespace, by_dtype: dict[str, dict[str,
     cpu = [(dtype, *(_cpu_row(res["d"]))) for dtype, res in by_dtype.items() if "d" in res]
     if cpu:
         lines += ["", "CPU seconds used during the timed part of (d), and per engine step:", "",
-                  table(["dtype", "worker compute thread", "worker main thread", "conductor", "client (asyncio)",
-                         "wall", "main + conductor ms / step"], cpu)]
+                  table(["dtype", "worker thread", "worker's other threads", "conductor", "client (asyncio)",
+                         "wall", "conductor + client ms / step"], cpu)]
     lines.append("")
     lines += [f"- {dtype}: {verdict(res, args.device)}" for dtype, res in by_dtype.items() if verdict(res, args.device)]
     graphs = [(dtype, r.extra) for dtype, res in by_dtype.items() for k, r in res.items() if k == "e"]
@@ -190,8 +190,8 @@ def report(shape: Shape, args: argparse.Namespace, by_dtype: dict[str, dict[str,
 
 def _cpu_row(r: CaseResult) -> tuple:
     c = r.extra["cpu_s"]
-    per_step = (c["worker.main"] + c["conductor"]) / max(r.extra["steps"], 1) * 1e3
-    return (c["worker.compute"], c["worker.main"], c["conductor"], c["client"], r.seconds, per_step)
+    per_step = (c["conductor"] + c["client"]) / max(r.extra["steps"], 1) * 1e3
+    return (c["worker.main"], c["worker.others"], c["conductor"], c["client"], r.seconds, per_step)
 
 
 def main(argv: list[str]) -> int:

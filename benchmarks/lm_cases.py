@@ -246,7 +246,7 @@ async def _served(work: Workload, kv_options: dict[str, Any]) -> CaseResult:
         stats = engine.stats()
         extra = {"kv_blocks_peak": max(peak, stats.kv_blocks_used), "kv_blocks_total": stats.kv_blocks_total,
                  "preemptions": stats.preemptions, "steps": after[0] - before[0], "busy_s": after[1] - before[1],
-                 "cpu_s": cpu_s, "step_cpu_s": cpu_s["worker.compute"]}
+                 "cpu_s": cpu_s, "step_cpu_s": cpu_s["worker.main"] + cpu_s["worker.others"]}
     finally:
         await engine.shutdown()
     return CaseResult("served", [o[0] for o in outs], seconds, [o[1] for o in outs], extra)
@@ -280,7 +280,7 @@ async def _stream(engine, work: Workload, prompt: tuple[int, ...], t0: float) ->
 
 
 async def _compute_totals(engine) -> tuple[int, float]:
-    """(engine steps, seconds inside engine steps) so far, summed over the workers' compute threads."""
+    """(engine steps, seconds inside engine steps) so far, summed over the workers."""
     await engine.refresh_status()
     await asyncio.sleep(0.6)  # a worker reports every 0.5 s; let a fresh report reach the status
     await engine.refresh_status()
@@ -292,8 +292,9 @@ async def _compute_totals(engine) -> tuple[int, float]:
 class _CpuClock:
     """CPU seconds each runtime process (and the worker's threads) used since construction, from /proc.
 
-    worker.main = the worker's main thread (receive, dataflow, routing); worker.compute = its other
-    threads (the compute thread stepping the engine, plus any torch threads); conductor; client = this
+    worker.main = the worker's thread (messages, the executor, the engine step and the first of
+    torch's OpenMP threads); worker.others = its other threads (torch's other OpenMP threads, ZeroMQ's
+    I/O thread, the parent watcher); conductor; client = this
     process (asyncio, decoding events).
     """
 
@@ -304,11 +305,11 @@ class _CpuClock:
 
     def _now(self) -> dict[str, float]:
         out = {"conductor": _proc_cpu(self.pids["conductor"]), "client": time.process_time(),
-               "worker.main": 0.0, "worker.compute": 0.0}
+               "worker.main": 0.0, "worker.others": 0.0}
         for pid in self.pids["workers"]:
             main = _proc_cpu(pid, pid)
             out["worker.main"] += main
-            out["worker.compute"] += _proc_cpu(pid) - main
+            out["worker.others"] += _proc_cpu(pid) - main
         return out
 
     def read(self) -> dict[str, float]:

@@ -29,6 +29,7 @@ for all members at once.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from walkserve.engines.base import Firing, Group
@@ -239,8 +240,13 @@ class Cohort:
             [m.run.request.params for m in members], [m.run.request.sampling_for(node.name) for m in members],
             kv=kv, spans=spans,
         )
+        ex = self.ex
+        t0 = time.perf_counter()
         try:
             results = engine.run_group(group)
+            ex.busy_s[node.component] += time.perf_counter() - t0
+            ex.steps[node.component] += 1
+            ex.items[node.component] += len(members)
         except Exception as e:
             log.exception("engine %s failed a group", node.component)
             return [f"engine {node.component!r} failed: {type(e).__name__}: {e}"] * len(members)
