@@ -287,3 +287,47 @@ def test_each_node_gets_its_own_sampling_when_the_request_names_it():
     ex.receive(walk)
     _drive(ex)
     assert seen == {"a": [0.9, 0.9], "b": [0.5, 0.5]}
+
+
+class Passes(GroupOnlyEngine):
+    """Two guidance-like passes ``p1``/``p2`` of one component: records how the cohort called it."""
+
+    component = "p"
+
+    def __init__(self):
+        self.calls: list[list[tuple[str, list[str]]]] = []  # per engine call: (node, members) per group
+
+    def run_group(self, group: Group) -> list:
+        return self.run_groups([group])[0]
+
+    def run_groups(self, groups: list[Group]) -> list:
+        self.calls.append([(g.node, list(g.request_ids)) for g in groups])
+        scale = {"p1": 1, "p2": 10}
+        return [[{"v": inp["x"] * scale[g.node]} for inp in g.inputs] for g in groups]
+
+
+class Combine(GroupOnlyEngine):
+    component = "c"
+
+    def run_group(self, group: Group) -> list:
+        return [{"x": inp["a"] + inp["b"]} for inp in group.inputs]
+
+
+def test_independent_nodes_of_one_engine_run_in_one_call_per_step():
+    """Like a CFG step: two passes read the carried latent, a combine reads both; each step calls the
+    passes' engine once for both nodes and every member."""
+    body = Sequential(GraphNode("p1", ["x"], ["v"], component="p"), GraphNode("p2", ["x"], ["v"], component="p"),
+                      GraphNode("c", ["a", "b"], ["x"]))
+    loop = DynamicLoop(body, stop=StopWhen("c.x", stop_rule, label="stop_at"), max_iterations="steps",
+                       carry={"c.x": ["p1.x", "p2.x"]}, outputs={"c.x": LAST}, name="L")
+    walk = Walk("w", loop, [GraphEdge("input.x", "p1.x"), GraphEdge("input.x", "p2.x"), GraphEdge("p1.v", "c.a"),
+                            GraphEdge("p2.v", "c.b"), GraphEdge("c.x", "output.last")], inputs=["x"], outputs=["last"])
+    graph = WalkGraph("t", [walk], FunctionStateMachine(lambda req: WalkStart("w", {})))
+    passes = Passes()
+    ex = Executor(0, graph, {"p": passes, "c": Combine()}, concat)
+    for rid, x in (("r1", 1), ("r2", 2)):
+        ex.receive(m.StartWalk(rid, "w", {"p1": 0, "p2": 0, "c": 0}, {"x": torch.tensor([x])}, {"steps": 3},
+                               SamplingParams()))
+    sent = _drive(ex)
+    assert passes.calls == [[("p1", ["r1", "r2"]), ("p2", ["r1", "r2"])]] * 3
+    assert {w.request_id: w.value.tolist() for w in _kinds(sent, m.WalkOut)} == {"r1": [1331], "r2": [2662]}

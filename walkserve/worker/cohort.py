@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _MISSING = object()
+_Prepared = tuple[NodeUnit, list[Member], Group]  # a unit of a joined engine call, its members and their group
 
 
 class Cohort:
@@ -81,7 +82,11 @@ class Cohort:
         self.boundary = False
         buckets, ex = self.buckets, self.ex
         gated = bool(self.local.gate) or bool(self.local.level.produces)
+        joined: list[_Prepared] = []  # node units of one engine call, run when the call's last unit is reached
         for i, unit in enumerate(self.units):
+            if joined and not self.units[i - 1].joins_next:
+                self._run_joined(joined)
+                joined = []
             bucket = buckets[i]
             if not bucket:
                 continue
@@ -114,10 +119,14 @@ class Cohort:
             buckets[i] = stay
             if ready:
                 moved = True
-                if type(unit) is NodeUnit:
-                    self._run(unit, ready, stay, nxt, i)
-                else:
+                if type(unit) is ChildUnit:
                     self._start_children(unit, ready, nxt, i)
+                elif joined or unit.joins_next:
+                    self._prepare(unit, ready, stay, nxt, i, joined)
+                else:
+                    self._run(unit, ready, stay, nxt, i)
+        if joined:
+            self._run_joined(joined)
         if buckets[-1]:
             moved |= self._finish()
         return moved
@@ -145,34 +154,66 @@ class Cohort:
 
     # ---- node units ----------------------------------------------------------------------------
     def _run(self, unit: NodeUnit, ready: list[Member], stay: list[Member], nxt: list[Member], i: int) -> None:
+        prepared = self._inputs(unit, ready)
+        if prepared is None:
+            return
+        engine = self.ex.engines[unit.node.component]
+        if not engine.runs_groups:
+            self._submit(engine, unit, *prepared, stay)
+            return
+        members = prepared[0]
+        self._store(unit, members, self._call(engine, [self._group_of(unit, *prepared)])[0])
+        for m in members:
+            if m.live:
+                m.pos = i + 1
+                nxt.append(m)
+
+    def _inputs(self, unit: NodeUnit, ready: list[Member]) -> tuple[list, list, list | None, list | None] | None:
+        """(members, inputs, spans, context operations) of the ready members that have their inputs."""
         ex, node = self.ex, unit.node
         members, inputs, spans = self._gather(unit, ready)
-        if not members:
-            return
-        engine = ex.engines[node.component]
         kv = None
-        if engine.kv_contexts:
+        if members and ex.engines[node.component].kv_contexts:
             members, inputs, spans, kv = self._bind(node, members, inputs, spans)
-            if not members:
-                return
+        if not members:
+            return None
         ex.counters["firings"] += len(members)
+        return members, inputs, spans, kv
+
+    def _prepare(self, unit: NodeUnit, ready: list[Member], stay: list[Member], nxt: list[Member], i: int,
+                 joined: list[_Prepared]) -> None:
+        """A unit of a joined engine call: its group waits for the call's last unit; the members go on to the
+        next unit at once (it reads nothing of this one)."""
+        engine = self.ex.engines[unit.node.component]
         if not engine.runs_groups:
-            self._submit(engine, unit, members, inputs, spans, kv, stay)
+            self._run(unit, ready, stay, nxt, i)
             return
-        results = self._group(engine, unit, members, inputs, spans, kv)
-        name, done = node.name, []
+        prepared = self._inputs(unit, ready)
+        if prepared is None:
+            return
+        joined.append((unit, prepared[0], self._group_of(unit, *prepared)))
+        for m in prepared[0]:
+            m.pos = i + 1
+            nxt.append(m)
+
+    def _run_joined(self, joined: list[_Prepared]) -> None:
+        """One engine call for the groups of consecutive joined units (``Engine.run_groups``)."""
+        engine = self.ex.engines[joined[0][0].node.component]
+        for (unit, members, _), results in zip(joined, self._call(engine, [g for _, _, g in joined])):
+            self._store(unit, members, results)
+
+    def _store(self, unit: NodeUnit, members: list[Member], results: list) -> None:
+        ex, name, done = self.ex, unit.node.name, []
         for m, out in zip(members, results):
+            if not m.live:  # failed by another unit of the same call
+                continue
             if type(out) is dict:
                 m.cur[name] = out
                 m.fired += 1
                 done.append(m)
-            elif m.live:
+            else:
                 ex.fail(m.run, out if isinstance(out, str) else f"node {name!r} returned {type(out).__name__}, not outputs")
         self._produced(unit, done)
-        for m in done:
-            if m.live:
-                m.pos = i + 1
-                nxt.append(m)
 
     def _gather(self, unit: NodeUnit, ready: list[Member]) -> tuple[list[Member], list[dict], list[dict] | None]:
         """The inputs (and stream spans) of the members that have them; a missing output fails its request."""
@@ -232,27 +273,33 @@ class Cohort:
                 kept_spans.append(spans[j])
         return kept, kept_inputs, kept_spans, kv
 
-    def _group(self, engine: Any, unit: NodeUnit, members: list[Member], inputs: list, spans: list | None, kv: list | None) -> list:
+    def _group_of(self, unit: NodeUnit, members: list[Member], inputs: list, spans: list | None,
+                  kv: list | None) -> Group:
         node = unit.node
-        group = Group(
+        return Group(
             members[0].run.walk, node.name, node.component, node.op, node.outputs, node.params,
             [m.rid for m in members], [m.path for m in members], inputs,
             [m.run.request.params for m in members], [m.run.request.sampling_for(node.name) for m in members],
             kv=kv, spans=spans,
         )
-        ex = self.ex
+
+    def _call(self, engine: Any, groups: list[Group]) -> list[list]:
+        """Per group, its members' results (an engine that raises or miscounts fails the members)."""
+        ex, component = self.ex, groups[0].component
         t0 = time.perf_counter()
         try:
-            results = engine.run_group(group)
-            ex.busy_s[node.component] += time.perf_counter() - t0
-            ex.steps[node.component] += 1
-            ex.items[node.component] += len(members)
+            results = engine.run_groups(groups) if len(groups) > 1 else [engine.run_group(groups[0])]
         except Exception as e:
-            log.exception("engine %s failed a group", node.component)
-            return [f"engine {node.component!r} failed: {type(e).__name__}: {e}"] * len(members)
-        if len(results) != len(members):
-            return [f"engine {node.component!r} returned {len(results)} results for {len(members)} firings"] * len(members)
-        return results
+            log.exception("engine %s failed a group", component)
+            return [[f"engine {component!r} failed: {type(e).__name__}: {e}"] * len(g.request_ids) for g in groups]
+        ex.busy_s[component] += time.perf_counter() - t0
+        ex.steps[component] += 1
+        ex.items[component] += sum(len(g.request_ids) for g in groups)
+        if len(results) != len(groups):
+            results = [[]] * len(groups)
+        return [r if len(r) == len(g.request_ids) else
+                [f"engine {component!r} returned {len(r)} results for {len(g.request_ids)} firings"] * len(g.request_ids)
+                for g, r in zip(groups, results)]
 
     def _submit(self, engine: Any, unit: NodeUnit, members: list[Member], inputs: list, spans: list | None,
                 kv: list | None, stay: list) -> None:

@@ -5,12 +5,15 @@ request with the same local nodes in a level shares one ``LocalLevel`` and,
 with loop cohorts on, one cohort. Its units are the local direct nodes and the
 child levels with something local, in the level's dependency order. A unit
 *waits* only for what may not be here yet when the member reaches it: values
-from other ranks, exit values of child levels, stream chunks.
+from other ranks, exit values of child levels, stream chunks. A node unit that
+*joins the next* one shares its engine call: consecutive nodes of one
+component that read nothing of each other in the iteration (a CFG step's
+guidance passes) run as one ``Engine.run_groups`` call per step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from walkserve.graph.plan import INPUT, StreamInfo
@@ -41,6 +44,7 @@ class NodeUnit:
     entry_reads: tuple[tuple[str, Key], ...]
     cur_reads: tuple[tuple[str, str, str], ...]
     carry_reads: tuple[tuple[str, str, str, Key], ...]
+    joins_next: bool = False  # the next unit runs in the same engine call (see the module doc)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -92,6 +96,7 @@ def _compile(program: WalkProgram, lid: str, local: frozenset[str]) -> LocalLeve
                 here.add(name)
         elif level_local := program.levels[name].subtree & local:
             units.append(_child_unit(program, program.levels[name], level_local, here))
+    units = _join_stages(units)
     direct = [program.nodes[n] for n in level.nodes if n in local]
     stop_local = level.stop is not None and level.stop[0] in local
     gate = tuple(s for s in level.fed if s.consumer in local)
@@ -125,6 +130,22 @@ def _node_unit(node: NodeProgram, here: set[str], local: frozenset[str], now: bo
     cur_reads = tuple((r.slot, r.node, r.output) for r in node.reads if r.kind == CUR)
     carry_reads = tuple((r.slot, r.node, r.output, r.initial.key) for r in node.reads if r.kind == CARRY)
     return NodeUnit(node, tuple(waits), sends, chunks, leaves, entry_reads, cur_reads, carry_reads)
+
+
+def _join_stages(units: list[NodeUnit | ChildUnit]) -> list[NodeUnit | ChildUnit]:
+    """Mark each node unit whose successor runs on its component and reads none of the run's outputs."""
+    out: list[NodeUnit | ChildUnit] = []
+    run: set[str] = set()  # the nodes of the current run of joined units
+    for unit, nxt in zip(units, [*units[1:], None]):
+        if type(unit) is NodeUnit:
+            run.add(unit.node.name)
+            if type(nxt) is NodeUnit and nxt.node.component == unit.node.component \
+                    and not any(r.kind == CUR and r.node in run for r in nxt.node.reads):
+                unit = replace(unit, joins_next=True)
+            else:
+                run = set()
+        out.append(unit)
+    return out
 
 
 def _child_unit(program: WalkProgram, child: LevelProgram, local: frozenset[str], here: set[str]) -> ChildUnit:
