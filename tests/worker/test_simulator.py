@@ -118,3 +118,38 @@ def test_a_long_loop_holds_a_bounded_number_of_values():
     result = sim.run()[request.id]
     assert len(result.outputs) == 300 and normalized(result, False) == normalized(ref.run(request), False)
     assert 2 <= sim.peak <= 4, sim.peak  # inputs + the latest token(s), not 300 of them
+
+
+class _Echo:
+    """lm: token = tokens + 1."""
+
+    def forward_batch(self, firings):
+        return [{"token": f.inputs["tokens"] + 1} for f in firings]
+
+
+def test_a_walk_input_handed_on_reaches_the_next_walk_the_worker_starts():
+    """``input.step -> output.step`` on walks a rank runs back to back itself: the state machine there gets
+    the step back, and the conductor gets every walk's outputs."""
+    from walkserve.core.array import ArrayData
+    from walkserve.graph import Client, FunctionStateMachine, GraphEdge, GraphNode, Walk, WalkGraph, WalkStart
+
+    walk = Walk("piece", GraphNode("lm", ["tokens"], ["token"]),
+                edges=[GraphEdge("input.tokens", "lm.tokens"), GraphEdge("lm.token", Client("text")),
+                       GraphEdge("input.step", "output.step")], inputs=["tokens", "step"], outputs=["step"])
+
+    def piece(step: int) -> WalkStart:
+        return WalkStart("piece", {"tokens": ArrayData.from_list([10 * step]), "step": ArrayData.from_list([step])})
+
+    def next_walk(request, finished, outputs):
+        step = outputs["step"].tolist()[0]
+        return piece(step + 1) if step < 3 else None
+
+    graph = WalkGraph("pieces", [walk], FunctionStateMachine(lambda r: piece(0), next_walk))
+    for local_walks in (True, False):
+        sim = Simulator(graph, {"lm": _Echo()}, lambda w, n: 0, seed=1, local_walks=local_walks)
+        spec = RequestSpec({}, id="r")
+        sim.submit(spec)
+        res = sim.run()["r"]
+        assert res.error is None and [o.value.tolist() for o in res.outputs] == [[1], [11], [21], [31]]
+        assert sim.stats.walks_started_by_workers == (3 if local_walks else 0)
+        assert sim.stats.start_walks == (1 if local_walks else 4)

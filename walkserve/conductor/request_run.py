@@ -84,6 +84,9 @@ class RequestRun:
         params, sampling, per_node = request_params(self.spec), self.spec.sampling, self.spec.node_sampling
         whole = self.local_walks and len(set(ranks.values())) == 1
         spec, sticky = (self.spec, dict(self.sticky)) if whole else (None, {})
+        if whole:  # the rank may start the next walk itself: it needs every output, handed-on inputs too
+            needs[next(iter(ranks.values()))].update(n for (src, n), routes in plan.routes.items() if src == INPUT
+                                                     and any(isinstance(r, ToOutput) for r in routes))
         moves = self._moves(plan, ranks)
         messages: list[tuple[int, Any]] = []
         for (src, dst), components in sorted(moves.items()):

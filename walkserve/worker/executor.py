@@ -239,6 +239,9 @@ class Executor:
         local = local_level(program, ROOT, run.local_sets[ROOT])
         root = Member(run, local, (), None, {(INPUT, name): v for name, v in inputs.items()}, None)
         run.members[(ROOT, ())] = root
+        if run.keep:  # the conductor holds these itself for the walks it starts, not for ours
+            for name, output in program.handed_on:
+                run.outputs[output] = inputs[name]
         self._cohort(local, run).add(root)
         for _, row in self.early.pop((req.id, walk), ()):
             if root.run.request.failed:

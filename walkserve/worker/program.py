@@ -126,6 +126,7 @@ class WalkProgram:
     levels: Mapping[str, LevelProgram]
     nodes: Mapping[str, NodeProgram]
     streams: tuple[StreamInfo, ...]
+    handed_on: tuple[tuple[str, str], ...]  # (walk input, walk output): an input handed on as an output
     local_levels: dict = field(default_factory=dict, compare=False, repr=False)  # cache of worker.local
 
     def level_of(self, node: str) -> LevelProgram:
@@ -169,7 +170,9 @@ class _Compiler:
         levels = {lid: self.level(lid) for lid in self.chain_of}
         nodes = {n: self.node(n, reads[n]) for n in plan.nodes}
         _check_streams(plan, levels)
-        return WalkProgram(plan.name, plan, levels, nodes, tuple(plan.streams))
+        handed_on = tuple((out, r.name) for (src, out), routes in plan.routes.items() if src == INPUT
+                          for r in routes if isinstance(r, ToOutput))
+        return WalkProgram(plan.name, plan, levels, nodes, tuple(plan.streams), handed_on)
 
     # ---- reads -----------------------------------------------------------------------------
     def read(self, node: str, slot: str, source: Any) -> Read:
