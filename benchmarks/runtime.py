@@ -194,7 +194,9 @@ def main(argv: list[str]) -> int:
     repeat = 1 if args.quick else 3
     rows = _overhead_rows(args, steps, repeat)
     runs_note = "one measured run" if args.quick else "median, min and max of 3 measured runs after a full-size warm-up run"
-    print(f"## Runtime overhead (Null engine)\n\nconditions: {conditions()}; {steps} loop steps; worker threads {args.threads}; {runs_note}\n")
+    load = "/".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"## Runtime overhead (Null engine)\n\nconditions: {conditions()}; load average {load} (1/5/15 min) at the start; "
+          f"{steps} loop steps; worker threads {args.threads}; {runs_note}\n")
     print(table(["fixture", "workers", "batch", "client", "µs per step", "min", "max", "µs per request-step",
                  "CPU µs/step: workers", "conductor", "frontend"], rows))
     print("\nCPU columns: user + system time of each process over the measured runs, per loop step "

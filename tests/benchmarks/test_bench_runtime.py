@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -56,3 +61,22 @@ def test_the_nested_fixture_runs_as_the_reference_says_on_a_virtual_cluster():
         want = ref.run(r)
         assert [o.value.tolist() for o in got[r.id].outputs] == [o.value.tolist() for o in want.outputs]
         assert len(want.outputs) == r.params["steps"] and want.walk_outputs[0]["codes"].shape == (15 * r.params["steps"],)
+
+
+@pytest.mark.slow
+def test_quick_runtime_benchmark_prints_every_target_row():
+    """``./dev bench runtime --quick``: the split loop, the streamed loop and the nested loop side by side."""
+    root = Path(__file__).resolve().parents[2]
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "runtime", "--quick"], cwd=root,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "conditions: " in out and "load" in out, out
+    number = r"[\d.,]+"
+    for fixture, workers in (("loop", 2), ("streamed loop", 1)):  # at the largest quick batch, 16
+        assert re.search(rf"^\| {fixture} \| {workers} \| 16 \| \w+ \| {number} \|", out, re.MULTILINE), out
+    for loop in ("flat loop", r"nested loop \(1 \+ 15 calls per step\)"):
+        assert re.search(rf"^\| {loop} \| \d+ \| {number} \| {number} \| {number} \|$", out, re.MULTILINE), out
+    assert elapsed < 150, f"--quick took {elapsed:.0f} s"

@@ -101,7 +101,7 @@ def test_a_walk_input_handed_on_as_a_walk_output_is_there_from_the_start():
 
     graph = WalkGraph("pieces", [walk], FunctionStateMachine(
         lambda r: WalkStart("piece", {"tokens": ArrayData.from_list([1]), "step": 0}), next_walk))
-    run = RequestRun(RequestSpec({}, id="r3"), graph, lambda w, n: 0)
+    run = RequestRun(RequestSpec({}, id="r3"), graph, lambda plan, node, sticky: 0)
     [(_, start)] = run.begin()
     assert set(start.inputs) == {"tokens"}
     for _ in range(3):

@@ -131,7 +131,15 @@ def test_a_walk_input_handed_on_reaches_the_next_walk_the_worker_starts():
     """``input.step -> output.step`` on walks a rank runs back to back itself: the state machine there gets
     the step back, and the conductor gets every walk's outputs."""
     from walkserve.core.array import ArrayData
-    from walkserve.graph import Client, FunctionStateMachine, GraphEdge, GraphNode, Walk, WalkGraph, WalkStart
+    from walkserve.graph import (
+        Client,
+        FunctionStateMachine,
+        GraphEdge,
+        GraphNode,
+        Walk,
+        WalkGraph,
+        WalkStart,
+    )
 
     walk = Walk("piece", GraphNode("lm", ["tokens"], ["token"]),
                 edges=[GraphEdge("input.tokens", "lm.tokens"), GraphEdge("lm.token", Client("text")),
