@@ -87,7 +87,8 @@ def test_a_failing_state_machine_fails_the_request_not_the_conductor():
 
 def test_a_walk_input_handed_on_as_a_walk_output_is_there_from_the_start():
     """``input.step -> output.step``: the state machine gets the value back when the walk ends (which
-    occurrence of a repeated walk finished); the worker is not sent it."""
+    occurrence of a repeated walk finished); the worker is not sent it, unless it may start the next walk
+    itself (then it keeps the value as the walk's output)."""
     from walkserve.graph import DROP, GraphEdge, GraphNode, Walk, WalkStart
 
     node = GraphNode("lm", inputs=["tokens"], outputs=["token"])
@@ -101,10 +102,12 @@ def test_a_walk_input_handed_on_as_a_walk_output_is_there_from_the_start():
 
     graph = WalkGraph("pieces", [walk], FunctionStateMachine(
         lambda r: WalkStart("piece", {"tokens": ArrayData.from_list([1]), "step": 0}), next_walk))
-    run = RequestRun(RequestSpec({}, id="r3"), graph, lambda plan, node, sticky: 0)
+    whole = RequestRun(RequestSpec({}, id="r4"), graph, lambda plan, node, sticky: 0)
+    assert set(whole.begin()[0][1].inputs) == {"tokens", "step"}
+    run = RequestRun(RequestSpec({}, id="r3"), graph, lambda plan, node, sticky: 0, local_walks=False)
     [(_, start)] = run.begin()
     assert set(start.inputs) == {"tokens"}
     for _ in range(3):
-        assert run.node_done("piece", "lm", 1, False)  # complete: its one output was filled at the start
+        assert run.node_done("piece", ["lm"], 1, False)  # complete: its one output was filled at the start
         run.advance()
     assert seen == [0, 1, 2] and run.finished == FinishReason.STOP
