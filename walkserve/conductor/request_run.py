@@ -21,6 +21,7 @@ from walkserve.core.finish import FinishReason
 from walkserve.core.request import RequestSpec
 from walkserve.graph.plan import INPUT, ToNode, ToOutput, WalkPlan
 from walkserve.graph.walk import WalkGraph, WalkStart
+from walkserve.placement.resolve import touched_contexts
 from walkserve.protocol.arrays import plain_value, wire_value
 from walkserve.protocol.messages import MoveContexts, StartWalk
 
@@ -47,7 +48,7 @@ class RequestRun:
     hit_bound: bool = False
     ranks: dict[str, dict[str, int]] = field(default_factory=dict)  # walk -> node -> rank
     sticky: dict[str, int] = field(default_factory=dict)
-    state_at: dict[str, int] = field(default_factory=dict)  # stateful component -> the rank holding its state
+    state_at: dict[tuple[str, str], int] = field(default_factory=dict)  # (component, context) -> its rank
     seq: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     firings: int = 0
     admitted_at: float = field(default_factory=time.monotonic)
@@ -89,27 +90,34 @@ class RequestRun:
                                                      and any(isinstance(r, ToOutput) for r in routes))
         moves = self._moves(plan, ranks)
         messages: list[tuple[int, Any]] = []
-        for (src, dst), components in sorted(moves.items()):
-            messages.append((src, MoveContexts(self.id, components, dst)))
+        for (src, dst), contexts in sorted(moves.items()):
+            messages.append((src, MoveContexts(self.id, contexts, dst)))
         for rank in sorted(set(ranks.values())):
             inputs = {name: wire_value(start.inputs[name]) for name in sorted(needs[rank])}
-            moved_in = sorted(c for (_, dst), comps in moves.items() if dst == rank for c in comps)
+            moved_in = sorted(src for src, dst in moves if dst == rank)
             start_walk = StartWalk(self.id, start.walk, ranks, inputs, params, sampling, per_node, spec, sticky, moved_in)
             messages.append((rank, start_walk))
         return messages
 
-    def _moves(self, plan: WalkPlan, ranks: dict[str, int]) -> dict[tuple[int, int], list[str]]:
-        """(from rank, to rank) -> stateful components whose state must move before the walk uses it."""
-        moves: dict[tuple[int, int], list[str]] = defaultdict(list)
+    def _moves(self, plan: WalkPlan, ranks: dict[str, int]) -> dict[tuple[int, int], dict[str, list[str]]]:
+        """(from rank, to rank) -> {component: contexts} that must move before the walk uses them."""
+        moves: dict[tuple[int, int], dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+        for key, rank in self._contexts_at(plan, ranks).items():
+            held = self.state_at.get(key)
+            if held is not None and held != rank:
+                moves[(held, rank)][key[0]].add(key[1])
+            self.state_at[key] = rank
+        return {k: {c: sorted(names) for c, names in v.items()} for k, v in moves.items()}
+
+    def _contexts_at(self, plan: WalkPlan, ranks: dict[str, int]) -> dict[tuple[str, str], int]:
+        """(stateful component, context) -> the rank of the walk's nodes touching it (one, by the placement check)."""
+        out = {}
         for node, rank in ranks.items():
-            comp = plan.nodes[node].component
-            if comp not in self.stateful:
-                continue
-            held = self.state_at.get(comp)
-            if held is not None and held != rank and comp not in moves[(held, rank)]:
-                moves[(held, rank)].append(comp)
-            self.state_at[comp] = rank
-        return {k: v for k, v in moves.items() if v}
+            gnode = plan.nodes[node]
+            if gnode.component in self.stateful:
+                for context in touched_contexts(gnode.params):
+                    out[(gnode.component, context)] = rank
+        return out
 
     def _record(self, walk: str, ranks: dict[str, int]) -> None:
         self.walk, self.pending, self.outputs, self.hit_bound = walk, set(ranks), {}, False
@@ -131,8 +139,7 @@ class RequestRun:
             return False
         self.firings += firings
         self._record(walk, dict(ranks))
-        plan = self.graph.plans[walk]
-        self.state_at.update({plan.nodes[n].component: r for n, r in ranks.items() if plan.nodes[n].component in self.stateful})
+        self.state_at.update(self._contexts_at(self.graph.plans[walk], ranks))
         return True
 
     def walk_output(self, walk: str, name: str, value: Any) -> bool:

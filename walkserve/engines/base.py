@@ -139,8 +139,8 @@ class Engine(ABC):
         """
         return [self.run_group(g) for g in groups]
 
-    def export_contexts(self, request_id: str) -> list[Any]:
-        """The request's per-request state (``protocol.messages.ContextState`` each), removed from here.
+    def export_contexts(self, request_id: str, names: list[str]) -> list[Any]:
+        """The request's contexts ``names`` (``protocol.messages.ContextState`` each), removed from here.
 
         Optional (``migrates = True``). Called between walks, when nothing of the
         request runs here, to move its state to the rank that runs its next walk;

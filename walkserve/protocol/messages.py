@@ -126,18 +126,20 @@ class StartWalk(msgspec.Struct, tag=True, array_like=True):
     node_sampling: dict[str, SamplingParams] = {}
     spec: RequestSpec | None = None
     sticky: dict[str, int] = {}
-    moved_in: list[str] = []  # components whose state comes from another rank first (Contexts)
+    moved_in: list[int] = []  # ranks whose KV contexts (Contexts) must arrive before the walk starts
 
 
 class MoveContexts(msgspec.Struct, tag=True, array_like=True):
-    """Conductor -> worker: the request's next walk runs ``components`` on ``to_rank``; send it their state.
+    """Conductor -> worker: the request's next walk uses these KV contexts on ``to_rank``; send them there.
 
-    The walk before has ended here, so the state is idle; the receiving rank
-    holds the walk's start until it arrived (StartWalk.moved_in).
+    ``contexts``: component -> the names of its contexts that move (a fanned
+    context's members with it). The walk before has ended here, so the state is
+    idle; the receiving rank holds the walk's start until it arrived
+    (StartWalk.moved_in names the ranks it waits for).
     """
 
     request_id: str
-    components: list[str]
+    contexts: dict[str, list[str]]
     to_rank: int
 
 
@@ -236,6 +238,7 @@ class SegmentState(msgspec.Struct, array_like=True):
     embed_rows: Wire
     token_inputs: dict[str, Wire]
     axes: int
+    component: str = ""  # the component of a KV share group that wrote the rows ("": the context's own)
 
 
 class ContextState(msgspec.Struct, array_like=True):
@@ -258,10 +261,10 @@ class ContextState(msgspec.Struct, array_like=True):
 
 
 class Contexts(msgspec.Struct, tag=True, array_like=True):
-    """Worker -> worker: a request's per-request state (KV contexts) of ``components``, moved here."""
+    """Worker -> worker: a request's KV contexts, moved here from ``from_rank`` (each names its component)."""
 
     request_id: str
-    components: list[str]
+    from_rank: int
     contexts: list[ContextState]
 
 

@@ -1,1 +1,1 @@
-"""Worker processes: one per rank; dataflow, compute thread, engines."""
+"""Worker processes: one per rank, one thread: the heartbeat, the batched executor, the engines."""

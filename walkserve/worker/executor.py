@@ -63,7 +63,7 @@ class Executor:
         self.pending: dict[int, tuple[Cohort, Member, NodeUnit, int]] = {}  # firing id -> who waits for it
         self.early: dict[tuple[str, str], list[tuple[float, Row]]] = {}  # rows for walks not started here yet
         self.released: dict[str, float] = {}
-        self.arrived: dict[str, set[str]] = {}  # request -> components whose state came from another rank
+        self.arrived: dict[str, set[int]] = {}  # request -> ranks whose contexts came, for a walk still held
         self.held: dict[str, list[m.StartWalk]] = {}  # walks waiting for that state
         self.out = Outgoing()
         self.counters: dict[str, int] = defaultdict(int)
@@ -82,9 +82,12 @@ class Executor:
         rid = msg.request_id
         if rid in self.released:
             return
-        if msg.moved_in and not set(msg.moved_in) <= self.arrived.get(rid, set()):
-            self.held.setdefault(rid, []).append(msg)  # its components' state is still on its way here
-            return
+        if msg.moved_in:
+            arrived = self.arrived.get(rid, set())
+            if not set(msg.moved_in) <= arrived:
+                self.held.setdefault(rid, []).append(msg)  # its contexts are still on their way here
+                return
+            arrived.difference_update(msg.moved_in)
         req = self.requests.get(rid)
         if req is None:
             req = self.requests[rid] = RequestState(rid, msg.params, msg.sampling, msg.node_sampling)
@@ -141,36 +144,45 @@ class Executor:
             self._row(rid, msg.walk, FlowRow(msg.stream, tuple(prefix), pause))
 
     def on_move(self, msg: m.MoveContexts) -> None:
-        """The request's next walk runs these components elsewhere: their state goes there (Contexts)."""
+        """The request's next walk uses these contexts elsewhere: they go there (Contexts)."""
         rid, states = msg.request_id, []
         if rid in self.released:
             return
-        for engine in {id(e): e for c in msg.components if (e := self.engines.get(c)) is not None}.values():
+        names: dict[int, tuple[Any, set[str]]] = {}  # one export per engine (a KV share group has one)
+        for comp, contexts in msg.contexts.items():
+            engine = self.engines.get(comp)
+            if engine is not None:
+                names.setdefault(id(engine), (engine, set()))[1].update(contexts)
+        for engine, contexts in names.values():
             try:
                 if not engine.migrates:
                     raise ValueError(f"engine {engine.component!r} cannot move a request's state")
-                states += engine.export_contexts(rid)
+                states += engine.export_contexts(rid, sorted(contexts))
             except ValueError as e:
-                self.out.conductor(m.Failed(rid, f"the state of {msg.components} could not move: {e}"))
+                self.out.conductor(m.Failed(rid, f"the contexts {msg.contexts} could not move: {e}"))
                 return
         self.counters["contexts_moved_out"] += len(states)
-        self.out.to(msg.to_rank, m.Contexts(rid, list(msg.components), states))
+        self.out.to(msg.to_rank, m.Contexts(rid, self.rank, states))
 
     def on_contexts(self, msg: m.Contexts) -> None:
-        """State another rank's engines exported for a request: into this rank's engines, then its walk may start."""
+        """Contexts another rank's engines exported for a request: into this rank's engines, then its walk may start."""
         rid = msg.request_id
         if rid in self.released:
             return
-        for engine in {id(e): e for c in msg.components if (e := self.engines.get(c)) is not None}.values():
-            mine = [st for st in msg.contexts if self.engines.get(st.component) is engine]
+        by_engine: dict[int, tuple[Any, list]] = {}
+        for st in msg.contexts:
+            engine = self.engines.get(st.component)
+            if engine is not None:
+                by_engine.setdefault(id(engine), (engine, []))[1].append(st)
+        for engine, mine in by_engine.values():
             try:
                 engine.import_contexts(rid, mine)
             except Exception as e:
                 log.exception("engine %s failed to take the contexts of %s", engine.component, rid)
-                self.out.conductor(m.Failed(rid, f"the state of {msg.components} could not move here: {e}"))
+                self.out.conductor(m.Failed(rid, f"the contexts from rank {msg.from_rank} could not move here: {e}"))
                 return
         self.counters["contexts_moved_in"] += len(msg.contexts)
-        self.arrived.setdefault(rid, set()).update(msg.components)
+        self.arrived.setdefault(rid, set()).add(msg.from_rank)
         for start in self.held.pop(rid, ()):
             self.on_start(start)
 

@@ -21,7 +21,8 @@ from walkserve.models.bagel.graph import PASS_NODES
 from walkserve.models.bagel.machine import FLOW_UND
 from walkserve.models.bagel.model import BagelModel
 from walkserve.models.base import ModelRef
-from walkserve.worker.plan_index import index_of
+from walkserve.worker.local import local_level
+from walkserve.worker.program import compile_program
 
 
 @pytest.fixture(scope="module")
@@ -83,13 +84,25 @@ def test_each_flow_runs_its_walks_in_the_release_order(model, proc):
                                                       "prefill_text_gen_2", "decode"]
 
 
-def test_the_three_guidance_passes_are_one_cohort_stage(model):
+def _engine_calls(plan) -> list[tuple[str, ...]]:
+    """The denoise step's node units on one rank, grouped by the engine call they share."""
+    local = local_level(compile_program(plan), "denoise", frozenset(plan.nodes))
+    calls, call = [], []
+    for unit in local.units:
+        call.append(unit.node.name)
+        if not unit.joins_next:
+            calls.append(tuple(call))
+            call = []
+    return calls
+
+
+def test_the_three_guidance_passes_are_one_engine_call(model):
     graph = model.graph()
     for walk in ("image_gen", "image_gen_think", "image_gen_latents", "image_gen_think_latents"):
-        stages = index_of(graph.plans[walk]).cohorts["denoise"].stages
-        assert stages[0] == tuple(PASS_NODES.values()) and stages[-1] == ("cfg_step",)
-    stages = index_of(graph.plans["image_gen_think_latents_previews"]).cohorts["denoise"].stages
-    assert stages[0] == tuple(PASS_NODES.values()) and stages[-2:] == (("cfg_step",), ("preview",))
+        calls = _engine_calls(graph.plans[walk])
+        assert calls[0] == tuple(PASS_NODES.values()) and calls[-1] == ("cfg_step",)
+    calls = _engine_calls(graph.plans["image_gen_think_latents_previews"])
+    assert calls[0] == tuple(PASS_NODES.values()) and calls[-2:] == [("cfg_step",), ("preview",)]
 
 
 @pytest.mark.parametrize(("task", "payload", "params", "param"), [

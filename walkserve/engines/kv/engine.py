@@ -201,8 +201,8 @@ class KVCacheEngine(Engine):
         self._ready = others + self._ready
         return [[answers.get(fid, f"{self.component}: the firing was never answered") for fid in part] for part in ids]
 
-    def export_contexts(self, request_id: str) -> list[Any]:
-        return export_contexts(self, request_id)
+    def export_contexts(self, request_id: str, names: list[str]) -> list[Any]:
+        return export_contexts(self, request_id, names)
 
     def import_contexts(self, request_id: str, contexts: list[Any]) -> None:
         import_contexts(self, request_id, contexts)

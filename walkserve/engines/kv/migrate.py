@@ -1,7 +1,7 @@
 """A request's KV contexts leaving one engine and entering another (prefill on one rank, decode on another).
 
-    export  (source rank)   every idle context of the request: its history (token ids,
-                            segments, sampled ids, the running position) and the K/V of
+    export  (source rank)   the request's named contexts, idle: their history (token ids,
+                            segments with their writers, sampled ids, the running position) and the K/V of
                             its computed rows, gathered from its blocks; then dropped here
     import  (target rank)   the history, and the K/V written into freshly reserved blocks,
                             so the next firing continues where the source stopped
@@ -26,10 +26,12 @@ if TYPE_CHECKING:
     from walkserve.engines.kv.engine import KVCacheEngine
 
 
-def export_contexts(engine: KVCacheEngine, request_id: str) -> list[ContextState]:
-    """The request's contexts as they move, removed from ``engine``; ValueError if one is still busy."""
+def export_contexts(engine: KVCacheEngine, request_id: str, names: list[str]) -> list[ContextState]:
+    """The request's contexts ``names`` (each with its fanned members ``name[i]``) as they move, removed from
+    ``engine``; ValueError if one is still busy."""
     s, bm, pool = engine.scheduler, engine.block_manager, engine.pool
-    keys = [k for k in s.contexts if k[0] == request_id]
+    members = tuple(f"{n}[" for n in names)
+    keys = [k for k in s.contexts if k[0] == request_id and (k[1] in names or k[1].startswith(members))]
     busy = [k[1] for k in keys if s.contexts[k].has_work or s.contexts[k].readers]
     if busy:
         raise ValueError(f"{engine.component}: contexts {busy} of {request_id} still have work; they cannot move")
@@ -75,9 +77,9 @@ def import_contexts(engine: KVCacheEngine, request_id: str, states: list[Context
 
 def _segment_state(g: Segment) -> SegmentState:
     return SegmentState(g.start, g.n, g.mask, g.frame, g.pos_base, g.positions, g.embeds, g.embed_rows,
-                        dict(g.token_inputs), g.axes)
+                        dict(g.token_inputs), g.axes, g.component)
 
 
 def _segment(g: SegmentState) -> Segment:
     return Segment(g.start, g.n, g.mask, g.frame, g.pos_base, g.positions, g.embeds, g.embed_rows,
-                   dict(g.token_inputs), g.axes)
+                   dict(g.token_inputs), g.axes, g.component)
