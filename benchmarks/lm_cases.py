@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from walkserve.core.sampling import SamplingParams
+from walkserve.worker.main import EXECUTOR_THREAD
 
 
 @dataclass(frozen=True)
@@ -307,7 +308,7 @@ class _CpuClock:
         out = {"conductor": _proc_cpu(self.pids["conductor"]), "client": time.process_time(),
                "worker.main": 0.0, "worker.others": 0.0}
         for pid in self.pids["workers"]:
-            main = _proc_cpu(pid, pid)
+            main = _proc_cpu(pid, _executor_tid(pid))
             out["worker.main"] += main
             out["worker.others"] += _proc_cpu(pid) - main
         return out
@@ -315,6 +316,17 @@ class _CpuClock:
     def read(self) -> dict[str, float]:
         now = self._now()
         return {k: now[k] - self.start[k] for k in now}
+
+
+def _executor_tid(pid: int) -> int:
+    """The worker's heartbeat thread (named by walkserve.worker.main), else its main thread."""
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            if (task / "comm").read_text().strip() == EXECUTOR_THREAD:
+                return int(task.name)
+        except OSError:
+            continue
+    return pid
 
 
 def _proc_cpu(pid: int, tid: int | None = None) -> float:

@@ -11,6 +11,7 @@ import threading
 import time
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 
 
 def set_title(title: str) -> None:
@@ -21,6 +22,15 @@ def set_title(title: str) -> None:
         setproctitle.setproctitle(title)
     except ImportError:  # pragma: no cover - optional
         pass
+
+
+def name_thread(name: str) -> None:
+    """Name the calling thread for the OS (``/proc/PID/task/TID/comm``; Linux keeps 15 bytes)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+        except OSError:
+            pass
 
 
 def die_with_parent(parent_pid: int, use_pdeathsig: bool = True, interval_s: float = 0.2) -> None:

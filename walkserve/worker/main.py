@@ -14,10 +14,11 @@ import sys
 import threading
 import traceback
 
-from walkserve.core.proc import die_with_parent, set_title, setup_logging
+from walkserve.core.proc import die_with_parent, name_thread, set_title, setup_logging
 from walkserve.protocol.run import RankLaunch, RankSite, RunSpec, load_run_spec
 
 log = logging.getLogger("walkserve.worker")
+EXECUTOR_THREAD = "executor"  # the heartbeat's thread, by this name in /proc/PID/task/TID/comm too
 
 
 def _threads(spec: RunSpec, device: str) -> int:
@@ -81,11 +82,12 @@ def _run_on_thread(worker) -> None:
     device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
 
     def run() -> None:
+        name_thread(EXECUTOR_THREAD)
         if device is not None:
             torch.cuda.set_device(device)
         worker.run()
 
-    runner = threading.Thread(target=run, name="executor")
+    runner = threading.Thread(target=run, name=EXECUTOR_THREAD)
     runner.start()
     runner.join()
 

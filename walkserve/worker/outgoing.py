@@ -5,7 +5,7 @@ then stream ends, loop decisions and flow control, then everything else in
 the order it was put; to the conductor, client outputs before failures,
 walk outputs and walk ends. A receiver therefore always sees a stream's
 items before its end, and a failing request's earlier outputs before its
-failure. Values stay raw (tensors) here; the worker's main thread packs them.
+failure. Values stay raw (tensors) here; the worker's heartbeat packs them.
 """
 
 from __future__ import annotations

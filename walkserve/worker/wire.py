@@ -1,6 +1,6 @@
 """A worker's messages on the wire: tensor values packed for their destination, unpacked on arrival.
 
-The executor builds messages with raw values; the main thread packs them:
+The executor builds messages with raw values; the heartbeat packs them:
 a step's values of one node output become the rows of one stacked tensor
 when they share dtype and shape (one shared-memory segment, or one inline
 buffer, for the whole step), else one TensorMsg each. Values for the
