@@ -73,9 +73,10 @@ def worker_main(spec: RunSpec, rank: int, parent_pid: int, site: RankSite | None
 
 
 def _run_on_thread(worker) -> None:
-    """The heartbeat and its engines on a thread of their own, not on the main thread of the process
-    forked from the zygote: with two OpenMP threads on a loaded machine, the same decode steps ran
-    3-20x slower on the main thread (a 561-token speech stream: 96-125 s against 4-7 s at load 6).
+    """The heartbeat and its engines on a thread of their own, not on the process's main thread: with
+    two OpenMP threads on a loaded machine, the same steps ran 3-20x slower driven from the main
+    thread (a 561-token speech stream: 96-125 s against 4-7 s at load 6; ./dev bench lm's bare loop
+    at 2 threads: 20 against 127 tokens/s).
     The thread keeps the CUDA device ``build_worker`` chose (the current device is per thread)."""
     import torch
 
