@@ -6,6 +6,8 @@ messages in, passes and engine steps, messages out.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -132,8 +134,8 @@ def _drive(ex: Executor, limit: int = 1000) -> list:
     """Passes and engine steps until nothing moves; every message sent."""
     sent = []
     for _ in range(limit):
+        stepped = ex.step_engine()  # the worker's order (Worker.advance)
         moved = ex.advance()
-        stepped = ex.step_engine()
         sent += ex.out.take()
         if not moved and not stepped:
             return sent
@@ -265,6 +267,27 @@ def test_cohorts_off_steps_each_request_alone_with_the_same_results():
             _start(ex, f"r{i}", i, 1, steps=2 + i)
     assert _client(_drive(batched)) == _client(_drive(alone))
     assert max(len(c) for c in a1.calls) == 3 and max(len(c) for c in a2.calls) == 1
+
+
+class SlowAddBias(AddBias):
+    def run_group(self, group: Group) -> list:
+        time.sleep(0.002)
+        return super().run_group(group)
+
+
+def test_a_cohorts_group_runs_count_as_its_engines_busy_time():
+    """The stats' busy seconds per component include the groups a cohort runs, not only the engine steps."""
+    ex, a, b = _executor(SlowAddBias())
+    for i in range(3):
+        _start(ex, f"r{i}", i, 1, steps=4)
+    sent = _drive(ex)
+    assert {d.request_id for d in _kinds(sent, m.NodeDone)} == {"r0", "r1", "r2"}
+    assert ex.steps["a"] == len(a.calls) == 4  # one group call per step, all three members in each
+    assert ex.items["a"] == sum(len(c) for c in a.calls) == 12
+    assert ex.busy_s["a"] >= 0.002 * len(a.calls)
+    assert ex.items["b"] == b.firings == 12  # b's firings are stepped as usual
+    stats = ex.stats()
+    assert stats.steps["a"] == 4 and stats.busy_s["a"] >= 0.008
 
 
 def test_each_node_gets_its_own_sampling_when_the_request_names_it():
