@@ -67,7 +67,7 @@ def snapshot(root: int | None = None) -> Snapshot:
 
 @dataclass(frozen=True)
 class Usage:
-    """Between two snapshots: per worker rank its busiest thread (the compute thread) and all its threads."""
+    """Between two snapshots: per worker rank its busiest thread (the executor thread that steps its engines) and all its threads."""
 
     wall_s: float
     ours_s: float  # core-seconds our processes ran
@@ -81,7 +81,7 @@ class Usage:
         parts = [f"our processes {self.ours_s / self.wall_s:.2f} cores, the rest of the machine "
                  f"{max(0.0, self.machine_s - self.ours_s) / self.wall_s:.2f}"]
         for rank, (run, wait, sleep) in sorted(self.ranks.items()):
-            parts.append(f"rank {rank} ({self.rank_cpu_s[rank]:.1f} s CPU): compute thread running {run:.1f} s, "
+            parts.append(f"rank {rank} ({self.rank_cpu_s[rank]:.1f} s CPU): executor thread running {run:.1f} s, "
                          f"waiting for a core {wait:.1f} s, asleep {sleep:.1f} s")
         return "; ".join(parts)
 

@@ -280,7 +280,7 @@ def report(work: Workload, refs: list[Level], ref_codes: list[list[bytes]], runs
              table(["case", "concurrency", "audio s / wall s", "x (ref)", "audio s / CPU s", "TTFA p50 ms", "25th frame ms", "RTF p50",
                     "RTF p95", "deadline misses", "busy thinker / talker / codec", "check"], rows), ""]
     lines += ["Where the wall time went (/proc: core-seconds of our processes and of the rest of the machine; each "
-              "worker's busiest thread, its compute thread):", ""]
+              "worker's busiest thread, its executor thread):", ""]
     lines += [f"- {names[i]}: {r.cpu.line() if r.cpu else ''}" for i, r in enumerate(refs)]
     lines += [f"- {name} at {c}: {level.cpu.line() if level.cpu else ''}" for name, levels in runs.items()
               for c, level in levels.items()]
