@@ -49,13 +49,14 @@ _Prepared = tuple[NodeUnit, list[Member], Group]  # a unit of a joined engine ca
 
 
 class Cohort:
-    __slots__ = ("boundary", "buckets", "ex", "joining", "local", "units")
+    __slots__ = ("again", "boundary", "buckets", "ex", "joining", "local", "units")
 
     def __init__(self, ex: Executor, local: LocalLevel):
         self.ex, self.local, self.units = ex, local, local.units
         self.buckets: list[list[Member]] = [[] for _ in range(len(local.units) + 1)]
         self.joining: list[Member] = []
         self.boundary = False  # members started an iteration in the last pass
+        self.again = False  # the last pass only ended iterations: pass again now
 
     def add(self, m: Member) -> None:
         m.cohort = self
@@ -77,8 +78,14 @@ class Cohort:
 
     # ---- one pass ------------------------------------------------------------------------------
     def advance(self) -> bool:
-        """Run every unit its members are ready for, and end the iterations that are complete."""
+        """Run every unit its members are ready for, and end the iterations that are complete.
+
+        ``again`` afterwards: the pass ran no unit but ended iterations (the members waited at
+        the end for another rank's decision or values), so the executor passes once more in
+        this heartbeat and the next iteration starts without a round of sending and receiving.
+        """
         moved = bool(self.joining) and self._admit()
+        ran = False
         self.boundary = False
         buckets, ex = self.buckets, self.ex
         gated = bool(self.local.gate) or bool(self.local.level.produces)
@@ -118,7 +125,7 @@ class Cohort:
                     ready.append(m)
             buckets[i] = stay
             if ready:
-                moved = True
+                moved = ran = True
                 if type(unit) is ChildUnit:
                     self._start_children(unit, ready, nxt, i)
                 elif joined or unit.joins_next:
@@ -129,6 +136,7 @@ class Cohort:
             self._run_joined(joined)
         if buckets[-1]:
             moved |= self._finish()
+        self.again = not ran and self.boundary
         return moved
 
     def _has(self, m: Member, unit: NodeUnit | ChildUnit) -> bool:

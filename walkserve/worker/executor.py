@@ -382,14 +382,24 @@ class Executor:
 
     # ---- the heartbeat's work ------------------------------------------------------------------
     def advance(self) -> bool:
-        """One pass of every cohort that may move; True if any did."""
+        """One pass of every cohort that may move; True if any did.
+
+        A cohort whose pass only ended iterations (its members waited at the end for another
+        rank) passes once more, after the others: its next iteration starts in this heartbeat,
+        together with the members the others' passes made join it.
+        """
         if not self.dirty:
             return False
         dirty, self.dirty = self.dirty, {}
-        moved = False
+        moved, again = False, []
         for cohort in dirty:
             if cohort.advance():
                 moved = True
+                self.dirty[cohort] = None
+                if cohort.again:
+                    again.append(cohort)
+        for cohort in again:
+            if cohort.advance():
                 self.dirty[cohort] = None
         return moved
 

@@ -4,7 +4,8 @@
                   applied to the executor (walks to start, rows of batched messages, releases)
     advance       one step of an engine with queued firings, then one pass of every
                   cohort that may move (``executor``, ``cohort``)
-    send          what the executor produced, tensors packed for each destination
+    send          what the executor produced, tensors packed for each destination; other
+                  ranks' frames first, then the conductor's
     housekeeping  this rank's counters every half second; rows that waited too long dropped
 
 The loop polls its inbox without waiting while the executor has work and
@@ -126,17 +127,25 @@ class Worker:
         self.busy = moved or stepped or bool(ex.dirty)
 
     def send(self) -> None:
+        """Frames for other ranks leave first, then the conductor's: another rank's next step waits on its
+        frame, while the conductor's client rows only go on to the client (a send can cost the sender its
+        core for a while on a loaded machine, as the receiving side's threads wake)."""
         if self.executor.out:
-            self._pack()
+            conductor = self._pack()
+            self.outbox.flush()
+            for msg in conductor:
+                self.outbox.put(CONDUCTOR, pack(msg, self.codec, True))
         self.outbox.flush()
 
-    def _pack(self) -> None:
+    def _pack(self) -> list:
+        """Packs the messages for other ranks into the outbox; returns the conductor's, in order."""
         nodes, node, codec = self.nodes, self.site.node, self.codec
+        conductor = []
         for dest, msg in self.executor.out.take():
             if isinstance(msg, m.WorkerStats):
                 self._site_stats(msg.stats)
             if dest == CONDUCTOR:
-                self.outbox.put(dest, pack(msg, codec, True))
+                conductor.append(msg)
                 continue
             inline = nodes.get(dest[1]) != node  # another node, or not known yet: inside the frame
             shm = codec.shm_sent
@@ -145,6 +154,7 @@ class Worker:
             if tensors:
                 (self.inline_to if codec.shm_sent == shm else self.shm_to)[dest[1]] += tensors
             self.outbox.put(dest, packed)
+        return conductor
 
     def _site_stats(self, stats: m.RankStats) -> None:
         stats.shm_sent, stats.bad_frames = self.codec.shm_sent, self.inbox.bad_frames
