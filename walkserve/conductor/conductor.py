@@ -32,6 +32,8 @@ from walkserve.transport.ipc import Inbox, Outbox
 
 log = logging.getLogger(__name__)
 
+WATCH_S = 0.1  # the workers are looked at this often at least (at once when a pidfd says one exited)
+
 FRONTEND = "frontend"
 
 
@@ -59,6 +61,9 @@ class Conductor:
         self.stopping = False
         self._last_status = 0.0
         self.stats_wait: tuple[set[int], float, int] | None = None
+        self._poller: zmq.Poller | None = None
+        self._sentinels: set[int] = set()  # worker pidfds registered in the poller
+        self._last_watch = 0.0
 
     # ---- heartbeat ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -68,10 +73,11 @@ class Conductor:
         self.start_workers()
         try:
             while not self.stopping:
-                self.poll()
+                if self.poll():
+                    self.watch_workers()
+                    self.watch_sentinels()
                 for msg in self.inbox.receive():
                     self.handle(msg)
-                self.watch_workers()
                 self.admit()
                 self.check_drain()
                 self.check_stats_wait()
@@ -94,12 +100,29 @@ class Conductor:
             self.detail = "starting workers"
         self.publish_status(force=True)
 
-    def poll(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.inbox.socket, zmq.POLLIN)
-        for fd in self.supervisor.sentinels():
-            poller.register(fd, zmq.POLLIN)
-        poller.poll(50)
+    def poll(self) -> bool:
+        """Wait up to 50 ms for a message or a worker's exit; True when the workers are to be looked at:
+        a worker's pidfd is readable (it exited), or WATCH_S passed since the last look (ranks without
+        a pidfd: Ray actors, a worker that died before its pidfd opened)."""
+        if self._poller is None:
+            self._poller = zmq.Poller()
+            self._poller.register(self.inbox.socket, zmq.POLLIN)
+            self.watch_sentinels()
+        ready = self._poller.poll(50)
+        now = time.monotonic()
+        if now - self._last_watch >= WATCH_S or any(fd in self._sentinels for fd, _ in ready):
+            self._last_watch = now
+            return True
+        return False
+
+    def watch_sentinels(self) -> None:
+        """The poller watches the pidfds of the workers running now."""
+        fds = set(self.supervisor.sentinels())
+        for fd in self._sentinels - fds:
+            self._poller.unregister(fd)
+        for fd in fds - self._sentinels:
+            self._poller.register(fd, zmq.POLLIN)
+        self._sentinels = fds
 
     def handle(self, msg: Any) -> None:
         handler = self._handlers.get(type(msg))
