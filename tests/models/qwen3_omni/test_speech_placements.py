@@ -78,3 +78,20 @@ def test_audio_and_image_prompt_codes_equal_generate(engine, mixed_reference):  
                                                  {"voice": "chelsie", "max_audio_frames": FRAMES})
     assert "talker_prefill_media" not in spec.inputs["walks"]  # the thinker's pieces; the talker's follow each
     assert_speech_equal(answer(engine.run([spec])[0]), mixed_reference)
+
+
+def test_concurrent_answers_step_the_talker_as_one_cohort(engine):
+    """Four greedy spoken answers at once: each talker frame and code-predictor step runs once for all of them."""
+    def counts():
+        nodes = engine.stats().nodes
+        return {node: (nodes.get(node, {}).get("items", 0), nodes.get(node, {}).get("batches", 0))
+                for node in ("talker", "code_predictor", "frame")}
+    before = counts()
+    greedy = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
+    results = [answer(r) for r in engine.run([spec(engine, greedy) for _ in range(4)])]
+    after = counts()
+    for node, (items, batches) in after.items():
+        items, batches = items - before[node][0], batches - before[node][1]
+        assert items >= 4 * FRAMES and items / batches >= 3, (node, items, batches)
+    for other in results[1:]:  # batched, still each request's own greedy answer
+        assert other[0] == results[0][0] and torch.equal(other[1], results[0][1])
