@@ -79,13 +79,9 @@ class Cohort:
     # ---- one pass ------------------------------------------------------------------------------
     def advance(self) -> bool:
         """Run every unit its members are ready for, and end the iterations that are complete.
-
-        ``again`` afterwards: the pass ran no unit but ended iterations (the members waited at
-        the end for another rank's decision or values), so the executor passes once more in
-        this heartbeat and the next iteration starts without a round of sending and receiving.
-        """
-        moved = bool(self.joining) and self._admit()
-        ran = False
+        ``again``: no unit ran but iterations ended (members waited on another rank), so the
+        executor passes once more in this heartbeat and the next iteration starts at once."""
+        moved, ran = bool(self.joining) and self._admit(), False
         self.boundary = False
         buckets, ex = self.buckets, self.ex
         gated = bool(self.local.gate) or bool(self.local.level.produces)
