@@ -31,7 +31,7 @@ class Firing:
     this node's sampling for the request (``RequestSpec.node_sampling[node]``,
     else the request's). ``kv``: for a KV-cache component, the node's declared
     context operations bound to ``inputs`` (``walkserve.engines.kv.ops``),
-    filled by the worker's compute thread once every input is resolved; None
+    filled by the worker's cohort pass once every input is resolved; None
     lets the engine bind them itself.
     """
 

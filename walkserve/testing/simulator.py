@@ -1,6 +1,6 @@
 """A virtual cluster in one process: every rank's executor, messages delivered in a random order.
 
-The simulator drives the same Executor the worker's compute thread runs and
+The simulator drives the same Executor the worker's heartbeat runs and
 the same RequestRun the conductor keeps, but replaces processes and sockets
 with in-memory channels. Messages between a pair of endpoints stay in order
 (as ZeroMQ keeps them); everything else is drawn from a seeded RNG: which

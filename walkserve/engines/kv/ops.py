@@ -2,8 +2,8 @@
 
 A node's graph params declare its operations (``walkserve.graph.kv``); ``bind``
 turns each declaration plus the firing's resolved inputs into a ContextOp.
-The worker's compute thread binds a firing right before it submits it (and a
-cohort binds each member of a Group); the engine binds a firing that arrives
+A worker's cohort binds each member of a Group in its pass, on the heartbeat's
+thread, right before it submits the Group; the engine binds a firing that arrives
 without (``Firing.kv is None``). Binding checks shapes and dtypes and raises
 ValueError naming the node's slot; the engine then answers the firing with
 that error.
