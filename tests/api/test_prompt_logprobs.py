@@ -86,6 +86,26 @@ def test_streamed_echo_logprobs_equal_the_collected_ones(server):
     assert values[0] is None and values[1:] == pytest.approx(whole["token_logprobs"][1:], abs=1e-6)
 
 
+def _oracle_logprobs(oracle, text: str) -> tuple[list[int], torch.Tensor]:
+    model, tokenizer = oracle
+    ids = tokenizer(text).input_ids
+    with torch.no_grad():
+        return ids, torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)  # [N, V]
+
+
+def test_prompt_logprobs_cover_every_prompt_token_when_the_prefix_is_cached(server, oracle):
+    context = "Once upon a time in a quiet village by the sea there lived an old fisherman who"
+    first, second = context + " sang every morning", context + " counted the boats at dusk"
+    _completion(server, prompt=first, max_tokens=1)  # caches the shared context's full blocks
+    for text in (first, second):
+        ids, want = _oracle_logprobs(oracle, text)
+        assert len(ids) > 32  # more than two KV blocks: the shared context fills at least one
+        lp = _completion(server, prompt=text, max_tokens=1, echo=True, logprobs=1)["choices"][0]["logprobs"]
+        assert len(lp["token_logprobs"]) == len(ids) + 1, text  # every prompt token, then the generated one
+        assert lp["token_logprobs"][0] is None
+        got = torch.tensor(lp["token_logprobs"][1 : len(ids)])
+        torch.testing.assert_close(got, want[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0], atol=1e-4, rtol=0)
+
 TASKS = {
     "tiny_ll": """
         task: tiny_ll
@@ -118,8 +138,28 @@ TASKS = {
         metric_list:
           - metric: exact_match
     """,
+    "tiny_mc": """
+        task: tiny_mc
+        dataset_path: json
+        dataset_kwargs:
+          data_files:
+            test: {data}
+        test_split: test
+        output_type: multiple_choice
+        doc_to_text: "{{{{question}}}}"
+        doc_to_choice: choices
+        doc_to_target: label
+        metric_list:
+          - metric: acc
+    """,
 }
+STORY = ("In the old harbour town the fishermen woke before the sun, mended their nets by lamplight and argued "
+         "about the weather while the gulls circled over the quiet grey water. The question is:")
 DOCS = {
+    "tiny_mc": [{"question": STORY + " what did the fishermen mend?", "choices": [" nets", " boats", " roofs"], "label": 0},
+                {"question": STORY + " what circled over the water?", "choices": [" gulls", " clouds"], "label": 0},
+                {"question": STORY + " when did they wake?", "choices": [" at noon", " before the sun", " late"],
+                 "label": 1}],
     "tiny_ll": [{"question": "Water is", "choices": [" wet", " dry"], "label": 0},
                 {"question": "The sky is", "choices": [" blue", " green", " loud"], "label": 0},
                 {"question": "Fire is", "choices": [" cold", " hot"], "label": 1}],
@@ -133,13 +173,10 @@ def test_lm_eval_harness_scores_a_loglikelihood_and_a_generate_until_task(server
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    for name, yaml in TASKS.items():
-        data = tmp_path / f"{name}.jsonl"
-        data.write_text("".join(json.dumps(d) + "\n" for d in DOCS[name]))
-        (tmp_path / f"{name}.yaml").write_text(textwrap.dedent(yaml).format(data=data))
+    _write_tasks(tmp_path, ["tiny_ll", "tiny_gen"])
     model_args = (f"base_url={server.url}/v1/completions,model=tiny-llama,tokenizer={checkpoint},"
                   "tokenizer_backend=huggingface,tokenized_requests=True,max_retries=1,num_concurrent=2")
-    out = lm_eval.simple_evaluate(model="local-completions", model_args=model_args, tasks=list(TASKS),
+    out = lm_eval.simple_evaluate(model="local-completions", model_args=model_args, tasks=["tiny_ll", "tiny_gen"],
                                   task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False),
                                   cache_requests=False,
                                   log_samples=False, verbosity="WARNING")
@@ -148,6 +185,47 @@ def test_lm_eval_harness_scores_a_loglikelihood_and_a_generate_until_task(server
     assert 0.0 <= acc <= 1.0 and 0.0 <= match <= 1.0  # the harness parsed a score from each kind of request
     samples = out.get("n-samples", {})
     assert samples.get("tiny_ll", {}).get("effective", 3) == 3
+
+
+def _write_tasks(tmp_path, names):
+    for name in names:
+        data = tmp_path / f"{name}.jsonl"
+        data.write_text("".join(json.dumps(d) + "\n" for d in DOCS[name]))
+        (tmp_path / f"{name}.yaml").write_text(textwrap.dedent(TASKS[name]).format(data=data))
+
+
+def test_lm_eval_multiple_choice_scores_each_choice_from_every_prompt_logprob(server, checkpoint, oracle, tmp_path,
+                                                                            monkeypatch):
+    """Every choice repeats its document's long context, so from the second choice on the context's blocks are
+    cached: each choice's loglikelihood (and so the accuracy) must still be transformers' sum over its tokens."""
+    import lm_eval
+    from lm_eval.api.registry import get_model
+    from lm_eval.tasks import TaskManager
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _write_tasks(tmp_path, ["tiny_mc"])
+    lm = get_model("local-completions").create_from_arg_string(
+        f"base_url={server.url}/v1/completions,model=tiny-llama,tokenizer={checkpoint},"
+        "tokenizer_backend=huggingface,tokenized_requests=True,max_retries=1,num_concurrent=1")
+    out = lm_eval.simple_evaluate(model=lm, tasks=["tiny_mc"], cache_requests=False, log_samples=True,
+                                  task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False),
+                                  verbosity="WARNING")
+    model = oracle[0]
+    hits = []
+    for sample in out["samples"]["tiny_mc"]:
+        doc, got = sample["doc"], [r[0][0] for r in sample["resps"]]
+        want = []
+        for context_text, continuation_text in sample["arguments"]:  # (the document, delimiter + one choice)
+            context, continuation = lm._encode_pair(context_text, continuation_text)
+            with torch.no_grad():
+                logits = model(torch.tensor([context + continuation])).logits[0].float()
+            lp = torch.log_softmax(logits, -1)[len(context) - 1 : -1]  # [len(continuation), V]
+            want.append(float(lp.gather(1, torch.tensor(continuation)[:, None]).sum()))
+            assert len(context) > 32  # the context fills whole KV blocks the next choice finds cached
+        assert got == pytest.approx(want, abs=1e-3), doc["question"]
+        hits.append(max(range(len(want)), key=want.__getitem__) == doc["label"])
+    assert out["results"]["tiny_mc"]["acc,none"] == pytest.approx(sum(hits) / len(hits))
 
 
 def test_an_unknown_or_bad_request_parameter_is_a_400_naming_it(server):

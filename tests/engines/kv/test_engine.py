@@ -360,3 +360,62 @@ def test_run_group_steps_a_cohort_in_one_call_and_equals_transformers(tiny_lm, h
 
 
 GREEDY_ROW = SamplingParams(temperature=0.0)
+
+
+def _prompt_logprob_firing(request_id: str, prompt: list[int]):
+    from walkserve.graph.kv import ALL, append, kv_params
+
+    f = firing(request_id, prompt[:-1], outputs=("prompt_logprobs",), sampling=SamplingParams(prompt_logprobs=0),
+               targets=torch.tensor(prompt[1:]))
+    f.node_params = kv_params(append(rows=ALL))
+    return f
+
+
+def _hf_prompt_logprobs(hf_lm, prompt: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        want = torch.log_softmax(hf_lm(torch.tensor([prompt])).logits[0, :-1].float(), -1)  # [N - 1, V]
+    return want.gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
+
+
+def test_prompt_logprobs_cover_a_prefix_the_cache_holds(tiny_lm, hf_lm):
+    """A firing whose rows come out computes them all: the cached prefix blocks are not attached for it."""
+    shared = _prompt(16, 22)
+    engine = _engine(tiny_lm, max_batch_tokens=8)
+    drive(engine, [Generation("warm", shared + _prompt(3, 23), 1)])  # commits the shared prefix's 4 blocks
+    prompt = shared + _prompt(7, 24)
+    engine.submit(_prompt_logprob_firing("p", prompt))
+    results = []
+    while not results:
+        results = engine.step()
+    assert results[0].error is None, results[0].error
+    torch.testing.assert_close(results[0].outputs["prompt_logprobs"], _hf_prompt_logprobs(hf_lm, prompt),
+                               atol=1e-4, rtol=1e-4)
+    assert engine.stats()["prefix_hit_tokens"] == 0
+    drive(engine, [Generation("again", shared + _prompt(2, 25), 1)])
+    assert engine.stats()["prefix_hit_tokens"] == 16  # a plain prompt still reuses the cached prefix
+
+
+def test_prompt_logprobs_survive_a_preemption_in_the_middle_of_their_prefill(tiny_lm, hf_lm):
+    """Preempted between chunks, the firing restarts whole: its rows come out once each, equal to transformers'."""
+    engine = _engine(tiny_lm, num_blocks=6, max_batch_tokens=8, max_running=4)  # 24 tokens of KV
+    first = Generation("first", _prompt(15, 26), 8)  # its 16th token needs the block "p" took
+    engine.submit(first.first())
+    while not first.tokens:
+        for result in engine.step():
+            engine.submit(first.on_result(result))
+    prompt = _prompt(25, 27)
+    engine.submit(_prompt_logprob_firing("p", prompt))
+    out = None
+    for _ in range(400):
+        for result in engine.step():
+            if result.firing.request_id == "p":
+                assert result.error is None, result.error
+                out = result.outputs
+            else:
+                follow = first.on_result(result)
+                engine.submit(follow) if follow is not None else engine.release("first")
+        if out is not None:
+            break
+    assert engine.stats()["preemptions"] > 0  # "first" decoded into the blocks "p" held
+    assert out is not None
+    torch.testing.assert_close(out["prompt_logprobs"], _hf_prompt_logprobs(hf_lm, prompt), atol=1e-4, rtol=1e-4)

@@ -80,6 +80,12 @@ class ContextOp:
         return self.kind in ("append", "query")
 
     @property
+    def row_outputs(self) -> bool:
+        """Whether rows besides the chunk's last come out (all or chosen rows, captured layers, prompt logprobs):
+        those rows must be computed, so the prefix cache never stands in for them."""
+        return self.rows.kind != "last" or bool(self.capture) or self.targets is not None
+
+    @property
     def plain(self) -> bool:
         """Token ids only, causal, running positions, no extra inputs: the prefix cache may share it."""
         return (self.embeds is None and self.positions is None and self.mask == "causal"

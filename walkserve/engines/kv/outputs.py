@@ -51,7 +51,7 @@ class Outputs:
         for i, c in enumerate(chunks):
             p = c.pending
             op = p.op if p is not None else None
-            if op is not None and (op.rows.kind != "last" or op.capture or op.targets is not None) and p.firing.outputs:
+            if op is not None and op.row_outputs and p.firing.outputs:
                 rows = chunk_rows(c, p)
                 if rows is not None:
                     self._row_outputs(p, rows, offsets[i], hidden, capture, c.start - p.start)

@@ -281,7 +281,7 @@ class Scheduler:
         return n
 
     def _admit(self, ctx: Context, budget: int, plan: StepPlan) -> int:
-        hits = self.bm.attach_prefix(ctx.key, ctx.token_ids, min(ctx.cacheable, ctx.target - 1))
+        hits = self.bm.attach_prefix(ctx.key, ctx.token_ids, self._attachable(ctx))
         ctx.num_computed = hits
         n = self._chunk(ctx, budget, plan)
         protected = plan.scheduled() | {ctx.key}  # the loop runs only while nothing else is scheduled
@@ -298,6 +298,17 @@ class Scheduler:
         self._append(ctx, n)
         self.prefix_hit_tokens += hits
         return n
+
+    @staticmethod
+    def _attachable(ctx: Context) -> int:
+        """How many leading rows the prefix cache may supply: never the last one (its output is due), nor any
+        row of a firing whose rows come out (prompt logprobs, hidden states); that firing restarts whole."""
+        limit = min(ctx.cacheable, ctx.target - 1)
+        head = ctx.pending[0]
+        if head.op is not None and head.op.row_outputs:
+            head.rows.clear()  # rows an earlier admission collected (before a preemption) are computed again
+            limit = min(limit, head.start)
+        return limit
 
     def _append(self, ctx: Context, n: int) -> None:
         """Reserve ``n`` slots that ``max_appendable`` said fit (a statement, so ``python -O`` keeps it)."""
