@@ -100,8 +100,8 @@ def edit_oracle(offline, tokenizer, image: Image.Image, prompt: str, noise_seed:
     vae, vit = image_inputs(image, *_rules(offline))
     n = (vae.shape[1] // 16) * (vae.shape[2] // 16)
     noise = noise_of(n, noise_seed)
-    return noise, offline.generate(ids(tokenizer, prompt), noise, image=EditImage(vae, vit, seed=seed + 1), guidance=EDIT,
-                                   **kw)
+    kw.setdefault("guidance", EDIT)
+    return noise, offline.generate(ids(tokenizer, prompt), noise, image=EditImage(vae, vit, seed=seed + 1), **kw)
 
 
 def _rules(offline):
@@ -216,6 +216,38 @@ def test_images_generations_and_edits_routes(server, offline, tiny_dir):
     edited = Image.open(io.BytesIO(base64.b64decode(r.json()["data"][0]["b64_json"])))
     rules = ImageRules.of(BagelConfig.from_dir(tiny_dir))
     assert edited.size == rules.vae.fit(40, 30)  # the output keeps the VAE-resized input size
+
+
+def test_openai_images_edit_sends_numbers_as_form_strings_and_they_parse(server, offline, tokenizer):
+    """The openai package sends images.edit as multipart: extra_body's seed, numbers and the interval list arrive as
+    strings (``cfg_interval[]`` once per item); the edit equals the offline loop with those settings."""
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+    image = picture(40, 30, 6)
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    out = client.images.edit(image=("in.png", buf.getvalue(), "image/png"), prompt="sharper", n=2, extra_body={
+        "seed": 7, "num_timesteps": 4, "cfg_text_scale": 3.0, "cfg_img_scale": 1.5, "cfg_interval": [0.1, 1.0],
+        "timestep_shift": 2.0, "think": False, "output_format": "png"})
+    pictures = [np.asarray(Image.open(io.BytesIO(base64.b64decode(d.b64_json)))).astype(int) for d in out.data]
+    assert len(pictures) == 2 and not np.array_equal(pictures[0], pictures[1])  # seeds 7 and 8
+    noise, want = edit_oracle(offline, tokenizer, image, "sharper", 7, seed=7, num_timesteps=4, shift=2.0,
+                              guidance=Guidance(3.0, 1.5, (0.1, 1.0), "text_channel", 0.0))
+    assert np.abs(pictures[0] - offline.decode_image(want, pictures[0].shape[:2]).numpy().astype(int)).max() <= 1
+
+
+@pytest.mark.parametrize(("field", "value"), [("seed", "-1"), ("seed", "x"), ("n", "0"), ("num_timesteps", "1.5"),
+                                              ("cfg_interval[]", "0.5")])
+def test_a_bad_number_in_the_edit_form_is_a_400_naming_it(server, field, value):
+    r = httpx.post(f"{server.url}/v1/images/edits", timeout=30, data={"prompt": "x", field: value},
+                   files={"image": ("in.png", _png_bytes(picture(16, 16, 1)), "image/png")})
+    assert r.status_code == 400, r.text[:300]
+    assert r.json()["error"]["param"] == field.removesuffix("[]")
+
+
+def _png_bytes(image: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
 
 
 def test_generate_streams_each_steps_latent_as_ndjson(server):

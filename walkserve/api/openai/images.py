@@ -51,6 +51,18 @@ def form_extensions(fields: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def interval_field(joined: str | None, items: list[str] | None) -> str | None:
+    """``cfg_interval`` as one "start,end" field or as two ``cfg_interval[]`` fields (how the openai package
+    writes a list into a form), not both."""
+    if items is None:
+        return joined
+    if joined is not None:
+        raise bad_request("give cfg_interval or cfg_interval[], not both", "cfg_interval")
+    if len(items) != 2:
+        raise bad_request("cfg_interval must be two numbers: start,end (e.g. 0.4,1.0)", "cfg_interval")
+    return ",".join(items)
+
+
 def check_response_format(response_format: str | None) -> None:
     if response_format not in (None, "b64_json"):
         raise bad_request("only response_format 'b64_json' is supported (this server does not host files)", "response_format", "unsupported_format")

@@ -14,11 +14,12 @@ from walkserve.api.openai.images import (
     ROUTE_GENERATIONS,
     check_response_format,
     form_extensions,
+    interval_field,
     images_response,
     plan_images,
 )
 from walkserve.api.routes.common import ERRORS, collect, router
-from walkserve.api.schemas.common import Seed
+from walkserve.api.schemas.common import FormSeed
 from walkserve.api.schemas.images import SIZE_PATTERN, ImageGenerationRequest
 from walkserve.api.state import app_state
 
@@ -48,11 +49,13 @@ async def edits(
     size: Annotated[str | None, Form(pattern=SIZE_PATTERN)] = None,
     response_format: Annotated[str | None, Form(max_length=16)] = None,
     output_format: Annotated[str, Form(pattern="^(png|jpeg|webp)$")] = "png",
-    seed: Annotated[Seed | None, Form()] = None,
+    seed: Annotated[FormSeed | None, Form()] = None,
     num_timesteps: Annotated[int | None, Form()] = None,
     cfg_text_scale: Annotated[float | None, Form(allow_inf_nan=False)] = None,
     cfg_img_scale: Annotated[float | None, Form(allow_inf_nan=False)] = None,
     cfg_interval: Annotated[str | None, Form(max_length=64, description="start,end")] = None,
+    cfg_interval_items: Annotated[list[str] | None, Form(alias="cfg_interval[]", max_length=2,
+                                                         description="start and end as two fields (the openai package's form of a list)")] = None,
     cfg_renorm_type: Annotated[str | None, Form(max_length=32)] = None,
     cfg_renorm_min: Annotated[float | None, Form(allow_inf_nan=False)] = None,
     timestep_shift: Annotated[float | None, Form(allow_inf_nan=False)] = None,
@@ -73,7 +76,7 @@ async def edits(
         payload["mask"] = await state.media.image_from_bytes(await mask.read(), "mask")
     extensions = form_extensions({
         "num_timesteps": num_timesteps, "cfg_text_scale": cfg_text_scale, "cfg_img_scale": cfg_img_scale,
-        "cfg_interval": cfg_interval, "cfg_renorm_type": cfg_renorm_type, "cfg_renorm_min": cfg_renorm_min,
+        "cfg_interval": interval_field(cfg_interval, cfg_interval_items), "cfg_renorm_type": cfg_renorm_type, "cfg_renorm_min": cfg_renorm_min,
         "timestep_shift": timestep_shift, "think": think,
     })
     specs = await plan_images(state, payload, n, size, seed, None, extensions)

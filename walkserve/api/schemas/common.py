@@ -15,6 +15,8 @@ Count = Annotated[int, Field(strict=True, ge=1, le=I32)]
 NonNegInt = Annotated[int, Field(strict=True, ge=0, le=I32)]
 TokenId = Annotated[int, Field(strict=True, ge=0, le=I32)]
 Seed = Annotated[int, Field(strict=True, ge=0, le=MAX_SEED)]
+# A multipart form's fields are all strings: its numbers parse from their text (still bounded).
+FormSeed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 Float = Annotated[float, Field(strict=True)]
 JsonInt = Annotated[int, Field(strict=True, ge=-(2**53), le=2**53)]
 
