@@ -218,6 +218,29 @@ def test_images_generations_and_edits_routes(server, offline, tiny_dir):
     assert edited.size == rules.vae.fit(40, 30)  # the output keeps the VAE-resized input size
 
 
+@pytest.mark.parametrize("size", [None, "auto"])
+def test_text_to_image_without_a_size_takes_the_largest_the_checkpoint_covers(server, tiny_dir, size):
+    """The release's default 1024x1024 is past the tiny latent position table: the default is cut to the table."""
+    side = BagelConfig.from_dir(tiny_dir).max_image_side
+    assert side < 1024
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+    out = client.images.generate(prompt="a lake", **({"size": size} if size else {}),
+                                 extra_body={"seed": 3, "num_timesteps": 3})
+    assert Image.open(io.BytesIO(base64.b64decode(out.data[0].b64_json))).size == (side, side)
+    payload = {"task": "image", "inputs": {"prompt": "a lake"}, "params": {"num_timesteps": 3, "size": size},
+               "modalities": ["image"], "sampling": {"seed": 3}, "image_format": "raw", "stream": False}
+    r = httpx.post(f"{server.url}/v1/generate", json=payload, timeout=60)
+    assert r.status_code == 200, r.text[:300]
+    assert [o["data"]["shape"] for o in r.json()["outputs"] if o["modality"] == "image"] == [[side, side, 3]]
+
+
+def test_a_size_past_the_latent_table_is_a_400_naming_the_allowed_range(server, tiny_dir):
+    side = BagelConfig.from_dir(tiny_dir).max_image_side
+    r = httpx.post(f"{server.url}/v1/images/generations", json={"prompt": "x", "size": f"{side + 16}x{side}"}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "size"
+    assert f"[16, {side}]" in r.json()["error"]["message"]
+
+
 def test_openai_images_edit_sends_numbers_as_form_strings_and_they_parse(server, offline, tokenizer):
     """The openai package sends images.edit as multipart: extra_body's seed, numbers and the interval list arrive as
     strings (``cfg_interval[]`` once per item); the edit equals the offline loop with those settings."""
@@ -274,6 +297,7 @@ def test_generate_streams_each_steps_preview_then_the_image(server):
 @pytest.mark.parametrize(("route", "body", "param"), [
     ("images/generations", {"prompt": "x", "size": "40x32"}, "size"),  # not a multiple of 16
     ("images/generations", {"prompt": "x", "size": "1024x1024"}, "size"),  # past the tiny latent table (128)
+    ("generate", {"task": "image", "inputs": {"prompt": "x"}, "params": {"size": "128x144"}}, "size"),
     ("images/generations", {"prompt": "x", "cfg_text_scale": 25}, "cfg_text_scale"),
     ("images/generations", {"prompt": "x", "cfg_interval": [0.9, 0.1]}, "cfg_interval"),
     ("images/generations", {"prompt": "x", "cfg_renorm_type": "loud"}, "cfg_renorm_type"),

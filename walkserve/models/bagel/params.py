@@ -4,11 +4,13 @@ extensions), as a torch-free msgspec struct; every error names its field.
 Defaults are the official app's, per task (``TASK_DEFAULTS``):
 
     task        num_timesteps  cfg_text  cfg_img  cfg_interval  renorm         renorm_min  shift  size
-    generate    50             4.0       1.5      [0.4, 1.0]    global         0.0         3.0    1024x1024
+    generate    50             4.0       1.5      [0.4, 1.0]    global         0.0         3.0    1024x1024 *
     edit        50             4.0       2.0      [0.0, 1.0]    text_channel   0.0         3.0    the input's
 
 (The app passes no cfg_img_scale for text-to-image, so the inferencer's 1.5
 applies.) An edit keeps its input's (VAE-resized) size, so it takes no ``size``.
+* Or, on a checkpoint whose latent position table covers less than 1024 px, its
+largest side (``ImageLimits.max_side``); ``size`` left out or ``auto`` takes it.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ class BagelImageParams(Params, frozen=True):
         _check_interval(self.cfg_interval)
         if not 1 <= self.n <= limits.max_n:
             raise InvalidRequest(f"n must be in [1, {limits.max_n}], got {self.n}", "n")
-        size = d.size if task == GENERATE else None
+        size = default_size(d.size, limits) if task == GENERATE else None
         if self.size not in (None, "", "auto"):
             if task == EDIT:
                 raise InvalidRequest("an edit keeps the input image's size; leave size out (or auto)", "size")
@@ -136,6 +138,13 @@ def parse_image_params(data: Mapping[str, Any]) -> BagelImageParams:
         elif "unknown field" in text.lower():
             field = text.split("`")[1] if "`" in text else None
         raise InvalidRequest(text, field) from None
+
+
+def default_size(size: tuple[int, int], limits: ImageLimits) -> tuple[int, int]:
+    """The task's default size (the release's 1024x1024), each side cut to the largest multiple of 16 the
+    checkpoint's latent position table covers; checked like a given size."""
+    side = limits.max_side // SIZE_STRIDE * SIZE_STRIDE
+    return parse_size((min(size[0], side), min(size[1], side)), limits)
 
 
 def parse_size(size: str | tuple[int, int], limits: ImageLimits) -> tuple[int, int]:
