@@ -243,6 +243,22 @@ def test_video_inputs_frames_url_and_file(server, oracle):
             torch.testing.assert_close(out_array(event["data"]), w, **TOL)
 
 
+def test_rollout_frames_as_image_parts_or_one_frames_url_give_the_same_prediction(server, oracle):
+    """Context frames as a list of image parts (as chat and embeddings take several images) or as one video part
+    holding them comma-joined: the same frames, the same rollout, equal to the offline oracle."""
+    c, horizon = 2, 2
+    parts = [{"type": "image", "url": png_url(f)} for f in FRAMES[:c]]
+    joined = {"type": "video", "url": "data:video/png;base64," + ",".join(png_url(f).split(",", 1)[1] for f in FRAMES[:c])}
+    want = want_rollout(oracle, c, horizon)
+    for frames in (parts, joined):
+        body = rollout_body(c, horizon)
+        body["inputs"]["frames"] = frames
+        r = httpx.post(f"{server.url}/v1/generate", json={**body, "stream": False}, timeout=120)
+        assert r.status_code == 200, r.text[:300]
+        got = torch.stack([out_array(e["data"]) for e in r.json()["outputs"]])
+        torch.testing.assert_close(got, want, **TOL)
+
+
 def test_encode_without_resizing_keeps_the_frames_own_grid(server, ac_dir):
     """``resize: false``: a 48x80 clip (3 x 5 patches) is encoded as given, 2 x 15 tokens, as the encoder runs it."""
     frames = RNG.integers(0, 256, (4, 48, 80, 3), dtype=np.uint8)
@@ -288,6 +304,9 @@ BAD = [
     ("a goal of two frames", plan_body(1, 0) | {"inputs": {**plan_body(1, 0)["inputs"], "goal": arr(VIDEO[:2])}},
      "goal", "one image"),
     ("an unknown parameter", rollout_body(1, 2) | {"params": {"horizon": 2, "horizn": 3}}, "horizn", "horizn"),
+    ("image parts of two sizes", rollout_body(2, 2) | {"inputs": {**rollout_body(2, 2)["inputs"], "frames": [
+        {"type": "image", "url": png_url(FRAMES[0])}, {"type": "image", "url": png_url(GOAL)}]}},
+     "frames[1]", "72x80"),
     ("predict on an AC checkpoint", {"task": "predict", "inputs": {"video": arr(VIDEO[:2]), "target_ids": [0, 1]}},
      "task", "has no masked predictor"),
 ]

@@ -19,13 +19,22 @@ def decode_array(value: ArrayInput, param: str) -> ArrayData:
         raise bad_request(str(e), param, "invalid_array") from None
 
 
+def _image_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, ImageInput) for v in value)
+
+
 async def convert_inputs(state: AppState, inputs: dict[str, Any]) -> dict[str, Any]:
-    media = sum(isinstance(v, (ImageInput, AudioInput, VideoInput)) for v in inputs.values())
+    """Each input decoded; a list of image parts (counted as one media part, like a frames URL) is a list of
+    uint8 [H, W, 3] arrays, which the processor stacks or reads one by one."""
+    media = sum(isinstance(v, (ImageInput, AudioInput, VideoInput)) or _image_list(v) for v in inputs.values())
     state.media.check_count(media, "inputs")
     out: dict[str, Any] = {}
     for name, value in inputs.items():
         param = f"inputs.{name}"
-        if isinstance(value, ArrayInput):
+        if _image_list(value):
+            state.require("image_in", "image inputs", param)
+            out[name] = [await state.media.image_from_url(v.url, f"{param}[{i}].url") for i, v in enumerate(value)]
+        elif isinstance(value, ArrayInput):
             out[name] = decode_array(value, param)
         elif isinstance(value, ImageInput):
             state.require("image_in", "image inputs", param)

@@ -38,7 +38,10 @@ class VideoInput(ApiModel):
 
 
 TypedInput = Annotated[ArrayInput | ImageInput | AudioInput | VideoInput, Field(discriminator="type")]
-InputValue = TypedInput | Scalar | Annotated[list[JsonInt | Float], Field(max_length=1_000_000)]
+MAX_IMAGE_PARTS = 768  # a list of image parts holds as many as a frames data URL (media.loader.MAX_VIDEO_FRAMES)
+# Several images (a video's frames, a request's pictures): one input, each decoded, passed on as a list.
+ImageList = Annotated[list[ImageInput], Field(min_length=1, max_length=MAX_IMAGE_PARTS)]
+InputValue = TypedInput | Scalar | Annotated[list[JsonInt | Float], Field(max_length=1_000_000)] | ImageList
 
 
 class SamplingBody(SamplingFields):

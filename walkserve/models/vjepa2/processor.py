@@ -1,7 +1,8 @@
 """The V-JEPA 2 frontend (torch-free): HTTP payloads -> RequestSpec for the tasks encode, predict, rollout, plan.
 
-    encode     inputs.video | inputs.frames: uint8 [T, H, W, 3] (image parts, a video file, or an array),
-               or one image [H, W, 3]; streamed one clip of ``clip_frames`` frames at a time
+    encode     inputs.video | inputs.frames: uint8 [T, H, W, 3] (a frames URL, a list of image parts of one size,
+               a video file, or an array), or one image [H, W, 3]; streamed one clip of ``clip_frames`` frames
+               at a time
     embedding  the same, pooled (mean over tokens) per clip: the /v1/embeddings route
     predict    inputs.video | inputs.frames as encode, one clip (T <= frames_per_clip) at crop_size²;
                inputs.target_ids [Nt] and inputs.context_ids [Nc] (default: every other token), raster
@@ -194,7 +195,7 @@ def _frames(inputs: dict[str, Any], name: str, image_ok: bool) -> ArrayData:
     if value is None:
         raise InvalidRequest(f"inputs.{name} is required", param=name)
     if isinstance(value, list):
-        value = list_to_array(value, name)
+        value = stack_images(value, name) if value and isinstance(value[0], ArrayData) else list_to_array(value, name)
     if isinstance(value, bytes):  # a video file (the native route's video input)
         value = decode_video_file(value, name)
     if not isinstance(value, ArrayData):
@@ -202,6 +203,19 @@ def _frames(inputs: dict[str, Any], name: str, image_ok: bool) -> ArrayData:
     if image_ok and len(value.shape) == 3:
         value = ArrayData(value.dtype, (1, *value.shape), value.data)
     return value
+
+
+def stack_images(images: list[Any], name: str) -> ArrayData:
+    """Image parts [H, W, 3] (a list, as the native route decodes one) -> frames [T, H, W, 3]; all of one size."""
+    first = images[0]
+    for i, image in enumerate(images):
+        if not isinstance(image, ArrayData) or image.dtype != "uint8" or len(image.shape) != 3:
+            raise InvalidRequest(f"{name}[{i}] must be an image part", param=f"{name}[{i}]")
+        if image.shape != first.shape:
+            raise InvalidRequest(f"{name}[{i}] is {image.shape[0]}x{image.shape[1]} but {name}[0] is "
+                                 f"{first.shape[0]}x{first.shape[1]}: the frames must share one size",
+                                 param=f"{name}[{i}]")
+    return ArrayData("uint8", (len(images), *first.shape), b"".join(image.data for image in images))
 
 
 def _token_ids(inputs: dict[str, Any], name: str, tokens: int) -> list[int]:
