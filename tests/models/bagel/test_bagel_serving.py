@@ -253,8 +253,8 @@ def test_openai_images_edit_sends_numbers_as_form_strings_and_they_parse(server,
         "timestep_shift": 2.0, "think": False, "output_format": "png"})
     pictures = [np.asarray(Image.open(io.BytesIO(base64.b64decode(d.b64_json)))).astype(int) for d in out.data]
     assert len(pictures) == 2 and not np.array_equal(pictures[0], pictures[1])  # seeds 7 and 8
-    noise, want = edit_oracle(offline, tokenizer, image, "sharper", 7, seed=7, num_timesteps=4, shift=2.0,
-                              guidance=Guidance(3.0, 1.5, (0.1, 1.0), "text_channel", 0.0))
+    _, want = edit_oracle(offline, tokenizer, image, "sharper", 7, seed=7, num_timesteps=4, shift=2.0,
+                          guidance=Guidance(3.0, 1.5, (0.1, 1.0), "text_channel", 0.0))
     assert np.abs(pictures[0] - offline.decode_image(want, pictures[0].shape[:2]).numpy().astype(int)).max() <= 1
 
 

@@ -14,8 +14,8 @@ from walkserve.api.openai.images import (
     ROUTE_GENERATIONS,
     check_response_format,
     form_extensions,
-    interval_field,
     images_response,
+    interval_field,
     plan_images,
 )
 from walkserve.api.routes.common import ERRORS, collect, router
