@@ -306,7 +306,7 @@ BAD = [
     ("an unknown parameter", rollout_body(1, 2) | {"params": {"horizon": 2, "horizn": 3}}, "horizn", "horizn"),
     ("image parts of two sizes", rollout_body(2, 2) | {"inputs": {**rollout_body(2, 2)["inputs"], "frames": [
         {"type": "image", "url": png_url(FRAMES[0])}, {"type": "image", "url": png_url(GOAL)}]}},
-     "frames[1]", "72x80"),
+     "frames[1]", "80x72"),
     ("predict on an AC checkpoint", {"task": "predict", "inputs": {"video": arr(VIDEO[:2]), "target_ids": [0, 1]}},
      "task", "has no masked predictor"),
 ]

@@ -212,8 +212,8 @@ def stack_images(images: list[Any], name: str) -> ArrayData:
         if not isinstance(image, ArrayData) or image.dtype != "uint8" or len(image.shape) != 3:
             raise InvalidRequest(f"{name}[{i}] must be an image part", param=f"{name}[{i}]")
         if image.shape != first.shape:
-            raise InvalidRequest(f"{name}[{i}] is {image.shape[0]}x{image.shape[1]} but {name}[0] is "
-                                 f"{first.shape[0]}x{first.shape[1]}: the frames must share one size",
+            raise InvalidRequest(f"{name}[{i}] is {image.shape[1]}x{image.shape[0]} but {name}[0] is "
+                                 f"{first.shape[1]}x{first.shape[0]} (WIDTHxHEIGHT): the frames must share one size",
                                  param=f"{name}[{i}]")
     return ArrayData("uint8", (len(images), *first.shape), b"".join(image.data for image in images))
 
