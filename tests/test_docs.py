@@ -66,3 +66,13 @@ def test_the_heartbeat_is_the_one_worker_run_beats():
     beats = [c for c in calls if c != "poll"]
     doc = re.search(r"`Worker.run` is `([^`]+)`", RUNTIME).group(1)
     assert [b.strip().replace(" ", "_") for b in doc.split("→")] == beats
+
+
+def test_no_source_or_doc_describes_a_compute_thread():
+    """The worker runs one thread of work (the heartbeat, docs/runtime.md); only the records of earlier runs
+    (performance.md, qwen3-omni-speech.md's measurements) may still name the compute thread they had."""
+    records = {"performance.md", "qwen3-omni-speech.md"}
+    paths = [*(ROOT / "walkserve").rglob("*.py"), *(p for p in (ROOT / "docs").rglob("*.md") if p.name not in records)]
+    stale = [f"{p.relative_to(ROOT)}:{i}" for p in paths
+             for i, line in enumerate(p.read_text().splitlines(), 1) if "compute thread" in line.lower()]
+    assert not stale, stale
