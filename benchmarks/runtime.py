@@ -128,6 +128,7 @@ def compute_ratio(batch: int, steps: int, ms: float, threads: int, repeat: int =
     import torch
 
     from walkserve.engines.base import Firing
+    from walkserve.engines.stateless import component_batch
     from walkserve.testing.fixtures.bench import INNER_STEPS, BurnComponent
 
     torch.set_num_threads(threads)
@@ -135,15 +136,16 @@ def compute_ratio(batch: int, steps: int, ms: float, threads: int, repeat: int =
     if nested:
         family, assign = "fixture-bench-nested", {"talker": 0, "predictor": 0}
         talker, predictor = BurnComponent(ms), BurnComponent(ms, "c", "c")
-        outer = [Firing(i, f"r{i}", "loop", "talker", "talker", "forward", (0,), {"x": x}, ("x",)) for i in range(batch)]
-        inner = [Firing(i, f"r{i}", "loop", "predictor", "predictor", "forward", (0, 0), {"x": x, "c": x}, ("c",)) for i in range(batch)]
+        outer = component_batch([Firing(i, f"r{i}", "loop", "talker", "talker", "forward", (0,), {"x": x}, ("x",)) for i in range(batch)])
+        inner = component_batch([Firing(i, f"r{i}", "loop", "predictor", "predictor", "forward", (0, 0), {"x": x, "c": x}, ("c",)) for i in range(batch)])
         calls = [(talker, outer)] + [(predictor, inner)] * INNER_STEPS
     else:
         family, assign = "fixture-bench-compute", {"step": 0}
         comp = BurnComponent(ms)
-        calls = [(comp, [Firing(i, f"r{i}", "loop", "step", "step", "forward", (0,), {"x": x}, ("x",)) for i in range(batch)])]
-    for comp, firings in calls[:2]:
-        comp.forward_batch(firings)
+        calls = [(comp, component_batch([Firing(i, f"r{i}", "loop", "step", "step", "forward", (0,), {"x": x}, ("x",))
+                                         for i in range(batch)]))]
+    for comp, items in calls[:2]:
+        comp.forward_batch(items)
     config = RuntimeConfig(max_running=max(256, batch), worker_threads=threads)
     bare_runs, served_runs = [], []
     with Engine.start(family, placement=_placement(1, assign), config=config, model_options={"ms": ms}) as engine:
@@ -151,8 +153,8 @@ def compute_ratio(batch: int, steps: int, ms: float, threads: int, repeat: int =
         for _ in range(repeat):  # alternate, so both see the same machine
             t0 = time.perf_counter()
             for _ in range(steps):
-                for comp, firings in calls:
-                    comp.forward_batch(firings)
+                for comp, items in calls:
+                    comp.forward_batch(items)
             bare_runs.append(batch * steps / (time.perf_counter() - t0))
             t0 = time.perf_counter()
             results = engine.run(_requests(batch, steps))

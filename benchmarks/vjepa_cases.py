@@ -25,6 +25,7 @@ import torch
 
 from walkserve.core.array import ArrayData
 from walkserve.core.sampling import SamplingParams
+from walkserve.engines.spec import Batch
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ class Offline:
         self.model = load_ac_predictor(work.path)
 
     def features(self, pixels: np.ndarray) -> torch.Tensor:
-        return self.encoder.forward_batch([{"video": torch.from_numpy(pixels)}])[0]["features"]
+        return self.encoder.forward_batch(Batch.of([{"video": torch.from_numpy(pixels)}]))[0]["features"]
 
     @torch.inference_mode()
     def rollout(self, pixels: np.ndarray, actions: np.ndarray, states: np.ndarray, h: int, cached: bool) -> torch.Tensor:

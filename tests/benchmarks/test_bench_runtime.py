@@ -44,7 +44,8 @@ def test_the_streamed_fixture_runs_through_the_runtime():
 def test_the_nested_fixture_runs_as_the_reference_says_on_a_virtual_cluster():
     """The bench's nested loop (1 + 15 calls per outer step), with a 0 ms component, on two simulated ranks."""
     from walkserve.core.request import RequestSpec
-    from walkserve.models.base import BuildContext, ModelRef
+    from walkserve.engines.spec import BuildContext
+    from walkserve.models.base import ModelRef
     from walkserve.models.registry import load_model
     from walkserve.testing.reference import ReferenceExecutor
     from walkserve.testing.simulator import Simulator

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from walkserve.engines.spec import Batch
 from walkserve.layers.attention import DenseAttention
 
 BOTH = [torch.float32, torch.bfloat16]
@@ -132,8 +133,8 @@ def test_qwen3_omni_thinker_and_encoders(omni_dir, device, parity, parity_bf16):
         with torch.no_grad():
             out[str(where)] = {
                 kind: [{k: v.float().cpu() for k, v in o.items()}
-                       for o in getattr(parts, kind).forward_batch([{k: _to(v, where) for k, v in it.items()}
-                                                                     for it in batch])]
+                       for o in getattr(parts, kind).forward_batch(Batch.of([{k: _to(v, where) for k, v in it.items()}
+                                                                     for it in batch]))]
                 for kind, batch in items.items()}
     for kind in items:
         for name, want in out["cpu"][kind][0].items():
@@ -186,8 +187,8 @@ def test_bagel(bagel_dir, device, parity, parity_bf16):
     eps = torch.randn(16, 6, 8, generator=_g(5))
     z = torch.randn(1, 16, 6, 8, generator=_g(6))
     with torch.no_grad():
-        outs = [(parts.vit.forward_batch([{"pixels": pixels.to(where)}])[0]["embeds"].float().cpu(),
-                 parts.vae_encoder.forward_batch([{"image": image.to(where), "eps": eps.to(where)}])[0]["latents"]
+        outs = [(parts.vit.forward_items([{"pixels": pixels.to(where)}])[0]["embeds"].float().cpu(),
+                 parts.vae_encoder.forward_items([{"image": image.to(where), "eps": eps.to(where)}])[0]["latents"]
                  .float().cpu(),
                  parts.vae_decoder.decode(z.to(where)).float().cpu())
                 for parts, where in ((cpu, "cpu"), (dev, device))]

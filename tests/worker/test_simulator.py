@@ -9,7 +9,8 @@ import pytest
 import walkserve.testing.fixtures as fixtures
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
-from walkserve.models.base import BuildContext, ModelRef
+from walkserve.engines.spec import BuildContext
+from walkserve.models.base import ModelRef
 from walkserve.models.registry import load_model
 from walkserve.testing.fixtures.requests import fixture_request, prompt
 from walkserve.testing.reference import ReferenceExecutor
@@ -123,8 +124,8 @@ def test_a_long_loop_holds_a_bounded_number_of_values():
 class _Echo:
     """lm: token = tokens + 1."""
 
-    def forward_batch(self, firings):
-        return [{"token": f.inputs["tokens"] + 1} for f in firings]
+    def forward_batch(self, batch):
+        return [{"token": f.inputs["tokens"] + 1} for f in batch]
 
 
 def test_a_walk_input_handed_on_reaches_the_next_walk_the_worker_starts():

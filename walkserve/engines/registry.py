@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from walkserve.core.errors import ConfigError
 from walkserve.core.options import engine_options
 from walkserve.engines.base import Engine
-
-if TYPE_CHECKING:  # engines run components through their specs; models sit above the engine boundary
-    from walkserve.models.base import BuildContext, ComponentSpec
+from walkserve.engines.spec import BuildContext, ComponentSpec
 
 KINDS = ("stateless", "null", "kv")
 

@@ -7,10 +7,11 @@ from collections import defaultdict, deque
 from typing import Any
 
 from walkserve.engines.base import Engine, Firing, FiringResult
+from walkserve.engines.spec import Batch, Item
 
 
 class StatelessEngine(Engine):
-    """Runs ``component.forward_batch(firings)`` on up to ``max_batch`` queued firings of one node and op.
+    """Runs ``component.forward_batch(batch)`` (``engines.spec.Batch``) on up to ``max_batch`` queued firings of one node and op.
 
     Firings are grouped by (node, op) so one batch calls the component one way;
     the component stacks or pads compatible inputs itself. If a batch raises,
@@ -50,7 +51,7 @@ class StatelessEngine(Engine):
 
     def _run(self, batch: list[Firing]) -> list[FiringResult]:
         try:
-            outputs = self.module.forward_batch(batch)
+            outputs = self.module.forward_batch(component_batch(batch))
             return [self._check(f, o) for f, o in zip(batch, outputs, strict=True)]
         except Exception as e:
             if len(batch) == 1:
@@ -69,6 +70,13 @@ class StatelessEngine(Engine):
 
     def stats(self) -> dict[str, float]:
         return {"queued": float(len(self.queue))}
+
+
+def component_batch(firings: list[Firing]) -> Batch:
+    """The component's view of firings of one node and op."""
+    items = tuple(Item(f.inputs, f.request_id, f.walk, f.path, f.outputs, f.params, f.sampling, f.node_params, f.spans)
+                  for f in firings)
+    return Batch(firings[0].node, firings[0].op, items)
 
 
 def _message(firing: Firing, e: Exception) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from walkserve.engines.spec import ComponentSpec
 from walkserve.graph.walk import WalkGraph
 
 if TYPE_CHECKING:
@@ -27,45 +28,6 @@ class ModelRef:
     family: str
     path: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class BuildContext:
-    """Where a component is being built: the rank, its device (``cpu``, ``cuda:0``) and dtype name."""
-
-    rank: int
-    device: str
-    dtype: str = "float32"
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ComponentSpec:
-    """One component of a model.
-
-    ``engine`` selects the engine kind that runs it ("kv", "stateless",
-    "null"). ``build(ctx)`` runs in the worker and returns what that engine
-    kind expects (for "kv" a paged-attention model, for "stateless" an object
-    with ``forward_batch``). ``weight_bytes`` and ``state_bytes`` feed the
-    placement's memory check; ``state_bytes`` is a size, or a function of the
-    device and its free bytes once weights are loaded (None on a CPU) for
-    state sized from the device, such as a KV pool (``placement.memory``).
-    ``stateful`` components keep per-request state between firings (a KV
-    cache) and so cannot be split across ranks within one request.
-    Components of one ``kv_share`` name (e.g. pi0's VLM and action expert)
-    share one KV engine and pool on a rank, so one can query contexts another
-    wrote: their KV geometry (layers, KV heads, head dim) must match, and a
-    placement must put them on the same ranks.
-    """
-
-    name: str
-    engine: str
-    build: Callable[[BuildContext], Any]
-    weight_bytes: int = 0
-    state_bytes: int | Callable[[str, int | None], int] = 0
-    stateful: bool = False
-    options: Mapping[str, Any] = field(default_factory=dict)
-    kv_share: str = ""
 
 
 class Model(ABC):

@@ -20,6 +20,8 @@ from walkserve.core.errors import GraphError
 from walkserve.core.finish import FinishReason
 from walkserve.core.request import RequestSpec
 from walkserve.engines.base import Engine, Firing
+from walkserve.engines.spec import BuildContext
+from walkserve.engines.stateless import component_batch
 from walkserve.engines.values import concat, to_array, to_tensor
 from walkserve.graph.compose import LAST, DynamicLoop
 from walkserve.graph.plan import (
@@ -35,7 +37,7 @@ from walkserve.graph.plan import (
 )
 from walkserve.graph.stop import resolve_count
 from walkserve.graph.walk import WalkGraph
-from walkserve.models.base import BuildContext, Model
+from walkserve.models.base import Model
 from walkserve.streaming.policy import Chunk, Span
 
 
@@ -257,7 +259,7 @@ def _component_caller(components: Mapping[str, Any]) -> Callable[[Firing], dict]
                             if result.error:
                                 raise ComponentFailed(result.error)
                             return result.outputs
-            return comp.forward_batch([firing])[0]
+            return comp.forward_batch(component_batch([firing]))[0]
         except ComponentFailed:
             raise
         except Exception as e:

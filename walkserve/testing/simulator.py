@@ -25,6 +25,7 @@ from walkserve.conductor.request_run import RequestRun, safe_advance
 from walkserve.core.finish import FinishReason
 from walkserve.core.request import RequestSpec
 from walkserve.engines.base import Engine, Firing, FiringResult, Group
+from walkserve.engines.stateless import component_batch
 from walkserve.engines.values import concat, to_array, to_tensor
 from walkserve.graph.walk import WalkGraph
 from walkserve.placement.plan import Placement, RankSpec
@@ -67,7 +68,7 @@ class GroupOnlyEngine(Engine):
 
 def _forward(module: Any, firing: Firing) -> dict | str:
     try:
-        return module.forward_batch([firing])[0]
+        return module.forward_batch(component_batch([firing]))[0]
     except Exception as e:
         return f"node {firing.node!r} failed: {type(e).__name__}: {e}"
 

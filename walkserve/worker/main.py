@@ -98,7 +98,8 @@ def build_worker(spec: RunSpec, rank: int, site: RankSite):
 
     import walkserve.models.builtin  # noqa: F401  (model families)
     from walkserve.engines.registry import build_engines
-    from walkserve.models.base import BuildContext, ModelRef
+    from walkserve.engines.spec import BuildContext
+    from walkserve.models.base import ModelRef
     from walkserve.models.registry import load_model
     from walkserve.placement.plan import parse_placement
     from walkserve.worker.worker import Worker

@@ -94,9 +94,9 @@ def test_cfg_step_node_combines_each_request_alone():
                 "cfg_renorm_type": torch.tensor(RENORM_TYPES.index(renorm))}
 
     items = [item(5, "global"), item(3, "text_channel")]
-    out = CfgStep().forward_batch(items)
+    out = CfgStep().forward_items(items)
     for it, o, renorm in zip(items, out, ("global", "text_channel")):
         v = cfg_combine(it["v"], it["v_cfg_text"], it["v_cfg_img"], 4.0, 1.5, renorm, 0.0)
         torch.testing.assert_close(o["x"], it["x"] - v * (0.9 - 0.8))
-    alone = CfgStep().forward_batch([items[0]])[0]["x"]
+    alone = CfgStep().forward_items([items[0]])[0]["x"]
     torch.testing.assert_close(alone, out[0]["x"], rtol=0, atol=0)

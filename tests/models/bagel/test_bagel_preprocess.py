@@ -6,10 +6,10 @@ import numpy as np
 import torch
 from PIL import Image
 
+from walkserve.engines.spec import BuildContext
 from walkserve.models.bagel.components import build_latents, build_lm, build_vae_encoder, build_vit
 from walkserve.models.bagel.preprocess import image_inputs, pixels, to_rgb
 from walkserve.models.bagel.sizes import ResizeRule
-from walkserve.models.base import BuildContext
 
 
 def test_edit_inputs_are_vae_resized_then_vit_resized_from_that():

@@ -21,12 +21,12 @@ def test_encoder_samples_the_posterior_like_diffusers(parts, oracle):
     image = torch.rand(3, 48, 64, generator=GEN) * 2 - 1  # H 48, W 64: a 3 x 4 token grid
     eps = torch.randn(16, 6, 8, generator=GEN)
     want = oracle.vae_tokens(image, eps)
-    got = parts.vae_encoder.forward_batch([{"image": image, "eps": eps}])[0]["latents"]
+    got = parts.vae_encoder.forward_items([{"image": image, "eps": eps}])[0]["latents"]
     assert got.shape == (12, 64) and _rel(got, want) < 1e-4
     # seeded: the same noise as diffusers' latent_dist.sample(generator) with that seed
     post = oracle.vae().encode(image[None]).latent_dist
     sample = post.sample(generator=torch.Generator().manual_seed(42))
-    seeded = parts.vae_encoder.forward_batch([{"image": image, "seed": torch.tensor(42)}])[0]["latents"]
+    seeded = parts.vae_encoder.forward_items([{"image": image, "seed": torch.tensor(42)}])[0]["latents"]
     torch.testing.assert_close(seeded, latent_tokens((sample[0] - 0.1159) * 0.3611, 2), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(posterior_noise((16, 6, 8), 42), torch.randn(1, 16, 6, 8, generator=torch.Generator().manual_seed(42))[0])
 
@@ -34,9 +34,9 @@ def test_encoder_samples_the_posterior_like_diffusers(parts, oracle):
 @torch.no_grad()
 def test_batched_items_keep_their_own_noise(parts):
     images = [torch.rand(3, 32, 32, generator=GEN) * 2 - 1 for _ in range(2)]
-    batch = parts.vae_encoder.forward_batch([{"image": images[0], "seed": torch.tensor(1)},
+    batch = parts.vae_encoder.forward_items([{"image": images[0], "seed": torch.tensor(1)},
                                              {"image": images[1], "seed": torch.tensor(2)}])
-    alone = parts.vae_encoder.forward_batch([{"image": images[1], "seed": torch.tensor(2)}])
+    alone = parts.vae_encoder.forward_items([{"image": images[1], "seed": torch.tensor(2)}])
     torch.testing.assert_close(batch[1]["latents"], alone[0]["latents"], rtol=1e-5, atol=1e-5)
 
 
@@ -47,7 +47,7 @@ def test_decoder_matches_diffusers(parts, oracle):
     want = oracle.vae().decode(z[None] / 0.3611 + 0.1159).sample  # [1, 3, 48, 64]
     got = parts.vae_decoder.decode(z[None])
     assert _rel(got, want) < 1e-4
-    image = parts.vae_decoder.forward_batch([{"latents": tokens, "grid": torch.tensor([3, 4])}])[0]["image"]
+    image = parts.vae_decoder.forward_items([{"latents": tokens, "grid": torch.tensor([3, 4])}])[0]["image"]
     assert image.dtype == torch.uint8 and image.shape == (48, 64, 3)
     torch.testing.assert_close(image, to_uint8(want)[0], rtol=0, atol=1)
 

@@ -34,10 +34,10 @@ def test_packed_non_square_images_match_block_diagonal_reference(parts, oracle):
     p = parts.config.vit.patch_size
     images = [torch.rand(3, 3 * p, 5 * p, generator=GEN) * 2 - 1, torch.rand(3, 6 * p, 2 * p, generator=GEN) * 2 - 1]
     want = oracle.vit_rows(images)
-    got = parts.vit.forward_batch([{"pixels": img} for img in images])
+    got = parts.vit.forward_items([{"pixels": img} for img in images])
     assert [g["embeds"].shape[0] for g in got] == [15, 12]
     assert _rel(torch.cat([g["embeds"] for g in got]), want) < 1e-4
-    alone = parts.vit.forward_batch([{"pixels": images[1]}])[0]["embeds"]
+    alone = parts.vit.forward_items([{"pixels": images[1]}])[0]["embeds"]
     torch.testing.assert_close(alone, got[1]["embeds"], rtol=1e-5, atol=1e-5)
 
 

@@ -14,8 +14,9 @@ from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
 from walkserve.engines.kv.engine import KVCacheEngine
 from walkserve.engines.registry import build_engine
+from walkserve.engines.spec import BuildContext
 from walkserve.graph.render import to_mermaid
-from walkserve.models.base import BuildContext, ModelRef
+from walkserve.models.base import ModelRef
 from walkserve.models.llama.model import TextLM
 from walkserve.models.registry import load_model
 from walkserve.testing.reference import ReferenceExecutor

@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 from walkserve.core.errors import ConfigError
 from walkserve.core.sampling import SamplingParams
 from walkserve.engines.base import Firing
+from walkserve.engines.stateless import component_batch
 from walkserve.models.orpheus.codec import OrpheusCodec
 from walkserve.models.orpheus.emission import POLICY, plan_window, request_seed, window_seed
 from walkserve.models.orpheus.tokens import AudioTokenError, frames_to_codes
@@ -58,7 +59,7 @@ def firings(request_id: str, ids: torch.Tensor, seed: int | None) -> list[Firing
 
 def stream_audio(codec: OrpheusCodec, fs: list[Firing]) -> torch.Tensor:
     """Fire chunk by chunk as a stream would, concatenating what each emits."""
-    outs = [codec.forward_batch([f])[0]["audio"] for f in fs]
+    outs = [codec.forward_batch(component_batch([f]))[0]["audio"] for f in fs]
     assert all(o.dtype == torch.float32 and o.dim() == 1 for o in outs)
     return torch.cat(outs) if outs else torch.zeros(0)
 
@@ -132,7 +133,7 @@ def test_batching_across_requests_does_not_change_audio(codec):
     everything = [f for fs in streams.values() for f in fs]
     order = torch.randperm(len(everything), generator=torch.Generator().manual_seed(0)).tolist()
     batch = [everything[k] for k in order]
-    outs = codec.forward_batch(batch)  # windows of 4 frames and a 2-frame final share one call
+    outs = codec.forward_batch(component_batch(batch))  # windows of 4 frames and a 2-frame final share one call
     assert len(outs) == len(batch)
     for rid, fs in streams.items():
         got = torch.cat([outs[batch.index(f)]["audio"] for f in fs])
@@ -159,8 +160,8 @@ def test_final_chunk_redecodes_the_last_window_identically(codec):
     levels = [c.unsqueeze(0) for c in frames_to_codes(ids[7:35], 7)]
     gen = torch.Generator().manual_seed(window_seed(request_seed("req-f", 11), 7))
     window = codec.decoder.decode(levels, [gen])[0, 0]  # frames 1..4, decoded directly
-    assert torch.equal(codec.forward_batch([regular])[0]["audio"], window[2048:4096])
-    assert torch.equal(codec.forward_batch([final])[0]["audio"], window[4096:8192])
+    assert torch.equal(codec.forward_batch(component_batch([regular]))[0]["audio"], window[2048:4096])
+    assert torch.equal(codec.forward_batch(component_batch([final]))[0]["audio"], window[4096:8192])
 
 
 def test_bad_token_names_the_request(codec):
@@ -169,7 +170,7 @@ def test_bad_token_names_the_request(codec):
     with pytest.raises(
         AudioTokenError, match=r"request req-bad: Orpheus audio token 9 \(frame position 2\)"
     ):
-        codec.forward_batch(firings("req-bad", ids, seed=1)[:1])
+        codec.forward_batch(component_batch(firings("req-bad", ids, seed=1)[:1]))
 
 
 def test_plan_rejects_spans_of_another_policy():

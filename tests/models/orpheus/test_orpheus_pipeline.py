@@ -19,7 +19,8 @@ import walkserve.models.builtin  # noqa: F401  (registers the families)
 from walkserve.core.finish import FinishReason
 from walkserve.engines.base import Engine, Firing, FiringResult
 from walkserve.engines.registry import build_engine
-from walkserve.models.base import BuildContext, ModelRef
+from walkserve.engines.spec import BuildContext
+from walkserve.models.base import ModelRef
 from walkserve.models.orpheus.emission import request_seed
 from walkserve.models.orpheus.tokens import END_OF_SPEECH, allowed_ranges
 from walkserve.models.registry import load_model

@@ -90,7 +90,7 @@ def test_only_thinker_shards_are_read_with_speech_off(ours_dir, tmp_path):
 
 
 def parts_lm(directory):
-    from walkserve.models.base import BuildContext
+    from walkserve.engines.spec import BuildContext
     from walkserve.models.qwen3_omni.weights import build_thinker
 
     return list(build_thinker(BuildContext(rank=0, device="cpu", dtype="bfloat16"), directory).parameters())

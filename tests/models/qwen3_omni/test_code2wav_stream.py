@@ -7,6 +7,7 @@ import torch
 
 from tests.models.qwen3_omni.speech_oracle import CODEBOOK, GROUPS, reference
 from walkserve.engines.base import Firing
+from walkserve.engines.stateless import component_batch
 from walkserve.models.qwen3_omni.code2wav_geometry import Code2WavGeometry, plan_chunk
 from walkserve.models.qwen3_omni.code2wav_stream import POLICY, Code2WavStream
 from walkserve.models.qwen3_omni.speech_weights import load_code2wav
@@ -42,7 +43,7 @@ def streamed(stream: Code2WavStream, frames: torch.Tensor, policy: LeftContext) 
     """Each chunk's audio, in order, as the stream delivers the chunks (the last one flushed at end of stream)."""
     out, i = [], 0
     while (span := policy.span(i, frames.shape[0], ended=True)) is not None:
-        out.append(stream.forward_batch([firing(i, frames, span)])[0]["audio"])
+        out.append(stream.forward_batch(component_batch([firing(i, frames, span)]))[0]["audio"])
         i += 1
     return out
 
@@ -102,9 +103,9 @@ def test_batched_firings_equal_single_ones(vocoder, frames):
     inputs = [frames[:50], frames[5:55], frames[:25]]  # two 50-frame chunks batched, one first chunk alone
     batch = [Firing(k, f"r{k}", "w", "code2wav", "code2wav", "forward", (1,), {"codes": x}, ("audio",),
                     spans={"codes": s}) for k, (x, s) in enumerate(zip(inputs, spans))]
-    together = stream.forward_batch(batch)
+    together = stream.forward_batch(component_batch(batch))
     for f, out in zip(batch, together):
-        alone = stream.forward_batch([f])[0]["audio"]
+        alone = stream.forward_batch(component_batch([f]))[0]["audio"]
         assert out["audio"].shape == alone.shape
         assert float((out["audio"] - alone).abs().max()) <= 2e-3 * float(alone.abs().max())
 
@@ -113,13 +114,13 @@ def test_a_chunk_that_does_not_match_its_span_is_refused(vocoder, frames):
     stream = Code2WavStream(vocoder)
     span = POLICY.span(0, 30, False)
     with pytest.raises(ValueError, match="holds 24 frames but its span covers 25"):
-        stream.forward_batch([Firing(0, "r", "w", "c", "c", "f", (0,), {"codes": frames[:24]}, ("audio",),
-                                     spans={"codes": span})])
+        stream.forward_batch(component_batch([Firing(0, "r", "w", "c", "c", "f", (0,), {"codes": frames[:24]}, ("audio",),
+                                     spans={"codes": span})]))
     bad = frames[:25].clone()
     bad[3, 2] = CODEBOOK
     with pytest.raises(ValueError, match="outside"):
-        stream.forward_batch([Firing(0, "r", "w", "c", "c", "f", (0,), {"codes": bad}, ("audio",),
-                                     spans={"codes": span})])
+        stream.forward_batch(component_batch([Firing(0, "r", "w", "c", "c", "f", (0,), {"codes": bad}, ("audio",),
+                                     spans={"codes": span})]))
 
 
 def test_transformers_chunked_decode_loses_555_samples_per_boundary(vocoder, frames, whole):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tests.models.qwen3_omni.conftest import rgb, wave
+from walkserve.engines.spec import Batch
 from walkserve.models.qwen3_omni.audio_features import log_mel_batch
 from walkserve.models.qwen3_omni.image_processor import (
     VisionPreprocess,
@@ -53,7 +54,7 @@ def test_audio_encoder_matches_reference(components, hf_model):
     batch = log_mel_batch([wave(4.51, 1), wave(1.2, 2)])
     short = log_mel_batch([wave(0.5, 3)]).clip(0)
     clips = [batch.clip(0), batch.clip(1), short]
-    got = [o["audio_embeds"] for o in audio.forward_batch([{"mel": torch.from_numpy(c)} for c in clips])]
+    got = [o["audio_embeds"] for o in audio.forward_batch(Batch.of([{"mel": torch.from_numpy(c)} for c in clips]))]
     for clip, ours in zip(clips, got):
         feats = torch.from_numpy(clip)[None]  # [1, 128, F]
         mask = torch.ones(1, clip.shape[1], dtype=torch.long)
@@ -78,8 +79,8 @@ def test_vision_encoder_matches_reference(components, hf_model):
     settings = VisionPreprocess(min_pixels=32 * 32, max_pixels=128 * 128)
     image = preprocess_image(rgb(70, 100), settings)
     video = preprocess_video([rgb(64, 96, seed=s) for s in range(3)], settings)
-    got = components.vision.forward_batch([{"pixel_values": torch.from_numpy(v.pixel_values),
-                                            "grid_thw": torch.tensor(v.grid_thw)} for v in (image, video)])
+    got = components.vision.forward_batch(Batch.of([{"pixel_values": torch.from_numpy(v.pixel_values),
+                                            "grid_thw": torch.tensor(v.grid_thw)} for v in (image, video)]))
     for item, ours in zip((image, video), got):
         tokens, deepstack = _hf_vision(hf_model, [item])
         torch.testing.assert_close(ours["image_embeds"], tokens[0], rtol=0, atol=1e-4)

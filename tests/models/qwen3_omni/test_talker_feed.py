@@ -18,6 +18,7 @@ from tests.models.qwen3_omni.test_graph import _array
 from walkserve.core.sampling import SamplingParams
 from walkserve.engines.base import Firing
 from walkserve.engines.kv.engine import KVCacheEngine
+from walkserve.engines.spec import Batch
 from walkserve.graph import DROP, GraphEdge
 from walkserve.layers.attention import DenseAttention
 from walkserve.models.qwen3_omni import graph as g
@@ -55,11 +56,11 @@ def test_taps_equal_the_dense_layer_inputs(ours_dir, merge):
         inputs = {slot: _tensor(pieces[g.step_key(k, slot)]) for slot in g.WALK_INPUTS[walk]}
         node_walk = g.first_walk(walk) if merge else walk  # a text answer's last (here: only) piece samples token 0
         if g.MEL in inputs:
-            inputs["embeds"] = parts.audio.forward_batch([{"mel": inputs.pop("mel")}])[0]["audio_embeds"]
+            inputs["embeds"] = parts.audio.forward_batch(Batch.of([{"mel": inputs.pop("mel")}]))[0]["audio_embeds"]
         if g.PIXELS in inputs:
             rows = inputs[g.VISUAL_ROWS] if walk == g.PREFILL_MEDIA else inputs.pop(g.VISUAL_ROWS)  # the thinker's too
-            out = parts.vision.forward_batch([{g.PIXELS: inputs.pop(g.PIXELS), g.GRID: inputs.pop(g.GRID),
-                                               g.VISUAL_ROWS: rows}])[0]
+            out = parts.vision.forward_batch(Batch.of([{g.PIXELS: inputs.pop(g.PIXELS), g.GRID: inputs.pop(g.GRID),
+                                               g.VISUAL_ROWS: rows}]))[0]
             inputs["deepstack"] = out["deepstack"]
             inputs["visual_embeds" if walk == g.PREFILL_MEDIA else "embeds"] = out[
                 "visual_embeds" if walk == g.PREFILL_MEDIA else "image_embeds"]

@@ -20,6 +20,7 @@ from tests.models.qwen3_omni.conftest import (
     video_block,
     wave,
 )
+from walkserve.engines.spec import Batch
 from walkserve.models.qwen3_omni.audio_features import log_mel_batch
 from walkserve.models.qwen3_omni.generate import greedy_generate, prefill_logits
 from walkserve.models.qwen3_omni.image_processor import VisionPreprocess, preprocess_image
@@ -154,10 +155,10 @@ def _walk_pieces(components, request, merge: bool) -> torch.Tensor:
         ids, slots, kw = value(k, "tokens"), g.WALK_INPUTS[walk], {}
         embeds = lm.embed(ids).clone()  # [n, D]
         if g.MEL in slots:
-            [audio] = components.audio.forward_batch([{g.MEL: value(k, g.MEL)}])
+            [audio] = components.audio.forward_batch(Batch.of([{g.MEL: value(k, g.MEL)}]))
             embeds[value(k, g.EMBED_ROWS)] = audio[g.AUDIO_EMBEDS]
         if g.PIXELS in slots:
-            [vision] = components.vision.forward_batch([{s: value(k, s) for s in (g.PIXELS, g.GRID, g.VISUAL_ROWS)}])
+            [vision] = components.vision.forward_batch(Batch.of([{s: value(k, s) for s in (g.PIXELS, g.GRID, g.VISUAL_ROWS)}]))
             kw["deepstack"] = vision[g.DEEPSTACK]  # [n, L, D], zero off the visual rows
             if walk == g.PREFILL_MEDIA:  # the clip's tokens are in embeds: the image's come as token inputs
                 kw.update(visual_embeds=vision[g.VISUAL_EMBEDS], visual_rows=value(k, g.VISUAL_ROWS))

@@ -28,6 +28,7 @@ import torch
 
 from tests.api.real_server import in_thread_server
 from walkserve.core.config import RuntimeConfig
+from walkserve.engines.spec import Batch
 from walkserve.models.vjepa2.cem import CEMConfig, plan
 from walkserve.models.vjepa2.encoder_component import EncoderComponent
 from walkserve.models.vjepa2.preprocess import as_given_pixels
@@ -151,7 +152,7 @@ def plan_body(c: int, seed: int) -> dict:
 
 # -- the oracles -------------------------------------------------------------------------------------
 def ac_features(oracle, frames: np.ndarray) -> torch.Tensor:
-    return oracle[0].forward_batch([{"video": torch.from_numpy(frames)}])[0]["features"]  # [T, F, E]
+    return oracle[0].forward_batch(Batch.of([{"video": torch.from_numpy(frames)}]))[0]["features"]  # [T, F, E]
 
 
 def want_rollout(oracle, c: int, horizon: int, every_state: bool = False) -> torch.Tensor:
@@ -181,7 +182,7 @@ def check_plan(oracle, events: list[dict], c: int, seed: int) -> None:
 
 
 def want_clips(oracle, video: np.ndarray, clip: int) -> list[torch.Tensor]:
-    return [oracle[1].forward_batch([{"video": torch.from_numpy(video[i : i + clip].copy())}])[0]["features"]
+    return [oracle[1].forward_batch(Batch.of([{"video": torch.from_numpy(video[i : i + clip].copy())}]))[0]["features"]
             for i in range(0, len(video), clip)]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from walkserve.engines.spec import Batch
 from walkserve.models.vjepa2.encoder_component import EncoderComponent
 from walkserve.models.vjepa2.preprocess import (
     IMAGENET_MEAN,
@@ -102,17 +103,17 @@ def test_encoder_component_batches_and_matches_direct_calls(released):
     image = torch.randint(0, 256, (1, 64, 64, 3), generator=g, dtype=torch.uint8)
     enc = released.encoder
     component = EncoderComponent(enc, "video")
-    out = component.forward_batch([{"video": video}, {"video": image}, {"video": video}])
+    out = component.forward_batch(Batch.of([{"video": video}, {"video": image}, {"video": video}]))
     with torch.inference_mode():
         direct = enc(video_pixels(video, 64)[None])[0]
         single = enc(video_pixels(image, 64).expand(-1, 2, -1, -1)[None])[0]
     assert out[0]["features"].shape == (32, 128) and out[1]["features"].shape == (16, 128)
     assert torch.allclose(out[0]["features"], direct, atol=1e-5) and torch.equal(out[0]["features"], out[2]["features"])
     assert torch.allclose(out[1]["features"], single, atol=1e-5)
-    frames = EncoderComponent(enc, "ac_frames").forward_batch([{"video": video}])[0]["features"]
+    frames = EncoderComponent(enc, "ac_frames").forward_batch(Batch.of([{"video": video}]))[0]["features"]
     with torch.inference_mode():  # the released rollout's encode(): each frame alone, repeated to a tubelet
         clips = ac_frame_pixels(video, 64)[:, :, None].repeat(1, 1, 2, 1, 1)  # [T, 3, 2, 64, 64]
         want = normalize_features(released.upstream_encoder(clips))  # [T, 16, 128]
     assert frames.shape == (4, 16, 128) and (frames - want).abs().max() <= TOL
     with pytest.raises(ValueError, match="multiple of the tubelet"):
-        component.forward_batch([{"video": video[:3]}])
+        component.forward_batch(Batch.of([{"video": video[:3]}]))

@@ -32,7 +32,7 @@ class CfgStep:
         v = guidance.combine(t, item["v"].float(), _opt(item, "v_cfg_text"), _opt(item, "v_cfg_img"))
         return euler_step(item["x"].float(), v, t, t_next)
 
-    def forward_batch(self, inputs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+    def forward_items(self, inputs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
         return [{"x": self.step(item, guidance_of(item), float(item["t"]), float(item["t_next"]))} for item in inputs]
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from walkserve.engines.spec import BuildContext
 from walkserve.models.bagel.config import BagelConfig
 from walkserve.models.bagel.mot import MoTLM
 from walkserve.models.bagel.nodes import LatentNode, VaeDecoderNode, VaeEncoderNode, VitNode
@@ -27,7 +28,6 @@ from walkserve.models.bagel.weights import (
     load_vae_encoder,
     load_vit,
 )
-from walkserve.models.base import BuildContext
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

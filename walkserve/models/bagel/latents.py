@@ -126,7 +126,7 @@ class LatentEmbedder(nn.Module):
         """hidden [N, D] of latent rows -> v [N, 64] in float32."""
         return self.llm2vae(hidden).float()
 
-    def forward_batch(self, inputs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+    def forward_items(self, inputs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
         """Stateless use: ``{"latents" [N, 64], "t" [], "grid" [2] (h, w)}`` -> ``{"embeds" [N, D]}``,
         or ``{"hidden" [N, D]}`` -> ``{"velocity" [N, 64]}``."""
         out = []

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from walkserve.core.errors import ConfigError
+from walkserve.engines.spec import BuildContext, ComponentSpec
 from walkserve.graph.walk import WalkGraph
 from walkserve.models.bagel.config import CONFIG_FILE, EMA_FILE, LLM_CONFIG_FILE, BagelConfig
 from walkserve.models.bagel.graph import IMAGE_GEN, PASS_NODES, build_graph
@@ -37,7 +38,7 @@ from walkserve.models.bagel.memory import (
     weight_bytes,
 )
 from walkserve.models.bagel.processor import BagelProcessor
-from walkserve.models.base import BuildContext, ComponentSpec, Model, ModelRef
+from walkserve.models.base import Model, ModelRef
 
 if TYPE_CHECKING:
     from walkserve.placement.plan import Placement

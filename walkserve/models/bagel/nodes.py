@@ -1,4 +1,4 @@
-"""BAGEL's stateless components as the stateless engine runs them: a batch of firings in, one outputs dict each.
+"""BAGEL's stateless components as the stateless engine runs them: a ``Batch`` in, one outputs dict per item.
 
     vit          {"image" uint8 [h, w, 3]}                  -> {"embeds" [h/14 w/14, D]}
     vae_encoder  {"image" uint8 [H, W, 3], "seed" [1]}      -> {"latents" [(H/16)(W/16), 64]}
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from walkserve.engines.base import Firing
+from walkserve.engines.spec import Batch, Item
 from walkserve.models.bagel.cfg_step import CfgStep
 from walkserve.models.bagel.flow import Guidance, timesteps
 from walkserve.models.bagel.latents import LatentEmbedder
@@ -39,39 +39,39 @@ def pixels(image: torch.Tensor) -> torch.Tensor:
     return ((image.to(torch.float32) / 255.0 - 0.5) / 0.5).permute(2, 0, 1).contiguous()
 
 
-def _grid(firing: Firing) -> tuple[int, int]:
-    h, w = (int(v) for v in firing.inputs["grid"].reshape(-1))
+def _grid(item: Item) -> tuple[int, int]:
+    h, w = (int(v) for v in item.inputs["grid"].reshape(-1))
     return h, w
 
 
-def _seed(firing: Firing, key: str = "seed") -> int:
-    return int(firing.inputs[key].reshape(-1)[0])
+def _seed(item: Item, key: str = "seed") -> int:
+    return int(item.inputs[key].reshape(-1)[0])
 
 
 class VitNode:
     def __init__(self, vit: BagelViT):
         self.vit = vit
 
-    def forward_batch(self, firings: list[Firing]) -> Outputs:
-        return self.vit.forward_batch([{"pixels": pixels(f.inputs["image"])} for f in firings])
+    def forward_batch(self, batch: Batch) -> Outputs:
+        return self.vit.forward_items([{"pixels": pixels(f.inputs["image"])} for f in batch])
 
 
 class VaeEncoderNode:
     def __init__(self, encoder: VaeEncoder):
         self.encoder = encoder
 
-    def forward_batch(self, firings: list[Firing]) -> Outputs:
-        return self.encoder.forward_batch([{"image": pixels(f.inputs["image"]), "seed": torch.tensor(_seed(f))}
-                                           for f in firings])
+    def forward_batch(self, batch: Batch) -> Outputs:
+        return self.encoder.forward_items([{"image": pixels(f.inputs["image"]), "seed": torch.tensor(_seed(f))}
+                                           for f in batch])
 
 
 class VaeDecoderNode:
     def __init__(self, decoder: VaeDecoder):
         self.decoder = decoder
 
-    def forward_batch(self, firings: list[Firing]) -> Outputs:
-        return self.decoder.forward_batch([{"latents": f.inputs["latents"], "grid": torch.tensor(_grid(f))}
-                                           for f in firings])
+    def forward_batch(self, batch: Batch) -> Outputs:
+        return self.decoder.forward_items([{"latents": f.inputs["latents"], "grid": torch.tensor(_grid(f))}
+                                           for f in batch])
 
 
 @lru_cache(maxsize=64)
@@ -92,20 +92,20 @@ class LatentNode:
         self.latents = latents
         self.device = latents.vae2llm.weight.device
 
-    def forward_batch(self, firings: list[Firing]) -> Outputs:
-        op = firings[0].op
+    def forward_batch(self, batch: Batch) -> Outputs:
+        op = batch.op
         if op == "velocity":
-            return self._velocity(firings)
+            return self._velocity(list(batch))
         run = {"embed": self._embed, "init": self._init, "step": self._step}[op]
-        return [run(f) for f in firings]
+        return [run(f) for f in batch]
 
     def _rows(self, x: torch.Tensor, t: float, grid: tuple[int, int]) -> torch.Tensor:
         return self.latents.embed(x, t, self.latents.position_ids(*grid))  # [N, D]
 
-    def _embed(self, f: Firing) -> dict[str, torch.Tensor]:
+    def _embed(self, f: Item) -> dict[str, torch.Tensor]:
         return {"embeds": self._rows(f.inputs["latents"].to(self.device), 0.0, _grid(f))}
 
-    def _init(self, f: Firing) -> dict[str, torch.Tensor]:
+    def _init(self, f: Item) -> dict[str, torch.Tensor]:
         h, w = _grid(f)
         noise = f.inputs["noise"]
         if noise.numel() == 0:
@@ -115,12 +115,12 @@ class LatentNode:
         t0 = _schedule(int(f.params["num_timesteps"]), float(f.params["timestep_shift"]))[0]
         return {"x": x, "embeds": self._rows(x, t0, (h, w))}
 
-    def _velocity(self, firings: list[Firing]) -> Outputs:
-        rows = [f.inputs["hidden"][1:-1] for f in firings]  # the latent rows, without the two markers
+    def _velocity(self, items: list[Item]) -> Outputs:
+        rows = [f.inputs["hidden"][1:-1] for f in items]  # the latent rows, without the two markers
         v = self.latents.velocity(torch.cat(rows).to(self.device))  # [sum N, 64] float32
         return [{"velocity": part} for part in v.split([r.shape[0] for r in rows])]
 
-    def _step(self, f: Firing) -> dict[str, torch.Tensor]:
+    def _step(self, f: Item) -> dict[str, torch.Tensor]:
         ts = _schedule(int(f.params["num_timesteps"]), float(f.params["timestep_shift"]))
         k = f.iteration
         t, t_next = ts[k], ts[k + 1]

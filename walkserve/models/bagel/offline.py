@@ -113,7 +113,7 @@ class OfflineBagel:
         """Greedy answer ids (without <|im_end|>) about the images (ViT-resized pixels, each [3, h, w]);
         ``ignore_end``: exactly ``max_new_tokens`` of them, <|im_end|> or not."""
         layout, contexts = SequenceLayout(self.tokens), DenseContexts(self.parts.lm)
-        rows = [self.parts.vit.forward_batch([{"pixels": p}])[0]["embeds"] for p in vit_pixels]
+        rows = [self.parts.vit.forward_items([{"pixels": p}])[0]["embeds"] for p in vit_pixels]
         inputs = [ImageInput(0, r.shape[0]) for r in rows] + [TextInput(tuple(prompt_ids))]
         self._run(contexts, plan_understanding_prefill(layout, inputs, system_ids), rows)
         return self.decode(layout, contexts, GEN, max_new_tokens, ignore_end)
@@ -133,16 +133,16 @@ class OfflineBagel:
     def decode_image(self, latents: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
         """Final latent tokens -> uint8 [H, W, 3]."""
         grid = torch.tensor([size[0] // self.patch_px, size[1] // self.patch_px])
-        return self.parts.vae_decoder.forward_batch([{"latents": latents, "grid": grid}])[0]["image"]
+        return self.parts.vae_decoder.forward_items([{"latents": latents, "grid": grid}])[0]["image"]
 
     def _image_rows(self, image: EditImage) -> tuple[torch.Tensor, torch.Tensor]:
         """LLM rows of an edit image: clean latent embeddings (t = 0) and ViT rows."""
         item = {"image": image.vae_pixels}
         item.update({"eps": image.eps} if image.eps is not None else {"seed": torch.tensor(image.seed)})
-        tokens = self.parts.vae_encoder.forward_batch([item])[0]["latents"]  # [N, 64]
+        tokens = self.parts.vae_encoder.forward_items([item])[0]["latents"]  # [N, 64]
         h, w = (s // self.patch_px for s in image.vae_pixels.shape[1:])
         vae_rows = self.parts.latents.embed(tokens, 0.0, self.parts.latents.position_ids(h, w))
-        vit_rows = self.parts.vit.forward_batch([{"pixels": image.vit_pixels}])[0]["embeds"]
+        vit_rows = self.parts.vit.forward_items([{"pixels": image.vit_pixels}])[0]["embeds"]
         return vae_rows, vit_rows
 
     @staticmethod

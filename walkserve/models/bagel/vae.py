@@ -42,7 +42,7 @@ class VaeEncoder:
         z = mean + torch.exp(0.5 * logvar) * eps.to(mean.device, mean.dtype)  # [B, z, h, w]
         return (z - self.config.shift_factor) * self.config.scale_factor
 
-    def forward_batch(self, inputs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+    def forward_items(self, inputs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
         out: list[dict[str, torch.Tensor]] = [{} for _ in inputs]
         for rows in _by_shape(inputs, "image").values():
             images = torch.stack([inputs[i]["image"] for i in rows])  # [B, 3, H, W]
@@ -74,7 +74,7 @@ class VaeDecoder:
         z = z.float() / self.config.scale_factor + self.config.shift_factor
         return self.decoder(z.to(weight.device, weight.dtype)).float()
 
-    def forward_batch(self, inputs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+    def forward_items(self, inputs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
         out: list[dict[str, torch.Tensor]] = [{} for _ in inputs]
         groups: dict[tuple[int, int], list[int]] = defaultdict(list)
         for i, item in enumerate(inputs):

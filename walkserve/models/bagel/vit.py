@@ -48,7 +48,7 @@ class Connector(nn.Module):
 
 
 class BagelViT(nn.Module):
-    """A stateless component: images in, LLM rows out (``forward_batch``), or packed patches (``forward``)."""
+    """A stateless component: images in, LLM rows out (``forward_items``), or packed patches (``forward``)."""
 
     def __init__(self, config: BagelConfig):
         super().__init__()
@@ -71,7 +71,7 @@ class BagelViT(nn.Module):
         return self.connector(x) + self.vit_pos_embed(position_ids)  # [N, D]
 
     @torch.no_grad()
-    def forward_batch(self, inputs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+    def forward_items(self, inputs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
         """``{"pixels": [3, H, W]}`` per image -> ``{"embeds": [h*w, D]}``, all images packed in one call."""
         device = self.connector.fc1.weight.device
         parts = [self.patches(item["pixels"].to(device, self.connector.fc1.weight.dtype)) for item in inputs]

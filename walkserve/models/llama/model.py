@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from walkserve.core.errors import ConfigError
+from walkserve.engines.spec import BuildContext, ComponentSpec
 from walkserve.graph.walk import WalkGraph
-from walkserve.models.base import BuildContext, ComponentSpec, Model, ModelRef
+from walkserve.models.base import Model, ModelRef
 from walkserve.models.llama.config import LMConfig
 from walkserve.models.llama.graph import build_graph
 from walkserve.models.llama.processor import TextLMProcessor

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from walkserve.core.errors import ConfigError
+from walkserve.engines.spec import BuildContext, ComponentSpec
 from walkserve.graph.walk import WalkGraph
-from walkserve.models.base import BuildContext, ComponentSpec, Model, ModelRef
+from walkserve.models.base import Model, ModelRef
 from walkserve.models.llama.model import lm_component
 from walkserve.models.orpheus.graph import CODEC, build_graph
 from walkserve.models.orpheus.processor import OrpheusProcessor

@@ -18,13 +18,13 @@ and runs here, batched over every request the engine hands over at once:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from walkserve.engines.spec import Batch
 from walkserve.models.pi0.action_expert import ActionTokens
 from walkserve.models.pi0.config import PolicyConfig
 from walkserve.models.pi0.flow import euler_step, flow_times
@@ -49,25 +49,25 @@ class FlowHead(nn.Module, ActionTokens):
         return self.action_in_proj.weight.device
 
     @torch.inference_mode()
-    def forward_batch(self, firings: Sequence[Any]) -> list[dict[str, torch.Tensor]]:
-        """One dict of outputs per firing; the stateless engine hands over firings of one op."""
-        if not firings:
+    def forward_batch(self, batch: Batch) -> list[dict[str, torch.Tensor]]:
+        """One dict of outputs per item, in order (every item of a batch is of one op)."""
+        if not batch.items:
             return []
-        op = firings[0].op
+        items, op = batch.items, batch.op
         if op not in OPS:
             raise ValueError(f"the flow head has no op {op!r} (ops: {', '.join(OPS)})")
         if op == FINISH:
-            return [{"actions": self.finish(f.inputs["x"])} for f in firings]
+            return [{"actions": self.finish(f.inputs["x"])} for f in items]
         if op == STATE:
-            embeds = self.embed_state(torch.stack([self._on(f.inputs["state"]).reshape(-1) for f in firings]))
+            embeds = self.embed_state(torch.stack([self._on(f.inputs["state"]).reshape(-1) for f in items]))
             return [{"embeds": e[None]} for e in embeds]  # [1, W] each
         if op == START:
-            x = [self._on(f.inputs["noise"]).float() for f in firings]
-            times = [1.0] * len(firings)
+            x = [self._on(f.inputs["noise"]).float() for f in items]
+            times = [1.0] * len(items)
         else:
             x = [euler_step(self._on(f.inputs["x"]), self.compute_velocity(self._on(f.inputs["hidden"])), self.num_steps)
-                 for f in firings]
-            times = [_next_time(f.iteration, self.num_steps) for f in firings]
+                 for f in items]
+            times = [_next_time(f.iteration, self.num_steps) for f in items]
         return self._tokens(x, times)
 
     def _tokens(self, xs: list[torch.Tensor], times: list[float]) -> list[dict[str, torch.Tensor]]:

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from walkserve.core.errors import ConfigError
+from walkserve.engines.spec import BuildContext, ComponentSpec
 from walkserve.graph.walk import WalkGraph
-from walkserve.models.base import BuildContext, ComponentSpec, Model, ModelRef
+from walkserve.models.base import Model, ModelRef
 from walkserve.models.pi0.config import KINDS, PolicyConfig
 from walkserve.models.pi0.graph import EXPERT, FLOW_HEAD, LM, VISION, build_graph
 from walkserve.models.pi0.processor import PolicyProcessor

@@ -10,12 +10,12 @@ and are resized with padding here, on the rank's device.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from walkserve.engines.spec import Batch
 from walkserve.layers.linear import Linear
 from walkserve.models.pi0.images import camera_pixels
 from walkserve.models.pi0.request import IMAGE_SHAPES, IMAGES
@@ -40,12 +40,12 @@ class VisionEncoder(nn.Module):
         return self.projector(self.tower.forward_images(pixels.to(dtype)))
 
     @torch.inference_mode()
-    def forward_batch(self, firings: Sequence[Any]) -> list[dict[str, torch.Tensor]]:
-        """Per firing (or inputs dict) ``images`` + ``image_shapes`` -> ``{"image_embeds": [n_i * P, D_lm]}``;
+    def forward_batch(self, batch: Batch) -> list[dict[str, torch.Tensor]]:
+        """Per item ``images`` + ``image_shapes`` -> ``{"image_embeds": [n_i * P, D_lm]}``;
         one tower call for every camera of the batch."""
         device = self.projector.weight.device
         resolution = self.tower.config.image_size
-        cameras = [unpack_images(getattr(f, "inputs", f)) for f in firings]
+        cameras = [unpack_images(f.inputs) for f in batch]
         pixels = torch.stack([camera_pixels(image.to(device), resolution) for images in cameras for image in images])
         features = self.forward(pixels)  # [sum n_i, P, D]
         return [{IMAGE_EMBEDS: f.reshape(-1, f.shape[-1])} for f in features.split([len(c) for c in cameras])]

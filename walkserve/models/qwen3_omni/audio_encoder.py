@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from walkserve.engines.spec import Batch
 from walkserve.models.qwen3_omni.config import AudioEncoderConfig
 from walkserve.models.qwen3_omni.media_tokens import audio_chunk_lengths, conv_length
 from walkserve.models.qwen3_omni.windows import WindowLayout
@@ -130,14 +130,11 @@ class AudioEncoder(nn.Module):
         window = conv_length(longest) * (c.n_window_infer // c.chunk_frames)
         return [window] * (n_tokens // window) + ([n_tokens % window] if n_tokens % window else [])
 
-    def forward_batch(self, items: list[Any]) -> list[dict[str, torch.Tensor]]:
-        """The stateless-engine entry: each item (a Firing, or a dict of inputs) holds ``mel`` [M, F]."""
-        mels = [_inputs(item)[INPUT_SLOT] for item in items]
+    def forward_batch(self, batch: Batch) -> list[dict[str, torch.Tensor]]:
+        """The stateless-engine entry: each item's inputs hold ``mel`` [M, F]."""
+        mels = [item.inputs[INPUT_SLOT] for item in batch]
         device = self.conv2d1.weight.device
         with torch.inference_mode():
             out = self([torch.as_tensor(m, device=device) for m in mels])
         return [{OUTPUT_NAME: o} for o in out]
 
-
-def _inputs(item: Any) -> dict[str, Any]:
-    return item.inputs if hasattr(item, "inputs") else item

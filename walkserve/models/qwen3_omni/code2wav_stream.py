@@ -3,7 +3,7 @@
 Input slot ``codes``: the chunk's frames, int64 ``[n, 16]`` (item k of the
 stream is frame k: code 0 from the talker, codes 1..15 from the code
 predictor), streamed with ``LeftContext(25, 25)`` (``POLICY``);
-``firing.spans["codes"]`` says which frames are context. Output ``audio``:
+``item.spans["codes"]`` says which frames are context. Output ``audio``:
 float32 ``[samples]`` at 24 kHz.
 
 Emission (``code2wav_geometry.plan_chunk``): a chunk with new frames [a, b)
@@ -29,7 +29,7 @@ from collections import defaultdict
 
 import torch
 
-from walkserve.engines.base import Firing
+from walkserve.engines.spec import Batch, Item
 from walkserve.models.qwen3_omni.code2wav import Code2Wav
 from walkserve.models.qwen3_omni.code2wav_geometry import ChunkPlan, plan_chunk
 from walkserve.streaming.policy import LeftContext
@@ -47,12 +47,13 @@ class Code2WavStream:
         self.geometry = vocoder.geometry
         self.groups = vocoder.config.num_quantizers
 
-    def forward_batch(self, firings: list[Firing]) -> list[dict[str, torch.Tensor]]:
+    def forward_batch(self, batch: Batch) -> list[dict[str, torch.Tensor]]:
         """One ``{"audio": float32 [samples]}`` per firing, in order."""
-        plans = [plan_chunk(f.spans[INPUT_SLOT], self.geometry) for f in firings]
-        codes = [self._codes(f) for f in firings]
+        items = list(batch)
+        plans = [plan_chunk(f.spans[INPUT_SLOT], self.geometry) for f in items]
+        codes = [self._codes(f) for f in items]
         device = self.vocoder.code_embedding.weight.device
-        audio = [torch.zeros(0, device=device) for _ in firings]
+        audio = [torch.zeros(0, device=device) for _ in items]
         groups: dict[tuple[int, int, int], list[int]] = defaultdict(list)
         for k, plan in enumerate(plans):
             if plan.n_samples:
@@ -70,15 +71,15 @@ class Code2WavStream:
         wave = self.vocoder(batch)[:, 0, plan.keep_lo : plan.keep_hi].float()  # [B, n_samples]
         return [wave[row].clone() for row in range(wave.shape[0])]  # each output owns its memory
 
-    def _codes(self, firing: Firing) -> torch.Tensor:
-        codes = torch.as_tensor(firing.inputs[INPUT_SLOT], dtype=torch.int64)
-        span = firing.spans[INPUT_SLOT]
+    def _codes(self, item: Item) -> torch.Tensor:
+        codes = torch.as_tensor(item.inputs[INPUT_SLOT], dtype=torch.int64)
+        span = item.spans[INPUT_SLOT]
         codes = codes.reshape(-1, self.groups) if codes.numel() else codes.reshape(0, self.groups)  # [n, 16]
         if codes.shape[0] != span.n_items:
-            raise ValueError(f"Code2Wav: chunk {span.index} of {firing.request_id} holds {codes.shape[0]} frames "
+            raise ValueError(f"Code2Wav: chunk {span.index} of {item.request_id} holds {codes.shape[0]} frames "
                              f"but its span covers {span.n_items}")
         size = self.vocoder.config.codebook_size
         if codes.numel() and not (int(codes.min()) >= 0 and int(codes.max()) < size):
-            raise ValueError(f"Code2Wav: chunk {span.index} of {firing.request_id} holds a code outside "
+            raise ValueError(f"Code2Wav: chunk {span.index} of {item.request_id} holds a code outside "
                              f"0..{size - 1}")
         return codes

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from walkserve.engines.spec import Batch
 from walkserve.layers.attention import DenseAttention
 from walkserve.models.qwen3_omni import audio_encoder, vision_encoder
 from walkserve.models.qwen3_omni.prompt import media_spans
@@ -25,7 +26,7 @@ def encode_media(components: ThinkerComponents, request: ThinkerRequest) -> dict
         if components.audio is None:
             raise ValueError("the prompt has audio but the checkpoint has no audio encoder")
         items = [{audio_encoder.INPUT_SLOT: torch.from_numpy(np.asarray(m))} for m in request.audio]
-        out["audio"] = [o[audio_encoder.OUTPUT_NAME] for o in components.audio.forward_batch(items)]
+        out["audio"] = [o[audio_encoder.OUTPUT_NAME] for o in components.audio.forward_batch(Batch.of(items))]
     for kind, vis in (("image", request.images), ("video", [v.vision for v in request.videos])):
         if not vis:
             continue
@@ -34,7 +35,7 @@ def encode_media(components: ThinkerComponents, request: ThinkerRequest) -> dict
         items = [{vision_encoder.PIXELS_SLOT: torch.from_numpy(v.pixel_values),
                   vision_encoder.GRID_SLOT: torch.tensor(v.grid_thw)} for v in vis]
         out[kind] = [(o[vision_encoder.OUTPUT_NAME], o[vision_encoder.DEEPSTACK_NAME])
-                     for o in components.vision.forward_batch(items)]
+                     for o in components.vision.forward_batch(Batch.of(items))]
     return out
 
 

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from walkserve.core.errors import ConfigError
+from walkserve.engines.spec import BuildContext, ComponentSpec
 from walkserve.graph.walk import WalkGraph
-from walkserve.models.base import BuildContext, ComponentSpec, Model, ModelRef
+from walkserve.models.base import Model, ModelRef
 from walkserve.models.qwen3_omni import memory
 from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
 from walkserve.models.qwen3_omni.graph import AUDIO_ENCODER, THINKER, VISION_ENCODER, build_graph

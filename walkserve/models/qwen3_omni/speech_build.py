@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from walkserve.models.base import BuildContext
+from walkserve.engines.spec import BuildContext
 from walkserve.models.llama.checkpoint import SafetensorsCheckpoint
 from walkserve.models.qwen3_omni.code2wav_stream import Code2WavStream
 from walkserve.models.qwen3_omni.code_predictor import CodePredictor

@@ -106,13 +106,13 @@ class SpeechLoop:
     @torch.no_grad()
     def waveform(self, frames: torch.Tensor, policy: ChunkPolicy = POLICY) -> torch.Tensor:
         """float32 [1920 F - 555]: the frames through Code2WavStream chunk by chunk, as the stream delivers them."""
-        from walkserve.engines.base import Firing
+        from walkserve.engines.spec import Batch, Item
 
         out, i = [], 0
         while (span := policy.span(i, frames.shape[0], ended=True)) is not None:
-            firing = Firing(i, "offline", "speech", "code2wav", "code2wav", "forward", (i,),
-                            {"codes": frames[span.start : span.end]}, ("audio",), spans={"codes": span})
-            out.append(self.stream.forward_batch([firing])[0]["audio"])
+            item = Item({"codes": frames[span.start : span.end]}, "offline", "speech", (i,), ("audio",),
+                        spans={"codes": span})
+            out.append(self.stream.forward_batch(Batch("code2wav", "forward", (item,)))[0]["audio"])
             i += 1
         return torch.cat(out) if out else torch.zeros(0)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from walkserve.engines.base import Firing
+from walkserve.engines.spec import Batch, Item
 from walkserve.layers.attention import AttentionContext
 from walkserve.models.llama.checkpoint import SafetensorsCheckpoint
 from walkserve.models.qwen3_omni.code_predictor import StackedEmbedding
@@ -79,30 +79,30 @@ class TalkerGlue(nn.Module):
         self.book = config.code_predictor.codebook_size
 
     @torch.no_grad()
-    def forward_batch(self, firings: list[Firing]) -> list[dict[str, torch.Tensor]]:
-        return [self._one(f) for f in firings]
+    def forward_batch(self, batch: Batch) -> list[dict[str, torch.Tensor]]:
+        kind = batch.op if batch.op in (PREDICTOR_IN, FRAME, TALKER_IN) else batch.node
+        return [self._one(kind, f) for f in batch]
 
-    def _one(self, f: Firing) -> dict[str, torch.Tensor]:
-        kind = f.op if f.op in (PREDICTOR_IN, FRAME, TALKER_IN) else f.node
+    def _one(self, kind: str, f: Item) -> dict[str, torch.Tensor]:
         if kind == PREDICTOR_IN:
             return self._predictor_in(f)
         if kind == FRAME:
             return self._frame(f)
         return self._talker_in(f)
 
-    def _predictor_in(self, f: Firing) -> dict[str, torch.Tensor]:
+    def _predictor_in(self, f: Item) -> dict[str, torch.Tensor]:
         code0 = _ids(f.inputs["code0"])  # [1]
         weight = self.codec_embedding.weight
         hidden = torch.as_tensor(f.inputs["hidden"]).reshape(1, -1).to(weight.device, weight.dtype)  # [1, D]
         embeds = torch.cat([hidden, self.codec_embedding(code0.to(weight.device))])  # [2, D]
         return {"tokens": torch.zeros(2, dtype=torch.long), "embeds": embeds}
 
-    def _frame(self, f: Firing) -> dict[str, torch.Tensor]:
+    def _frame(self, f: Item) -> dict[str, torch.Tensor]:
         code0, first, rest = _ids(f.inputs["code0"]), _ids(f.inputs["first"]), _ids(f.inputs["rest"])
         frame = torch.cat([code0, first % self.book, rest % self.book])  # [16]
         return {"frame": frame[None]}  # [1, 16]
 
-    def _talker_in(self, f: Firing) -> dict[str, torch.Tensor]:
+    def _talker_in(self, f: Item) -> dict[str, torch.Tensor]:
         frame = _ids(f.inputs["frame"]).reshape(1, -1)  # [1, 16]
         chunk, span = _ids(f.inputs["text"]), f.spans["text"]
         if chunk.numel():

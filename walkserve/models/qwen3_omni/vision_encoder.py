@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from walkserve.engines.spec import Batch
 from walkserve.layers.rope import apply_rotary
 from walkserve.models.qwen3_omni.config import VisionEncoderConfig
 from walkserve.models.qwen3_omni.windows import WindowLayout
@@ -185,20 +186,20 @@ class VisionEncoder(nn.Module):
         angles = torch.cat([rows[:, None] * inv_freq, cols[:, None] * inv_freq], dim=1).to(device)  # [N, Dh/2]
         return angles.cos(), angles.sin()
 
-    def forward_batch(self, items: list[Any]) -> list[dict[str, torch.Tensor]]:
+    def forward_batch(self, batch: Batch) -> list[dict[str, torch.Tensor]]:
         """The stateless-engine entry: each item holds ``pixel_values`` [t*h*w, patch_dim] and ``grid_thw`` [3]."""
-        inputs = [item.inputs if hasattr(item, "inputs") else item for item in items]
+        inputs = [item.inputs for item in batch]
         device = self.pos_embed.weight.device
         pixels = [torch.as_tensor(i[PIXELS_SLOT], device=device) for i in inputs]
         grids = [torch.as_tensor(i[GRID_SLOT]).reshape(3).tolist() for i in inputs]
         with torch.inference_mode():
             out = self(pixels, grids)
-            return [_outputs(tokens, deep, i.get(ROWS_SLOT), getattr(item, "outputs", None))
-                    for (tokens, deep), i, item in zip(out, inputs, items, strict=True)]
+            return [_outputs(tokens, deep, i.get(ROWS_SLOT), item.outputs or None)
+                    for (tokens, deep), i, item in zip(out, inputs, batch, strict=True)]
 
 
 def _outputs(tokens: torch.Tensor, deepstack: torch.Tensor, rows: Any, wanted: Sequence[str] | None) -> dict:
-    """One item's outputs: those its firing declares (``wanted``), or all of them for a plain dict."""
+    """One item's outputs: those the graph reads (``wanted``), or all of them for a direct caller."""
     out = {OUTPUT_NAME: tokens, DEEPSTACK_NAME: _at_rows(deepstack, rows)}
     if rows is not None and (wanted is None or AT_ROWS_NAME in wanted):
         out[AT_ROWS_NAME] = _at_rows(tokens, rows)

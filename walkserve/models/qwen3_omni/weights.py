@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from walkserve.core.errors import ConfigError
-from walkserve.models.base import BuildContext
+from walkserve.engines.spec import BuildContext
 from walkserve.models.llama.checkpoint import (
     SafetensorsCheckpoint,
     expected_shapes,

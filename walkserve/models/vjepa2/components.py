@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from walkserve.models.base import BuildContext
+from walkserve.engines.spec import BuildContext
 from walkserve.models.vjepa2.ac_predictor import ACPredictor
 from walkserve.models.vjepa2.config import VJEPA2ACConfig, read_config
 from walkserve.models.vjepa2.encoder_component import EncoderComponent

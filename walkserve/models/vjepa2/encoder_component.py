@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from walkserve.engines.spec import Batch, Item
 from walkserve.models.vjepa2.encoder import VisionEncoder
 from walkserve.models.vjepa2.preprocess import ac_frame_pixels, as_given_pixels, video_pixels
 from walkserve.models.vjepa2.rollout import normalize_features
@@ -81,32 +82,25 @@ class EncoderComponent:
                 out[i] = normalize_features(part).float() if mode == "ac_frames" else part[0].float()
         return out
 
-    def forward_batch(self, firings: Sequence[Any]) -> list[dict[str, torch.Tensor]]:
-        """One ``{"features": ...}`` per firing (a Firing, or its ``inputs`` dict), in order."""
-        modes = [_mode(f, self.mode) for f in firings]
-        clips = [self.clip(_frames(f, mode), mode, getattr(f, "params", {}).get("resize", True) is not False)
-                 for f, mode in zip(firings, modes)]
+    def forward_batch(self, batch: Batch) -> list[dict[str, torch.Tensor]]:
+        """One ``{"features": ...}`` per item, in order."""
+        mode = batch.op if batch.op in MODES else self.mode
+        modes = [mode] * len(batch)
+        clips = [self.clip(_frames(f, mode), mode, f.params.get("resize", True) is not False) for f in batch]
         out = []
-        for f, mode, x in zip(firings, modes, self.encode(clips, modes)):
-            params = getattr(f, "params", {})
+        for f, x in zip(batch, self.encode(clips, modes)):
+            params = f.params
             if mode == "video":
                 x = (x.mean(0, keepdim=True) if params.get("pool") else x).to(output_dtype(params))  # [N or 1, E]
             out.append({OUTPUT_NAME: x})
         return out
 
 
-def _mode(firing: Any, default: str) -> str:
-    op = getattr(firing, "op", None)
-    return op if op in MODES else default
-
-
-def _frames(firing: Any, mode: str) -> torch.Tensor:
-    """The frames a firing encodes: its video, or in the clip loop the clip of its iteration."""
-    inputs = getattr(firing, "inputs", firing)
-    video = inputs[INPUT_SLOT]
-    params = getattr(firing, "params", {})
-    n = params.get("clip_frames")
+def _frames(item: Item, mode: str) -> torch.Tensor:
+    """The frames an item encodes: its video, or in the clip loop the clip of its iteration."""
+    video = item.inputs[INPUT_SLOT]
+    n = item.params.get("clip_frames")
     if mode != "video" or not n:
         return video
-    i = firing.iteration
+    i = item.iteration
     return video[i * int(n) : (i + 1) * int(n)]

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from walkserve.core.errors import ConfigError
+from walkserve.engines.spec import BuildContext, ComponentSpec
 from walkserve.graph.walk import WalkGraph
-from walkserve.models.base import BuildContext, ComponentSpec, Model, ModelRef
+from walkserve.models.base import Model, ModelRef
 from walkserve.models.llama.model import checkpoint_dir
 from walkserve.models.vjepa2 import memory
 from walkserve.models.vjepa2.config import VJEPA2ACConfig, read_config

@@ -26,11 +26,12 @@ plan draws exactly the candidates the offline ``cem.plan`` draws.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from walkserve.engines.spec import Batch
 from walkserve.models.vjepa2.cem import (
     CEMConfig,
     answer,
@@ -104,12 +105,12 @@ class Planner:
             out["features"] = best.to(output_dtype(params))
         return out
 
-    def forward_batch(self, firings: Sequence[Any]) -> list[dict[str, torch.Tensor]]:
+    def forward_batch(self, batch: Batch) -> list[dict[str, torch.Tensor]]:
         ops = {"start": self.start, "sample": self.sample, "roll": self.roll, "refit": self.refit}
+        if batch.op not in ops:
+            raise ValueError(f"the CEM planner has ops {', '.join(ops)}, not {batch.op!r}")
         out = []
-        for f in firings:
-            if f.op not in ops:
-                raise ValueError(f"the CEM planner has ops {', '.join(ops)}, not {f.op!r}")
-            result = ops[f.op](f.inputs, f.params, f.iteration)
+        for f in batch:
+            result = ops[batch.op](f.inputs, f.params, f.iteration)
             out.append({name: result[name] for name in f.outputs})
         return out

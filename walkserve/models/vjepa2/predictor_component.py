@@ -10,11 +10,11 @@ bfloat16. Firings with the same (Nc, Nt) run as one batch.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from walkserve.engines.spec import Batch
 from walkserve.models.vjepa2.masked_predictor import MaskedPredictor
 from walkserve.models.vjepa2.stepper import output_dtype
 
@@ -28,12 +28,12 @@ class PredictorComponent:
         self.predictor = predictor
 
     @torch.inference_mode()
-    def forward_batch(self, firings: Sequence[Any]) -> list[dict[str, torch.Tensor]]:
-        """One ``{"predicted": [Nt, E]}`` per firing (a Firing, or its ``inputs`` dict), in order."""
+    def forward_batch(self, batch: Batch) -> list[dict[str, torch.Tensor]]:
+        """One ``{"predicted": [Nt, E]}`` per item, in order."""
         device = self.predictor.proj.weight.device
         items = []
-        for f in firings:
-            inputs = getattr(f, "inputs", f)
+        for f in batch:
+            inputs = f.inputs
             ctx = torch.as_tensor(inputs["context_ids"], dtype=torch.long, device=device)
             tgt = torch.as_tensor(inputs["target_ids"], dtype=torch.long, device=device)
             feats = torch.as_tensor(inputs["features"], device=device)
@@ -46,5 +46,5 @@ class PredictorComponent:
             feats, ctx, tgt = (torch.stack([items[i][j] for i in rows]) for j in range(3))
             predicted = self.predictor(feats, ctx, tgt)  # [B, Nt, E]
             for i, p in zip(rows, predicted):
-                out[i] = {OUTPUT_NAME: p.float().to(output_dtype(getattr(firings[i], "params", {})))}
+                out[i] = {OUTPUT_NAME: p.float().to(output_dtype(batch.items[i].params))}
         return out

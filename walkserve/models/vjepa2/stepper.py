@@ -16,11 +16,11 @@ Request params read: ``context_frames`` (C), ``horizon`` (H), ``dtype`` (of ``fr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from walkserve.engines.spec import Batch
 from walkserve.models.vjepa2.config import ACPredictorConfig
 from walkserve.models.vjepa2.pose import next_pose
 from walkserve.models.vjepa2.rollout import normalize_features
@@ -92,13 +92,9 @@ class RolloutStepper:
         out["pose"] = pose
         return out
 
-    def forward_batch(self, firings: Sequence[Any]) -> list[dict[str, torch.Tensor]]:
-        out = []
-        for f in firings:
-            if f.op == "start":
-                out.append(self.start(f.inputs, f.params))
-            elif f.op == "step":
-                out.append(self.step(f.inputs, f.params, f.iteration))
-            else:
-                raise ValueError(f"the rollout stepper has ops 'start' and 'step', not {f.op!r}")
-        return out
+    def forward_batch(self, batch: Batch) -> list[dict[str, torch.Tensor]]:
+        if batch.op == "start":
+            return [self.start(f.inputs, f.params) for f in batch]
+        if batch.op == "step":
+            return [self.step(f.inputs, f.params, f.iteration) for f in batch]
+        raise ValueError(f"the rollout stepper has ops 'start' and 'step', not {batch.op!r}")
