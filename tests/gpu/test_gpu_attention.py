@@ -15,7 +15,8 @@ import torch
 
 from walkserve.engines.kv.engine import KVCacheEngine
 from walkserve.layers.flashinfer_attention import FlashInferBackend
-from walkserve.layers.paged_attention import PagedBatch, TorchPagedBackend
+from walkserve.layers.paged_attention import PagedBatch
+from walkserve.layers.paged_backends import TorchPagedBackend
 
 HQ, HKV, DH, BS, BLOCKS, LAYERS = 8, 2, 64, 16, 48, 2
 SCALE = DH**-0.5

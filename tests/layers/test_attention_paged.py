@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from walkserve.core.errors import ConfigError
-from walkserve.layers.attention import (
-    DenseCausalAttention,
-    PagedBatch,
+from walkserve.layers.attention import DenseCausalAttention
+from walkserve.layers.paged_attention import PagedBatch
+from walkserve.layers.paged_backends import (
     TorchPagedBackend,
     flashinfer_available,
     make_paged_backend,

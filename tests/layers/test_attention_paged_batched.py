@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from walkserve.layers.attention import PagedBatch, TorchPagedBackend
-from walkserve.layers.paged_attention import chunk_mask
+from walkserve.layers.paged_attention import PagedBatch, chunk_mask
+from walkserve.layers.paged_backends import TorchPagedBackend
 
 HQ, HKV, DH, BS, NUM_BLOCKS, LAYERS = 4, 2, 8, 6, 64, 2
 SCALE = DH**-0.5

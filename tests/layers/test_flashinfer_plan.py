@@ -18,7 +18,8 @@ from tests.layers import fake_flashinfer
 from walkserve.layers.flashinfer_attention import FlashInferBackend
 from walkserve.layers.flashinfer_plan import plan_step
 from walkserve.layers.graph_attention import TorchGraphDecode
-from walkserve.layers.paged_attention import PagedBatch, TorchPagedBackend, chunk_mask
+from walkserve.layers.paged_attention import PagedBatch, chunk_mask
+from walkserve.layers.paged_backends import TorchPagedBackend
 
 HQ, HKV, DH, BS, BLOCKS, LAYERS = 4, 2, 8, 4, 64, 2
 SCALE = DH**-0.5

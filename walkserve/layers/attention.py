@@ -90,22 +90,3 @@ def block_diagonal_mask(lengths: list[int], device: torch.device | str | None = 
     """bool [N, N], N = sum(lengths): packed sequences that attend only within themselves (varlen)."""
     seq = torch.repeat_interleave(torch.arange(len(lengths), device=device), torch.tensor(lengths, device=device))
     return seq[:, None] == seq[None, :]
-
-
-# ---------------------------------------------------------------------------
-# Paged attention (keys and values in a block pool shared by many sequences) lives in
-# ``paged_attention``; its names are also readable from here (resolved on first use).
-# ---------------------------------------------------------------------------
-
-_PAGED = frozenset({
-    "FLASHINFER_DTYPES", "PAGED_BACKENDS", "PagedAttentionBackend", "PagedBatch", "PagedIndex", "Scratch",
-    "TorchPagedAttention", "TorchPagedBackend", "flashinfer_available", "make_paged_backend",
-})
-
-
-def __getattr__(name: str):
-    if name in _PAGED:
-        from walkserve.layers import paged_attention
-
-        return getattr(paged_attention, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

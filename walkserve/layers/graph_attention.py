@@ -22,7 +22,7 @@ from abc import abstractmethod
 import torch
 
 from walkserve.layers.attention import AttentionContext
-from walkserve.layers.paged_attention import PagedBatch, _decode, _neg
+from walkserve.layers.paged_attention import PagedBatch, decode_attention, mask_bias
 
 
 class GraphDecodeAttention(AttentionContext):
@@ -83,5 +83,5 @@ class TorchGraphDecode(GraphDecodeAttention):
         keys = k_cache.view(n, -1).index_select(0, self.tables.view(-1)).view(shape)  # [B, W * bs, Hkv, Dh]
         values = v_cache.view(n, -1).index_select(0, self.tables.view(-1)).view(shape)
         hidden = self.key_pos[None, :] >= self.kv_lens[:, None]  # [B, W * bs]
-        bias = torch.zeros(hidden.shape, dtype=k_cache.dtype, device=q.device).masked_fill(hidden, _neg(k_cache.dtype))
-        return _decode(q, keys, values, bias[:, None, None, :], scale)  # [B, Hq, Dh]
+        bias = torch.zeros(hidden.shape, dtype=k_cache.dtype, device=q.device).masked_fill(hidden, mask_bias(k_cache.dtype))
+        return decode_attention(q, keys, values, bias[:, None, None, :], scale)  # [B, Hq, Dh]

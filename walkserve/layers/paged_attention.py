@@ -29,7 +29,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from walkserve.core.errors import ConfigError
 from walkserve.layers.attention import AttentionContext
 
 MASKS = ("causal", "full", "block_causal")
@@ -205,7 +204,7 @@ def chunk_mask(kind: str, n: int, frame: int, device: torch.device) -> torch.Ten
     return torch.ones(n, n, dtype=torch.bool, device=device).tril()
 
 
-def _neg(dtype: torch.dtype) -> float:
+def mask_bias(dtype: torch.dtype) -> float:
     """A finite bias that hides a key in ``dtype`` without overflowing when added to a score."""
     return torch.finfo(dtype).min / 2
 
@@ -223,10 +222,7 @@ class PagedAttentionBackend(ABC):
 
     def graph_decode(self, k_cache: torch.Tensor, v_cache: torch.Tensor, size: int, max_blocks: int):
         """A decode context over static buffers for ``size`` rows, for CUDA-graph capture (``graph_attention``)."""
-        # lazy: graph_attention builds on this module
-        from walkserve.layers.graph_attention import TorchGraphDecode
-
-        return TorchGraphDecode(k_cache, v_cache, size, max_blocks)
+        raise NotImplementedError(f"{type(self).__name__} cannot capture decode graphs")
 
 
 class TorchPagedAttention(AttentionContext):
@@ -260,7 +256,7 @@ class TorchPagedAttention(AttentionContext):
         self.decode_blocks = self.decode_bias = None
         if decodes:
             self.decode_blocks, mask = index.padded_blocks(decodes)  # [B * W], [B, W * bs]
-            bias = torch.zeros(mask.shape, dtype=k_cache.dtype, device=device).masked_fill_(~mask, _neg(k_cache.dtype))
+            bias = torch.zeros(mask.shape, dtype=k_cache.dtype, device=device).masked_fill_(~mask, mask_bias(k_cache.dtype))
             self.decode_bias = bias[:, None, None, :]  # [B, 1, 1, W * bs]
         one_row = set(decodes)
         others = [self._plan(batch, index, i, starts[i], starts[i + 1]) for i in range(len(batch.query_lens))
@@ -316,11 +312,11 @@ class TorchPagedAttention(AttentionContext):
         v_cache.view(-1, hkv, dh).index_copy_(0, self.slot_mapping, v_new.to(v_cache.dtype))
         if self.only_decodes:
             keys, values = self._gather(k_cache, v_cache, self.decode_blocks, len(self.decode_rows))
-            return _decode(q, keys, values, self.decode_bias, scale)
+            return decode_attention(q, keys, values, self.decode_bias, scale)
         out = torch.empty_like(q)  # [T, Hq, Dh]
         if self.decode_blocks is not None:
             keys, values = self._gather(k_cache, v_cache, self.decode_blocks, len(self.decode_rows))
-            out[self.decode_rows] = _decode(q[self.decode_rows], keys, values, self.decode_bias, scale)
+            out[self.decode_rows] = decode_attention(q[self.decode_rows], keys, values, self.decode_bias, scale)
         for rows, b, n, blocks, mask in self.batched:  # appends of equal shape: one SDPA call each
             keys, values = self._gather(k_cache, v_cache, blocks, b)  # [B, W * bs, Hkv, Dh]
             out[rows] = _attend_batch(q[rows].view(b, n, *q.shape[1:]), keys, values, mask, scale).flatten(0, 1)
@@ -386,7 +382,7 @@ class Scratch:
         return buf[:numel].view(shape)
 
 
-def _decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
+def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
     """One query per sequence: q [B, Hq, Dh] over keys, values [B, L, Hkv, Dh] with additive key mask [B, 1, 1, L]."""
     b, hq, dh = q.shape
     hkv = keys.shape[2]
@@ -431,66 +427,3 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Te
         enable_gqa=q.shape[1] != k.shape[1],
     )
     return out[0].transpose(0, 1).to(q.dtype)  # [n, Hq, Dh]
-
-
-class TorchPagedBackend(PagedAttentionBackend):
-    """The pure-PyTorch backend (CPU, or any device as a reference); owns the gather scratch buffers."""
-
-    def __init__(self) -> None:
-        self.scratch = Scratch()
-
-    def context(self, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch) -> AttentionContext:
-        return TorchPagedAttention(k_cache, v_cache, batch, self.scratch)
-
-
-def _make_torch(device: torch.device) -> PagedAttentionBackend:
-    return TorchPagedBackend()
-
-
-def _make_flashinfer(device: torch.device) -> PagedAttentionBackend:
-    from walkserve.layers.flashinfer_attention import FlashInferBackend  # lazy: CUDA installs only
-
-    return FlashInferBackend(device)
-
-
-PAGED_BACKENDS = {"torch": _make_torch, "flashinfer": _make_flashinfer}
-
-
-FLASHINFER_DTYPES = (torch.float16, torch.bfloat16)
-FLASHINFER_HEAD_DIM_MULTIPLE = 64  # FA2's bf16/fp16 tiles load head dims in steps of 64 (64, 128, 256)
-
-
-def flashinfer_available(device: torch.device, dtype: torch.dtype | None = None, head_dim: int | None = None) -> bool:
-    """True when FlashInfer can serve a pool of ``dtype`` and ``head_dim`` on ``device`` (CUDA, fp16/bf16, a head
-    dim that is a multiple of 64, package importable)."""
-    if device.type != "cuda" or (dtype is not None and dtype not in FLASHINFER_DTYPES):
-        return False
-    if head_dim is not None and head_dim % FLASHINFER_HEAD_DIM_MULTIPLE:
-        return False
-    try:
-        import flashinfer  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def make_paged_backend(name: str, device: torch.device | str, dtype: torch.dtype | None = None,
-                       head_dim: int | None = None) -> PagedAttentionBackend:
-    """Pick a paged-attention backend: ``"torch"``, ``"flashinfer"`` or ``"auto"``.
-
-    ``auto`` takes FlashInfer when the device is CUDA, the pool ``dtype`` is
-    fp16/bf16, ``head_dim`` a multiple of 64 and ``flashinfer`` imports, else
-    the PyTorch path. Heavy backends are imported only here.
-    """
-    device = torch.device(device)
-    if name == "auto":
-        name = "flashinfer" if flashinfer_available(device, dtype, head_dim) else "torch"
-    if name not in PAGED_BACKENDS:
-        raise ConfigError(f"unknown attention backend {name!r}; choose one of {sorted(PAGED_BACKENDS)} or 'auto'")
-    if name == "flashinfer" and not flashinfer_available(device, dtype, head_dim):
-        raise ConfigError(
-            f"attention backend 'flashinfer' needs a CUDA device, an fp16/bf16 KV pool, a head dim that is a multiple "
-            f"of {FLASHINFER_HEAD_DIM_MULTIPLE} and the flashinfer package (device {device}, dtype {dtype}, "
-            f"head dim {head_dim})"
-        )
-    return PAGED_BACKENDS[name](device)

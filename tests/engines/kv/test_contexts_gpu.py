@@ -10,7 +10,7 @@ import torch
 from tests.engines.kv.contexts_ref import firing, run
 from walkserve.engines.kv.engine import KVCacheEngine
 from walkserve.graph.kv import ALL, append, fork, kv_params, query
-from walkserve.layers.paged_attention import flashinfer_available
+from walkserve.layers.paged_backends import flashinfer_available
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

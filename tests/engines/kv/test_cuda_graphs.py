@@ -159,7 +159,8 @@ class _AxesModel(torch.nn.Module):
 @torch.no_grad()
 def test_each_position_layout_gets_its_own_graph_and_replays_what_eager_computes():
     from walkserve.engines.kv.kv_pool import KVPool, KVPoolShape
-    from walkserve.layers.paged_attention import PagedBatch, TorchPagedBackend
+    from walkserve.layers.paged_attention import PagedBatch
+    from walkserve.layers.paged_backends import TorchPagedBackend
 
     model, fake = _AxesModel(), FakeGraphs()
     pool = KVPool(KVPoolShape(1, 1, 4, 4, torch.float32), 16, "cpu", spare=True)

@@ -8,7 +8,8 @@ import torch
 from tests.engines.kv.kv_driver import Generation, drive, firing, hf_greedy
 from walkserve.core.sampling import SamplingParams
 from walkserve.engines.kv.engine import KVCacheEngine
-from walkserve.layers.attention import DenseCausalAttention, flashinfer_available
+from walkserve.layers.attention import DenseCausalAttention
+from walkserve.layers.paged_backends import flashinfer_available
 
 pytestmark = pytest.mark.parity
 

@@ -43,7 +43,7 @@ from walkserve.engines.kv.outputs import OUTPUTS
 from walkserve.engines.kv.runner import ModelRunner
 from walkserve.engines.kv.scheduler import Query, Scheduler, SchedulerConfig
 from walkserve.engines.kv.sequence import PendingFiring
-from walkserve.layers.paged_attention import make_paged_backend
+from walkserve.layers.paged_backends import make_paged_backend
 from walkserve.layers.sampling import Sampler
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,8 @@ from walkserve.engines.kv.kv_pool import KVPool
 from walkserve.engines.kv.outputs import OUTPUTS, Outputs
 from walkserve.engines.kv.scheduler import ScheduledChunk
 from walkserve.engines.kv.sequence import Segment
-from walkserve.layers.paged_attention import PagedAttentionBackend, PagedBatch, TorchPagedBackend
+from walkserve.layers.paged_attention import PagedAttentionBackend, PagedBatch
+from walkserve.layers.paged_backends import TorchPagedBackend
 from walkserve.layers.sampling import Sampler
 
 __all__ = ["OUTPUTS", "ModelRunner"]
