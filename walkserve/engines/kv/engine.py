@@ -37,7 +37,7 @@ from walkserve.core.errors import ConfigError
 from walkserve.engines.base import Engine, Firing, FiringResult, Group
 from walkserve.engines.kv.block_manager import BlockManager, ContextKey
 from walkserve.engines.kv.kv_pool import KVPool, KVPoolShape, pool_blocks
-from walkserve.engines.kv.migrate import export_contexts, import_contexts
+from walkserve.engines.kv.migrate import ContextMigration
 from walkserve.engines.kv.ops import ContextOp, bind
 from walkserve.engines.kv.outputs import OUTPUTS
 from walkserve.engines.kv.runner import ModelRunner
@@ -103,6 +103,7 @@ class KVCacheEngine(Engine):
         self.pool = KVPool(shape, pool_blocks(shape, self.device, num_blocks, kv_bytes), self.device, spare=cuda_graphs)
         self.block_manager = BlockManager(self.pool.num_blocks, block_size, prefix_caching)
         self.scheduler = Scheduler(self.block_manager, SchedulerConfig(max_batch_tokens, max_running))
+        self.migration = ContextMigration(component, self.scheduler, self.block_manager, self.pool)
         backend = make_paged_backend(attention, self.device, dtype, shape.head_dim)
         self.runner = ModelRunner(self.models, self.pool, self.block_manager, backend, Sampler(seed))
         if cuda_graphs:
@@ -202,10 +203,10 @@ class KVCacheEngine(Engine):
         return [[answers.get(fid, f"{self.component}: the firing was never answered") for fid in part] for part in ids]
 
     def export_contexts(self, request_id: str, names: list[str]) -> list[Any]:
-        return export_contexts(self, request_id, names)
+        return self.migration.export_contexts(request_id, names)
 
     def import_contexts(self, request_id: str, contexts: list[Any]) -> None:
-        import_contexts(self, request_id, contexts)
+        self.migration.import_contexts(request_id, contexts)
 
     def has_work(self) -> bool:
         return (bool(self._ready) or bool(self.scheduler.queries)
