@@ -197,12 +197,13 @@ def bare_engine(work: Workload, kv_options: dict[str, Any]) -> CaseResult:
 
 
 def _bare_engine(work: Workload, kv_options: dict[str, Any]) -> CaseResult:
+    from walkserve.core.options import KVOptions
     from walkserve.engines.kv.engine import KVCacheEngine
     from walkserve.models.llama.weights import load_causal_lm
 
     torch.set_num_threads(work.threads)
     model = load_causal_lm(work.path, device=work.device, dtype=work.dtype, progress=False)
-    engine = KVCacheEngine("lm", model, work.device, work.dtype, **kv_options)
+    engine = KVCacheEngine("lm", model, work.device, work.dtype, KVOptions(**kv_options))
     warm = Workload(work.path, work.dtype, _warm_prompts(work), 4, work.threads, work.device)
     _Driver(engine, warm).run(time.perf_counter())
     driver = _Driver(engine, work)

@@ -136,8 +136,11 @@ def compute_ratio(batch: int, steps: int, ms: float, threads: int, repeat: int =
     if nested:
         family, assign = "fixture-bench-nested", {"talker": 0, "predictor": 0}
         talker, predictor = BurnComponent(ms), BurnComponent(ms, "c", "c")
-        outer = component_batch([Firing(i, f"r{i}", "loop", "talker", "talker", "forward", (0,), {"x": x}, ("x",)) for i in range(batch)])
-        inner = component_batch([Firing(i, f"r{i}", "loop", "predictor", "predictor", "forward", (0, 0), {"x": x, "c": x}, ("c",)) for i in range(batch)])
+        outer = component_batch([Firing(i, f"r{i}", "loop", "talker", "talker", "forward", (0,), {"x": x}, ("x",))
+                                 for i in range(batch)])
+        inner = component_batch([Firing(i, f"r{i}", "loop", "predictor", "predictor", "forward", (0, 0),
+                                        {"x": x, "c": x}, ("c",))
+                                 for i in range(batch)])
         calls = [(talker, outer)] + [(predictor, inner)] * INNER_STEPS
     else:
         family, assign = "fixture-bench-compute", {"step": 0}

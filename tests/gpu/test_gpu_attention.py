@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 
+from walkserve.core.options import KVOptions
 from walkserve.engines.kv.engine import KVCacheEngine
 from walkserve.layers.flashinfer_attention import FlashInferBackend
 from walkserve.layers.paged_attention import PagedBatch
@@ -56,8 +57,9 @@ def test_flashinfer_equals_the_torch_path(case, device, flashinfer_module, parit
 
 
 def _decode_engine(model, device, dtype, attention, graphs: bool, capture=None):
-    return KVCacheEngine("lm", model, device, dtype, block_size=BS, num_blocks=256, max_batch_tokens=512,
-                         attention=attention, cuda_graphs=graphs, cuda_graph_sizes=[1, 2, 4, 8, 16],
+    return KVCacheEngine("lm", model, device, dtype,
+                         KVOptions(block_size=BS, num_blocks=256, max_batch_tokens=512, attention=attention,
+                                   cuda_graphs=graphs, cuda_graph_sizes=[1, 2, 4, 8, 16]),
                          graph_capture=capture)
 
 

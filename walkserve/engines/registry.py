@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import msgspec
-
 from walkserve.core.errors import ConfigError
 from walkserve.core.options import engine_options
 from walkserve.engines.base import Engine
@@ -52,6 +50,5 @@ def build_engine(spec: ComponentSpec, ctx: BuildContext, overrides: Mapping[str,
     if spec.engine == "kv":
         from walkserve.engines.kv.engine import KVCacheEngine
 
-        fields = msgspec.structs.asdict(options)
-        return KVCacheEngine(spec.name, model=spec.build(ctx), device=ctx.device, dtype=ctx.dtype, shared=shared, **fields)
+        return KVCacheEngine(spec.name, spec.build(ctx), ctx.device, ctx.dtype, options, shared=shared)
     raise ConfigError(f"component {spec.name!r}: unknown engine kind {spec.engine!r} (known: {', '.join(KINDS)})")

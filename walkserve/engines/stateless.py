@@ -11,7 +11,8 @@ from walkserve.engines.spec import Batch, Item
 
 
 class StatelessEngine(Engine):
-    """Runs ``component.forward_batch(batch)`` (``engines.spec.Batch``) on up to ``max_batch`` queued firings of one node and op.
+    """Runs ``component.forward_batch(batch)`` (``engines.spec.Batch``) on up to ``max_batch`` queued firings
+    of one node and op.
 
     Firings are grouped by (node, op) so one batch calls the component one way;
     the component stacks or pads compatible inputs itself. If a batch raises,

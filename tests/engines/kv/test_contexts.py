@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tests.engines.kv.contexts_ref import RefContexts, Seg, dense, firing, run
+from walkserve.core.options import KVOptions
 from walkserve.engines.kv.engine import KVCacheEngine
 from walkserve.graph.kv import ALL, Rows, append, drop, fork, kv_params, query, truncate
 
@@ -14,7 +15,7 @@ TOL = {"atol": 1e-5, "rtol": 1e-5}
 
 def _engine(model, **kw) -> KVCacheEngine:
     kw = {"block_size": 4, "num_blocks": 96, "max_batch_tokens": 12, "seed": 0, **kw}
-    return KVCacheEngine("lm", model, "cpu", torch.float32, **kw)
+    return KVCacheEngine("lm", model, "cpu", torch.float32, KVOptions(**kw))
 
 
 def _ids(n: int, seed: int) -> torch.Tensor:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.engines.kv.contexts_ref import firing, run
+from walkserve.core.options import KVOptions
 from walkserve.engines.kv.engine import KVCacheEngine
 from walkserve.graph.kv import ALL, append, fork, kv_params, query
 from walkserve.layers.paged_backends import flashinfer_available
@@ -19,7 +20,8 @@ def _cfg_outputs(model, device: str, attention: str = "torch", dtype=torch.float
     """Text, an image block at one position, a fork, then query passes over both contexts."""
     gen = torch.Generator().manual_seed(0)
     d = model.config.hidden_size
-    engine = KVCacheEngine("lm", model, device, dtype, block_size=4, num_blocks=64, attention=attention, seed=0)
+    engine = KVCacheEngine("lm", model, device, dtype,
+                           KVOptions(block_size=4, num_blocks=64, attention=attention, seed=0))
     outs = []
     steps = [
         [firing("r", kv_params(append("gen", rows=ALL)), {"tokens": torch.randint(3, 500, (7,), generator=gen)})],

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.engines.kv.contexts_ref import Seg, dense, firing, run
+from walkserve.core.options import KVOptions
 from walkserve.engines.kv.engine import KVCacheEngine
 from walkserve.graph.kv import ALL, append, kv_params, query
 from walkserve.layers.attention import DenseAttention
@@ -42,8 +43,8 @@ def test_pi0_action_expert_queries_the_vlm_prefix_like_dense_joint_attention(tin
     ids = torch.randint(3, 500, (valid.numel(),), generator=gen)
     image = torch.randn(3, d_vlm, generator=gen)
     positions = torch.cumsum(valid.long(), 0) - 1  # masked cameras and padding take no positions
-    engine = KVCacheEngine("vlm", tiny_lm, "cpu", torch.float32, block_size=4, num_blocks=32, seed=0,
-                           shared={"expert": expert})
+    engine = KVCacheEngine("vlm", tiny_lm, "cpu", torch.float32,
+                           KVOptions(block_size=4, num_blocks=32, seed=0), shared={"expert": expert})
     keep = valid.nonzero().reshape(-1)
     prefix = firing("p", kv_params(append("prefix", mask="full")),
                     {"tokens": ids[keep], "embeds": image, "embed_rows": torch.arange(3), "positions": positions[keep]},
@@ -83,8 +84,8 @@ def test_a_context_written_by_two_components_runs_each_segment_on_its_writer(tin
     ids = torch.randint(3, 500, (n,), generator=gen)
     state = torch.randn(1, d_exp, generator=gen)
     actions = torch.randn(3, d_exp, generator=gen)
-    engine = KVCacheEngine("vlm", tiny_lm, "cpu", torch.float32, block_size=4, num_blocks=32, seed=0,
-                           shared={"expert": expert})
+    engine = KVCacheEngine("vlm", tiny_lm, "cpu", torch.float32,
+                           KVOptions(block_size=4, num_blocks=32, seed=0), shared={"expert": expert})
     prefix = firing("p", kv_params(append("prefix", mask="full")), {"tokens": ids}, outputs=(), component="vlm")
     token = firing("p", kv_params(append("prefix")), {"embeds": state}, outputs=("hidden",), component="expert")
     got_state = run(engine, [prefix, token])[token.id]["hidden"]
@@ -110,7 +111,7 @@ def test_components_of_different_kv_geometry_cannot_share_a_pool(tiny_lm, tmp_pa
 
     other = load_causal_lm(write_tiny("llama", tmp_path / "o", num_key_value_heads=1), progress=False)
     with pytest.raises(ValueError, match="'lm' and 'other' cannot share a KV pool"):
-        KVCacheEngine("lm", tiny_lm, "cpu", torch.float32, num_blocks=4, shared={"other": other})
+        KVCacheEngine("lm", tiny_lm, "cpu", torch.float32, KVOptions(num_blocks=4), shared={"other": other})
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +148,7 @@ def test_interleaved_mrope_matches_transformers(mrope_lm):
 
 def test_float_multi_axis_positions_pass_through(mrope_lm):
     """Fractional video times give float positions; they reach the model as they are."""
-    engine = KVCacheEngine("lm", mrope_lm, "cpu", torch.float32, block_size=4, num_blocks=16)
+    engine = KVCacheEngine("lm", mrope_lm, "cpu", torch.float32, KVOptions(block_size=4, num_blocks=16))
     ids = torch.randint(3, 500, (4,), generator=torch.Generator().manual_seed(8))
     positions = torch.tensor([[0.0, 1.0, 1.5, 2.5], [0.0, 1.0, 0.0, 1.0], [0.0, 1.0, 1.0, 0.0]])
     f = firing("v", kv_params(append("main", rows=ALL)), {"tokens": ids, "positions": positions})
@@ -164,7 +165,8 @@ def test_float_multi_axis_positions_pass_through(mrope_lm):
 def test_multi_axis_positions_through_chunks_and_running_decode(mrope_lm):
     """A [3, T] prompt in chunks, then decodes whose running positions are max + 1 on every axis."""
     gen = torch.Generator().manual_seed(4)
-    engine = KVCacheEngine("lm", mrope_lm, "cpu", torch.float32, block_size=4, num_blocks=32, max_batch_tokens=5)
+    engine = KVCacheEngine("lm", mrope_lm, "cpu", torch.float32,
+                           KVOptions(block_size=4, num_blocks=32, max_batch_tokens=5))
     ids = torch.randint(3, 500, (11,), generator=gen)
     positions = torch.stack([torch.arange(11), torch.arange(11) % 4, torch.arange(11) // 4])  # [3, 11]
     positions[:, 3:7] = torch.tensor([[3, 3, 3, 3], [0, 0, 1, 1], [0, 1, 0, 1]])  # a 2 x 2 "image"

@@ -14,7 +14,7 @@ import torch
 from tests.engines.kv.kv_driver import Generation, drive, firing
 from tests.layers import fake_flashinfer
 from walkserve.core.errors import ConfigError
-from walkserve.core.options import engine_options
+from walkserve.core.options import KVOptions, engine_options
 from walkserve.engines.kv.cuda_graphs import DecodeGraphs
 from walkserve.engines.kv.engine import KVCacheEngine
 from walkserve.layers.flashinfer_attention import FlashInferBackend
@@ -40,8 +40,10 @@ def _prompt(n: int, seed: int) -> list[int]:
 
 
 def _engine(model, fake=None, **kw):
-    return KVCacheEngine("lm", model, "cpu", torch.float32, block_size=4, num_blocks=96, max_batch_tokens=64,
-                         cuda_graphs=fake is not None, graph_capture=fake, **kw)
+    return KVCacheEngine("lm", model, "cpu", torch.float32,
+                         KVOptions(block_size=4, num_blocks=96, max_batch_tokens=64, cuda_graphs=fake is not None,
+                                   **kw),
+                         graph_capture=fake)
 
 
 def _greedy_run(engine, prompts, steps):
@@ -137,7 +139,7 @@ def test_the_option_is_checked_and_needs_cuda(tiny_lm):
     with pytest.raises(ConfigError, match="cuda_graph_sizes"):
         engine_options("kv", "lm", {"cuda_graph_sizes": [0]})
     with pytest.raises(ConfigError, match="needs a CUDA device"):
-        KVCacheEngine("lm", tiny_lm, "cpu", torch.float32, num_blocks=8, cuda_graphs=True)
+        KVCacheEngine("lm", tiny_lm, "cpu", torch.float32, KVOptions(num_blocks=8, cuda_graphs=True))
     graphs = _engine(tiny_lm, FakeGraphs(), max_running=4).runner.graphs
     assert graphs.sizes == (1, 2, 4) and graphs.bucket(3) == 4 and graphs.bucket(5) is None
 

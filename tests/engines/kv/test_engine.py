@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tests.engines.kv.kv_driver import Generation, drive, firing, hf_greedy
+from walkserve.core.options import KVOptions
 from walkserve.core.sampling import SamplingParams
 from walkserve.engines.kv.engine import KVCacheEngine
 from walkserve.layers.attention import DenseCausalAttention
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.parity
 
 def _engine(model, **kw) -> KVCacheEngine:
     kw = {"block_size": 4, "num_blocks": 64, "max_batch_tokens": 64, "seed": 0, **kw}
-    return KVCacheEngine("lm", model, "cpu", torch.float32, **kw)
+    return KVCacheEngine("lm", model, "cpu", torch.float32, KVOptions(**kw))
 
 
 def _prompt(n: int, seed: int) -> list[int]:
@@ -213,7 +214,7 @@ def test_kv_bytes_sizes_the_pool_and_bfloat16_runs(tiny_llama_dir, tiny_lm):
     cfg = tiny_lm.config
     per_block = 2 * cfg.num_hidden_layers * 16 * cfg.num_key_value_heads * cfg.head_dim * 2  # bf16
     bf16 = load_causal_lm(tiny_llama_dir, dtype="bfloat16", progress=False)
-    engine = KVCacheEngine("lm", bf16, "cpu", "bfloat16", kv_bytes=10 * per_block + 5)
+    engine = KVCacheEngine("lm", bf16, "cpu", "bfloat16", KVOptions(kv_bytes=10 * per_block + 5))
     assert engine.stats()["kv_blocks_total"] == 10 and engine.pool.k.dtype == torch.bfloat16
     prompt = _prompt(20, 22)
     engine.submit(firing("a", prompt, outputs=("logits",)))
@@ -258,7 +259,8 @@ def test_cuda_engine_matches_the_cpu_engine(tiny_llama_dir, tiny_lm):
     cpu = [Generation(f"r{i}", p, 8, join_step=i) for i, p in enumerate(prompts)]
     gpu = [Generation(f"r{i}", p, 8, join_step=i) for i, p in enumerate(prompts)]
     drive(_engine(tiny_lm, max_batch_tokens=16), cpu)
-    drive(KVCacheEngine("lm", gpu_lm, "cuda", torch.float32, block_size=16, num_blocks=32, max_batch_tokens=16), gpu)
+    drive(KVCacheEngine("lm", gpu_lm, "cuda", torch.float32,
+                        KVOptions(block_size=16, num_blocks=32, max_batch_tokens=16)), gpu)
     assert [g.tokens for g in gpu] == [g.tokens for g in cpu]
 
 
@@ -272,7 +274,8 @@ def test_flashinfer_engine_logits_match_the_torch_backend(tmp_path):
     lm = load_causal_lm(path, device="cuda", dtype="bfloat16", progress=False)
     logits = {}
     for backend in ("flashinfer", "torch"):
-        engine = KVCacheEngine("lm", lm, "cuda", "bfloat16", num_blocks=32, max_batch_tokens=16, attention=backend)
+        engine = KVCacheEngine("lm", lm, "cuda", "bfloat16",
+                               KVOptions(num_blocks=32, max_batch_tokens=16, attention=backend))
         for i, n in enumerate((5, 19, 33)):
             engine.submit(firing(f"r{i}", _prompt(n, 40 + n), outputs=("logits",)))
         got = {}

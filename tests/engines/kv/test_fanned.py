@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from tests.engines.kv.contexts_ref import Seg, dense, firing, run
+from walkserve.core.options import KVOptions
 from walkserve.engines.kv.engine import KVCacheEngine
 from walkserve.graph.kv import ALL, Rows, append, fork, kv_params
 
@@ -19,7 +20,8 @@ FRAME, TAIL, K = 6, 4, 3  # rows per step, frame rows out per step, candidates
 
 
 def _engine(model) -> KVCacheEngine:
-    return KVCacheEngine("lm", model, "cpu", torch.float32, block_size=FRAME, num_blocks=64, max_batch_tokens=64, seed=0)
+    return KVCacheEngine("lm", model, "cpu", torch.float32,
+                         KVOptions(block_size=FRAME, num_blocks=64, max_batch_tokens=64, seed=0))
 
 
 def _embeds(n: int, d: int, seed: int) -> torch.Tensor:
@@ -79,8 +81,8 @@ def test_a_fanned_chunk_that_does_not_split_is_an_error(tiny_lm):
 
 def _steps(model, num_blocks: int, steps: int = 3, k: int = 10) -> list[torch.Tensor]:
     d = model.config.hidden_size
-    engine = KVCacheEngine("lm", model, "cpu", torch.float32, block_size=FRAME, num_blocks=num_blocks,
-                           max_batch_tokens=64, seed=0)
+    engine = KVCacheEngine("lm", model, "cpu", torch.float32,
+                           KVOptions(block_size=FRAME, num_blocks=num_blocks, max_batch_tokens=64, seed=0))
     gen = torch.Generator().manual_seed(0)
     f = firing("p", kv_params(append("prefix", mask="block_causal", frame=FRAME, rows=ALL)),
                {"embeds": torch.randn(2 * FRAME, d, generator=gen)})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from tests.engines.kv.kv_driver import firing
+from walkserve.core.options import KVOptions
 from walkserve.engines.kv.engine import KVCacheEngine
 from walkserve.protocol import messages as m
 from walkserve.protocol.codec import decode, encode
@@ -13,7 +14,8 @@ from walkserve.worker.wire import pack, unpack_message
 
 
 def _engine(model, num_blocks: int = 64) -> KVCacheEngine:
-    return KVCacheEngine("lm", model, "cpu", torch.float32, block_size=4, num_blocks=num_blocks, max_batch_tokens=64)
+    return KVCacheEngine("lm", model, "cpu", torch.float32,
+                         KVOptions(block_size=4, num_blocks=num_blocks, max_batch_tokens=64))
 
 
 def _run(engine: KVCacheEngine, f) -> int:

@@ -7,6 +7,7 @@ import itertools
 import pytest
 import torch
 
+from walkserve.core.options import KVOptions
 from walkserve.core.sampling import SamplingParams
 from walkserve.engines.base import Firing
 from walkserve.engines.kv.engine import KVCacheEngine
@@ -48,7 +49,7 @@ def lm_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(lm_path) -> KVCacheEngine:
-    return KVCacheEngine("lm", load_causal_lm(lm_path, progress=False), "cpu", "float32", num_blocks=32)
+    return KVCacheEngine("lm", load_causal_lm(lm_path, progress=False), "cpu", "float32", KVOptions(num_blocks=32))
 
 
 def _firing(request_id: str, tokens: list[int], ranges, sampling: SamplingParams) -> Firing:
@@ -117,7 +118,7 @@ def test_restricted_head_samples_what_the_full_head_samples(engine, lm_path, sam
     """Masked ids never win, so computing only the rows the ranges can allow changes no draw."""
     model = load_causal_lm(lm_path, progress=False)
     model.restrict_vocab([(100, 400)])
-    restricted = KVCacheEngine("lm", model, "cpu", "float32", num_blocks=32)
+    restricted = KVCacheEngine("lm", model, "cpu", "float32", KVOptions(num_blocks=32))
 
     def ranges(n: int) -> list[tuple[int, int]]:
         lo = 100 + (n % 3) * 100
@@ -178,7 +179,7 @@ def test_per_row_head_draws_what_the_full_head_draws_in_a_mixed_batch(lm_path, s
         return [(lo, lo + 100), (7, 8)]
 
     def run(model) -> dict[str, list[int]]:
-        eng = KVCacheEngine("lm", model, "cpu", "float32", num_blocks=64)
+        eng = KVCacheEngine("lm", model, "cpu", "float32", KVOptions(num_blocks=64))
         out: dict[str, list[int]] = {f"r{i}": [] for i in range(3)}
         for i, rid in enumerate(out):  # r1 starts one step after r0, r2 two: their positions differ
             for _ in range(i):

@@ -15,6 +15,7 @@ import torch
 
 from tests.models.qwen3_omni.conftest import rgb, wave
 from tests.models.qwen3_omni.test_graph import _array
+from walkserve.core.options import KVOptions
 from walkserve.core.sampling import SamplingParams
 from walkserve.engines.base import Firing
 from walkserve.engines.kv.engine import KVCacheEngine
@@ -50,7 +51,7 @@ def test_taps_equal_the_dense_layer_inputs(ours_dir, merge):
     assert pieces["walks"] == ([g.PREFILL_MEDIA] if merge else [g.PREFILL_TEXT, g.PREFILL_AUDIO, g.PREFILL_TEXT,
                                                                   g.PREFILL_VISION, g.PREFILL_TEXT])
     graph = g.build_graph(taps=g.thinker_taps(ACCEPT), tap_edge=lambda ep: GraphEdge(ep, DROP))
-    engine = KVCacheEngine(g.THINKER, parts.lm, "cpu", torch.float32, block_size=4, num_blocks=64)
+    engine = KVCacheEngine(g.THINKER, parts.lm, "cpu", torch.float32, KVOptions(block_size=4, num_blocks=64))
     taps: dict[str, list[torch.Tensor]] = {g.EMBED_TAP: [], g.ACCEPT_TAP: []}
     for k, walk in enumerate(pieces["walks"]):
         inputs = {slot: _tensor(pieces[g.step_key(k, slot)]) for slot in g.WALK_INPUTS[walk]}

@@ -34,6 +34,7 @@ from torch import nn
 
 from walkserve.core.context import context_fits
 from walkserve.core.errors import ConfigError
+from walkserve.core.options import KVOptions
 from walkserve.engines.base import Engine, Firing, FiringResult, Group
 from walkserve.engines.kv.block_manager import BlockManager, ContextKey
 from walkserve.engines.kv.kv_pool import KVPool, KVPoolShape, pool_blocks
@@ -61,10 +62,10 @@ class KVCacheEngine(Engine):
     hidden [T, D] (``capture`` too, for firings that capture a layer's
     input), ``compute_logits(hidden [N, D]) -> [N, V]``, ``embed(ids) -> [T, D]``
     for embeddings in, and ``config`` with num_hidden_layers,
-    num_key_value_heads, head_dim, hidden_size (and vocab_size). The pool
-    holds ``num_blocks`` blocks of ``block_size`` tokens, or as many as
-    ``kv_bytes`` allows, or a device default, in ``dtype`` (None: the model's).
-    ``cuda_graphs`` replays decode steps from per-batch-size CUDA graphs
+    num_key_value_heads, head_dim, hidden_size (and vocab_size). ``options``
+    (``KVOptions``, default: its defaults): the pool holds ``num_blocks`` blocks
+    of ``block_size`` tokens, or as many as ``kv_bytes`` allows, or a device
+    default, in ``dtype`` (None: the model's). ``cuda_graphs`` replays decode steps from per-batch-size CUDA graphs
     (``cuda_graphs.py``; buckets ``cuda_graph_sizes``); ``graph_capture``
     replaces the CUDA capturer (tests pass a stand-in that runs on the CPU).
     """
@@ -79,19 +80,12 @@ class KVCacheEngine(Engine):
         model: nn.Module,
         device: torch.device | str,
         dtype: torch.dtype | str | None,
-        block_size: int = 16,
-        num_blocks: int | None = None,
-        kv_bytes: int | None = None,
-        max_batch_tokens: int = 2048,
-        max_running: int = 64,
-        attention: str = "auto",
-        prefix_caching: bool = True,
-        seed: int | None = None,
-        cuda_graphs: bool = False,
-        cuda_graph_sizes: list[int] | None = None,
+        options: KVOptions | None = None,
         shared: Mapping[str, nn.Module] | None = None,
         graph_capture: Any = None,
     ):
+        o = options or KVOptions()
+        block_size, cuda_graphs, max_running = o.block_size, o.cuda_graphs, o.max_running
         self.component = component
         self.models = {component: model, **dict(shared or {})}
         self.model = model
@@ -100,17 +94,17 @@ class KVCacheEngine(Engine):
         shape = kv_geometry(self.models, block_size, dtype)
         if cuda_graphs and self.device.type != "cuda" and graph_capture is None:
             raise ConfigError(f"component {component!r}: cuda_graphs needs a CUDA device, not {self.device}")
-        self.pool = KVPool(shape, pool_blocks(shape, self.device, num_blocks, kv_bytes), self.device, spare=cuda_graphs)
-        self.block_manager = BlockManager(self.pool.num_blocks, block_size, prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, SchedulerConfig(max_batch_tokens, max_running))
+        self.pool = KVPool(shape, pool_blocks(shape, self.device, o.num_blocks, o.kv_bytes), self.device, spare=cuda_graphs)
+        self.block_manager = BlockManager(self.pool.num_blocks, block_size, o.prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, SchedulerConfig(o.max_batch_tokens, max_running))
         self.migration = ContextMigration(component, self.scheduler, self.block_manager, self.pool)
-        backend = make_paged_backend(attention, self.device, dtype, shape.head_dim)
-        self.runner = ModelRunner(self.models, self.pool, self.block_manager, backend, Sampler(seed))
+        backend = make_paged_backend(o.attention, self.device, dtype, shape.head_dim)
+        self.runner = ModelRunner(self.models, self.pool, self.block_manager, backend, Sampler(o.seed))
         if cuda_graphs:
             # lazy: only engines that capture CUDA graphs import it
             from walkserve.engines.kv.cuda_graphs import DEFAULT_SIZES, DecodeGraphs
 
-            sizes = tuple(s for s in (cuda_graph_sizes or DEFAULT_SIZES) if s <= max_running) or (max_running,)
+            sizes = tuple(s for s in (o.cuda_graph_sizes or DEFAULT_SIZES) if s <= max_running) or (max_running,)
             self.runner.graphs = DecodeGraphs(backend, self.pool, sizes, graph_blocks(self.models, block_size),
                                               graph_capture)
         self._ready: list[FiringResult] = []
