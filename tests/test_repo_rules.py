@@ -59,3 +59,17 @@ def test_only_optional_third_party_packages_are_importorskipped():
             if not str(name).split(".")[0].isidentifier() or str(name).startswith(("walkserve", "tests")):
                 own.append(f"{path.relative_to(ROOT)}:{line}: importorskip({name!r})")
     assert not own, "import our own modules directly:\n" + "\n".join(own)
+
+
+def test_stateless_components_share_one_signature():
+    """Every ``forward_batch`` (the stateless component contract) is ``forward_batch(self, batch: Batch)``."""
+    bad = []
+    for path, tree in _sources(PACKAGE):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name == "forward_batch":
+                args = node.args
+                names = [a.arg for a in args.args]
+                annotation = ast.unparse(args.args[1].annotation) if len(args.args) == 2 and args.args[1].annotation else ""
+                if names != ["self", "batch"] or annotation != "Batch" or args.vararg or args.kwarg or args.kwonlyargs:
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: forward_batch({', '.join(names)})")
+    assert not bad, "forward_batch must take (self, batch: Batch):\n" + "\n".join(bad)
