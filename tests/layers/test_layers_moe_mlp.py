@@ -8,7 +8,7 @@ from safetensors.torch import save_file
 
 from walkserve.layers.mlp import SwiGLU
 from walkserve.layers.moe import SparseMoE
-from walkserve.models.llama.checkpoint import SafetensorsCheckpoint, load_into, materialize
+from walkserve.models.common.checkpoint import SafetensorsCheckpoint, load_into, materialize
 
 torch.set_num_threads(1)
 D, INTER, E, K = 32, 24, 8, 3

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from walkserve.models.llama.checkpoint import SafetensorsCheckpoint, load_into
+from walkserve.models.common.checkpoint import SafetensorsCheckpoint, load_into
 from walkserve.models.siglip.config import SiglipVisionConfig
 from walkserve.models.siglip.tower import SiglipVisionTower, grid_position_ids, patchify
 

@@ -93,7 +93,7 @@ def detect_family(model_path: str | None, snac_path: str | None) -> str:
 
     if is_bagel_dir(root):  # BAGEL's config.json holds no architecture; its layout says what it is
         return "bagel"
-    from walkserve.models.llama.config import LMConfig
+    from walkserve.models.common.lm_config import LMConfig
 
     config = LMConfig.from_file(root)
     if config.vocab_size >= ORPHEUS_MIN_VOCAB:
@@ -148,7 +148,7 @@ def _check_orpheus(root: Path, snac_path: str | None) -> None:
     lm = root / "lm" if embedded else root
     if not (lm / "config.json").is_file():
         raise ConfigError(f"{lm}: not an Orpheus LM directory (no config.json)")
-    from walkserve.models.llama.config import LMConfig
+    from walkserve.models.common.lm_config import LMConfig
 
     vocab = LMConfig.from_file(lm).vocab_size
     if vocab < ORPHEUS_MIN_VOCAB:

@@ -5,7 +5,7 @@ The checkpoint stores the parts separately (``q_proj.weight``, ``k_proj.weight``
 ...). A module whose parameters do not match checkpoint names one to one
 says so through ``checkpoint_parts(prefix)``: checkpoint tensor name ->
 (its own parameter name, index of the slice that tensor fills). Loaders
-(``walkserve.models.llama.checkpoint``) use it; every other parameter maps to
+(``walkserve.models.common.checkpoint``) use it; every other parameter maps to
 the checkpoint tensor of the same qualified name.
 """
 

@@ -32,7 +32,7 @@ def test_config_forces_qk_norm_untied_and_drops_the_last_vit_layer(tiny_dir):
 def test_release_shapes_give_the_release_config():
     """FluxAEConfig.from_shapes on FLUX.1's ae shapes; the real tables are 64² and 70² rows."""
     from walkserve.models.bagel.flux_ae import FluxDecoder, FluxEncoder
-    from walkserve.models.llama.checkpoint import expected_shapes
+    from walkserve.models.common.checkpoint import expected_shapes
 
     real = FluxAEConfig()
     with torch.device("meta"):

@@ -161,7 +161,7 @@ def released(tmp_path_factory) -> Path:
     from walkserve.models.bagel.mot import MoTLM
     from walkserve.models.bagel.tiny import _llm_config
     from walkserve.models.bagel.vit import BagelViT
-    from walkserve.models.llama.checkpoint import checkpoint_targets
+    from walkserve.models.common.checkpoint import checkpoint_targets
     from walkserve.models.siglip.config import SiglipVisionConfig
 
     out = tmp_path_factory.mktemp("released")

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from walkserve.core.errors import ConfigError
-from walkserve.models.llama.config import LMConfig
+from walkserve.models.common.lm_config import LMConfig
 from walkserve.models.llama.tiny import write_tiny
 from walkserve.models.llama.weights import estimate_weight_bytes, load_causal_lm
 

@@ -11,7 +11,7 @@ import pytest
 from walkserve.core.array import ArrayData
 from walkserve.core.errors import InvalidRequest
 from walkserve.core.sampling import SamplingParams
-from walkserve.models.llama.config import LMConfig
+from walkserve.models.common.lm_config import LMConfig
 from walkserve.models.llama.processor import TextLMProcessor
 from walkserve.models.llama.tiny import write_tiny
 

@@ -73,7 +73,7 @@ def test_separating_the_expert_from_paligemma_is_refused(models):
 def _real_size_checkpoint(kind: str, tiny_dir, out):
     """config.json of the real variant (gemma_2b / gemma_300m / So400m at 224) and a header-only safetensors
     file with every tensor lerobot's release has, at its real shape (fp32)."""
-    from walkserve.models.llama.checkpoint import checkpoint_targets
+    from walkserve.models.common.checkpoint import checkpoint_targets
     from walkserve.models.pi0.config import PolicyConfig
     from walkserve.models.pi0.policy import Pi0Policy, checkpoint_name
 

@@ -11,7 +11,7 @@ import torch
 
 from tests.models.qwen3_omni.conftest import IDS, chat_ids, image_block, rgb
 from walkserve.core.errors import ConfigError
-from walkserve.models.llama.checkpoint import SafetensorsCheckpoint
+from walkserve.models.common.checkpoint import SafetensorsCheckpoint
 from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
 from walkserve.models.qwen3_omni.generate import prefill_logits
 from walkserve.models.qwen3_omni.image_processor import VisionPreprocess, preprocess_image

@@ -18,7 +18,7 @@ from walkserve.cli.serve_target import resolve_target
 from walkserve.core.errors import ConfigError, InvalidRequest, PlacementError
 from walkserve.core.sampling import SamplingParams
 from walkserve.models.base import ModelRef
-from walkserve.models.llama.checkpoint import expected_shapes
+from walkserve.models.common.checkpoint import expected_shapes
 from walkserve.models.registry import load_model
 from walkserve.models.vjepa2.ac_predictor import IGNORED, ACPredictor
 from walkserve.models.vjepa2.config import (

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from walkserve.cli.main import main
 from walkserve.core.errors import ConfigError
-from walkserve.models.llama.safetensors_files import INDEX_FILE
+from walkserve.models.common.safetensors_files import INDEX_FILE
 from walkserve.models.vjepa2.ac_predictor import ACPredictor
 from walkserve.models.vjepa2.config import VJEPA2ACConfig, read_config
 from walkserve.models.vjepa2.convert import convert_vjepa2_ac, map_encoder, map_predictor
@@ -84,7 +84,7 @@ def test_refusals(released, tmp_path):
 
 
 def test_released_shapes_on_the_meta_device():
-    from walkserve.models.llama.checkpoint import expected_shapes
+    from walkserve.models.common.checkpoint import expected_shapes
     from walkserve.models.vjepa2.config import AC_PREDICTOR, VJEPA2Config, released
     from walkserve.models.vjepa2.encoder import VisionEncoder
     from walkserve.models.vjepa2.rope3d import part_dim

@@ -14,7 +14,6 @@ stored position tables (``latent_pos_embed.pos_embed`` [64², D] and
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -22,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from walkserve.core.errors import ConfigError
-from walkserve.models.llama.config import LMConfig
-from walkserve.models.llama.safetensors_files import read_header
+from walkserve.models.common.config_files import read_config_json
+from walkserve.models.common.lm_config import LMConfig
+from walkserve.models.common.safetensors_files import read_header
 from walkserve.models.siglip.config import SiglipVisionConfig
 
 EMA_FILE = "ema.safetensors"
@@ -127,7 +127,7 @@ class BagelConfig:
     def from_dir(cls, path: str | Path) -> BagelConfig:
         """Read a checkpoint directory in the released layout (see the module docstring)."""
         path = Path(path)
-        top = _json(path / CONFIG_FILE) if (path / CONFIG_FILE).is_file() else {}
+        top = read_config_json(path / CONFIG_FILE) if (path / CONFIG_FILE).is_file() else {}
         if top.get("interpolate_pos"):
             raise ConfigError(f"{path}: interpolate_pos is not supported (the released model extrapolates)")
         llm = _sub_config(path, LLM_CONFIG_FILE, top, "llm_config")
@@ -148,22 +148,10 @@ class BagelConfig:
         )
 
 
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"no {path.name} at {path.parent}") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: invalid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
-    return data
-
-
 def _sub_config(path: Path, file: str, top: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     """The official app reads the json file; config.json's copy is the fallback."""
     if (path / file).is_file():
-        return _json(path / file)
+        return read_config_json(path / file)
     if isinstance(top.get(key), Mapping):
         return top[key]
     raise ConfigError(f"{path}: no {file} (and config.json has no {key})")

@@ -63,7 +63,7 @@ from walkserve.graph import (
 )
 from walkserve.graph.kv import ALL, append, fork, kv_params, query, truncate
 from walkserve.models.bagel.layout import CFG_IMG, CFG_TEXT, GEN
-from walkserve.models.llama.graph import stop_rule
+from walkserve.models.common.text_walk import stop_rule
 
 LM, LM_CFG_TEXT, LM_CFG_IMG = "lm", "lm_cfg_text", "lm_cfg_img"
 PASS_NODES = {GEN: LM, CFG_TEXT: LM_CFG_TEXT, CFG_IMG: LM_CFG_IMG}  # context -> the node of its passes

@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from walkserve.models.bagel.config import AE_FILE, EMA_FILE, BagelConfig
-from walkserve.models.llama.config import LMConfig
-from walkserve.models.llama.safetensors_files import DTYPE_ITEMSIZE, ITEMSIZE, read_header
-from walkserve.placement.memory import default_kv_bytes
+from walkserve.models.common.kv_sizing import kv_bytes_per_token as common_kv_bytes_per_token
+from walkserve.models.common.kv_sizing import kv_pool_bytes
+from walkserve.models.common.lm_config import LMConfig
+from walkserve.models.common.memory_report import GIB
+from walkserve.models.common.safetensors_files import DTYPE_ITEMSIZE, ITEMSIZE, read_header
 
 # ema.safetensors prefixes of each component (the VAE's are ae.safetensors')
 PREFIXES = {
@@ -32,13 +34,12 @@ PREFIXES = {
 }
 GEN_SUFFIX = "_moe_gen"
 ACTIVATION_ITEMSIZE = 4  # float32 upper bound for intermediate activations
-GIB = 2**30
 MARKERS = 2  # <|vision_start|>, <|vision_end|> around a query's latents
 
 
 def kv_bytes_per_token(llm: LMConfig, itemsize: int = 2) -> int:
     """K and V of one token over every layer: 57,344 bytes (56 KiB) for the released LLM in bf16."""
-    return 2 * llm.num_hidden_layers * llm.num_key_value_heads * llm.head_dim * itemsize
+    return common_kv_bytes_per_token(llm.num_hidden_layers, llm.num_key_value_heads, llm.head_dim, itemsize)
 
 
 def query_rows(config: BagelConfig) -> int:
@@ -94,12 +95,7 @@ def lm_state_bytes(path: str | Path, options: Mapping[str, Any], device: str, fr
     """The lm component's state on ``device``: its KV pool and one step's activations."""
     config = BagelConfig.from_dir(path)
     llm = config.llm
-    if options.get("kv_bytes"):
-        pool = int(options["kv_bytes"])
-    elif options.get("num_blocks"):
-        pool = int(options["num_blocks"]) * int(options.get("block_size", 16)) * kv_bytes_per_token(llm, 4)
-    else:
-        pool = default_kv_bytes(device, free_bytes)
+    pool = kv_pool_bytes(options, kv_bytes_per_token(llm, 4), device, free_bytes)
     rows = int(options.get("max_batch_tokens") or default_max_batch_tokens(config))
     return pool + step_activation_bytes(llm, rows)
 

@@ -39,6 +39,7 @@ from walkserve.models.bagel.memory import (
 )
 from walkserve.models.bagel.processor import BagelProcessor
 from walkserve.models.base import Model, ModelRef
+from walkserve.models.common.memory_report import components_per_rank
 
 if TYPE_CHECKING:
     from walkserve.placement.plan import Placement
@@ -100,12 +101,8 @@ class BagelModel(Model):
 
     def memory_report(self, placement: Placement, device_memory: Callable[[str], int | None] | None = None) -> list[str]:
         """The release's sizes from the file headers, per rank what it loads (the placement check sizes the pool)."""
-        from walkserve.placement.resolve import walk_nodes
-
-        graph = self.graph()
-        walks = walk_nodes(graph)
-        hosted = {rank: (spec.device, sorted({graph.plans[w].nodes[n].component for w, n in placement.nodes_on(rank, walks)}))
-                  for rank, spec in placement.ranks.items()}
+        components = components_per_rank(self.graph(), placement)
+        hosted = {rank: (spec.device, components[rank]) for rank, spec in placement.ranks.items()}
         return describe(self.path, hosted)
 
     def kv_options(self) -> dict[str, Any]:

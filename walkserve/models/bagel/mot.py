@@ -26,7 +26,7 @@ from walkserve.layers.mlp import SwiGLU
 from walkserve.layers.norm import RMSNorm
 from walkserve.layers.rope import RotaryEmbedding, apply_rotary
 from walkserve.models.bagel.route import ExpertRoute
-from walkserve.models.llama.config import LMConfig
+from walkserve.models.common.lm_config import LMConfig
 
 GEN = "_moe_gen"  # the generation expert's name suffix
 

@@ -47,7 +47,7 @@ from walkserve.models.bagel.params import (
     ImageLimits,
     parse_image_params,
 )
-from walkserve.models.llama.config import RANDOM_WEIGHTS_KEY
+from walkserve.models.common.config_files import RANDOM_WEIGHTS_KEY
 from walkserve.models.processor import ModelCard, TokenizedProcessor
 from walkserve.models.tokenizer import Tokenizer
 

@@ -35,9 +35,9 @@ from walkserve.models.bagel.latents import LatentEmbedder, sincos_table
 from walkserve.models.bagel.mot import MoTLM
 from walkserve.models.bagel.vit import BagelViT, conv_to_linear_patch_weight
 from walkserve.models.bagel.weights import LM_PREFIX, PATCH_KEY, VIT_PREFIX
-from walkserve.models.llama.checkpoint import checkpoint_targets
-from walkserve.models.llama.config import RANDOM_WEIGHTS_KEY, LMConfig
-from walkserve.models.llama.tiny_tokenizer import TinyTokenIds, write_tokenizer
+from walkserve.models.common.checkpoint import checkpoint_targets
+from walkserve.models.common.lm_config import RANDOM_WEIGHTS_KEY, LMConfig
+from walkserve.models.common.tiny_tokenizer import TinyTokenIds, write_tokenizer
 from walkserve.models.siglip.config import SiglipVisionConfig
 
 LLM = {"vocab_size": 320, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,

@@ -28,8 +28,8 @@ from walkserve.models.bagel.latents import LatentEmbedder
 from walkserve.models.bagel.mot import MoTLM
 from walkserve.models.bagel.vae import VaeDecoder, VaeEncoder
 from walkserve.models.bagel.vit import BagelViT, linear_to_conv_patch_weight
-from walkserve.models.llama.checkpoint import SafetensorsCheckpoint, load_into, materialize
-from walkserve.models.llama.weights import resolve_dtype
+from walkserve.models.common.checkpoint import SafetensorsCheckpoint, load_into, materialize
+from walkserve.models.common.dtypes import resolve_dtype
 
 LM_PREFIX = "language_model."
 VIT_PREFIX = "vit_model.vision_model."

@@ -23,7 +23,6 @@ Orpheus reuses these pieces with its own decode walk (``models/orpheus/graph.py`
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from walkserve.core.array import ArrayData
@@ -34,48 +33,23 @@ from walkserve.graph import (
     GraphEdge,
     GraphNode,
     StateMachine,
-    StopWhen,
     Walk,
     WalkGraph,
     WalkStart,
 )
 from walkserve.graph.kv import ALL, append, kv_params
-from walkserve.graph.stop import scalar
+from walkserve.models.common.text_walk import (
+    LM,
+    LOGPROB_OUTPUTS,
+    PROMPT_INPUT,
+    stop_rule,
+)
 
-LOGPROB_OUTPUTS = ("logprob", "top_logprobs", "top_logprob_ids")
 PROMPT_LOGPROB_OUTPUTS = ("prompt_logprobs", "prompt_top_logprobs", "prompt_top_logprob_ids")
 PROMPT_LOGPROBS_WALK = "prefill_logprobs"
 CONTEXT = "main"
-PROMPT_INPUT = "prompt_token_ids"  # RequestSpec.inputs key: int64 [N] (the key the API reads prompt lengths from)
-LM = "lm"
 LOOP = "decode_loop"
 LOGPROBS_WALK = "decode_logprobs"
-
-
-@dataclass(frozen=True)
-class StopTokens:
-    """Stop predicate: the token is in the request's ``stop_token_ids`` and ``min_tokens`` were generated.
-
-    Iteration k of the decode loop samples generated token k (from 0), so a
-    stop token may end the loop from iteration ``min_tokens`` on. ``always``
-    ids stop at any iteration (a token that must never reach a consumer).
-    """
-
-    always: tuple[int, ...] = ()
-
-    def __call__(self, value: Any, params: Mapping[str, Any], iteration: int) -> bool:
-        token = scalar(value)
-        if token in self.always:
-            return True
-        return token in (params.get("stop_token_ids") or ()) and iteration >= int(params.get("min_tokens") or 0)
-
-
-def stop_rule(always: tuple[int, ...] = ()) -> StopWhen:
-    """The decode loop's stop rule on ``lm.token``; the stopping token is not exposed."""
-    label = "stop_token_ids after min_tokens"
-    if always:
-        label = f"{' or '.join(map(str, always))} or {label}"
-    return StopWhen(f"{LM}.token", StopTokens(tuple(always)), include_stopping=False, label=label)
 
 
 def prefill_walk(logprobs: bool = False) -> Walk:

@@ -14,28 +14,19 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from walkserve.core.errors import ConfigError
 from walkserve.engines.spec import BuildContext, ComponentSpec
 from walkserve.graph.walk import WalkGraph
 from walkserve.models.base import Model, ModelRef
-from walkserve.models.llama.config import LMConfig
+from walkserve.models.common.config_files import checkpoint_dir
+from walkserve.models.common.kv_sizing import has_pool_size, kv_bytes_per_token
+from walkserve.models.common.kv_sizing import kv_pool_bytes as common_kv_pool_bytes
+from walkserve.models.common.lm_config import LMConfig
+from walkserve.models.common.safetensors_files import tensor_bytes
 from walkserve.models.llama.graph import build_graph
 from walkserve.models.llama.processor import TextLMProcessor
-from walkserve.models.llama.safetensors_files import tensor_bytes
-from walkserve.placement.memory import default_kv_bytes
 
 # KVCacheEngine keyword options; ModelRef.options["kv"] and runtime engine options override them.
 DEFAULT_KV_OPTIONS: Mapping[str, Any] = {"block_size": 16}
-
-
-def checkpoint_dir(ref: ModelRef, what: str) -> Path:
-    """``ref.path`` as a directory holding a config.json; ConfigError naming ``what`` otherwise."""
-    if not ref.path:
-        raise ConfigError(f"model family {ref.family!r} needs a checkpoint directory for {what} (--model-path)")
-    path = Path(ref.path)
-    if not (path / "config.json").is_file():
-        raise ConfigError(f"{path}: not a checkpoint directory (no config.json)")
-    return path
 
 
 PROGRESS_BAR_BYTES = 256 * 2**20
@@ -44,13 +35,11 @@ PROGRESS_BAR_BYTES = 256 * 2**20
 def kv_pool_bytes(path: Path, options: Mapping[str, Any], device: str, free_bytes: int | None) -> int:
     """The KV pool this component will allocate on ``device`` (``free_bytes`` free there once weights are loaded),
     for the placement's memory check: the size the options give, else the engine's default for the device."""
-    if options.get("kv_bytes"):
-        return int(options["kv_bytes"])
-    if options.get("num_blocks"):
-        c = LMConfig.from_file(path)
-        per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4  # K and V, at most 4 bytes
-        return int(options["num_blocks"]) * int(options.get("block_size", 16)) * per_token
-    return default_kv_bytes(device, free_bytes)
+    per_token = 0
+    if has_pool_size(options):
+        c = LMConfig.from_file(path)  # K and V, at most 4 bytes a value
+        per_token = kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 4)
+    return common_kv_pool_bytes(options, per_token, device, free_bytes)
 
 
 def lm_component(

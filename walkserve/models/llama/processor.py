@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ from walkserve.core.errors import ConfigError, InvalidRequest
 from walkserve.core.params import Params
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
-from walkserve.models.llama.config import LMConfig
+from walkserve.models.common.lm_config import LMConfig, checkpoint_eos_ids
 from walkserve.models.llama.graph import PROMPT_INPUT
 from walkserve.models.processor import ModelCard, TokenizedProcessor
 from walkserve.models.tokenizer import Tokenizer
@@ -184,16 +183,3 @@ def _content_text(content: Any, i: int) -> str:
                                  param="messages")
         texts.append(part["text"])
     return "\n".join(texts)
-
-
-def checkpoint_eos_ids(path: Path, config: LMConfig) -> tuple[int, ...]:
-    """config.json eos ids, then any extra ones from generation_config.json."""
-    ids = list(config.eos_token_ids)
-    gen = path / "generation_config.json"
-    if gen.is_file():
-        try:
-            value = json.loads(gen.read_text()).get("eos_token_id")
-        except (json.JSONDecodeError, AttributeError):
-            raise ConfigError(f"{gen}: invalid generation config") from None
-        ids.extend([value] if isinstance(value, int) else [v for v in value or [] if isinstance(v, int)])
-    return tuple(dict.fromkeys(ids))

@@ -23,10 +23,11 @@ import torch
 
 from walkserve.core.errors import ConfigError
 from walkserve.layers.rope_config import RopeConfig
-from walkserve.models.llama.checkpoint import INDEX_FILE, SINGLE_FILE, expected_shapes
-from walkserve.models.llama.config import RANDOM_WEIGHTS_KEY, LMConfig
-from walkserve.models.llama.modules import CausalLM
-from walkserve.models.llama.tiny_tokenizer import TinyTokenIds, write_tokenizer
+from walkserve.models.common.checkpoint import INDEX_FILE, SINGLE_FILE, expected_shapes
+from walkserve.models.common.decoder import CausalLM
+from walkserve.models.common.dtypes import TORCH_DTYPES
+from walkserve.models.common.lm_config import RANDOM_WEIGHTS_KEY, LMConfig
+from walkserve.models.common.tiny_tokenizer import TinyTokenIds, write_tokenizer
 
 ARCHS = {
     "llama": ("LlamaForCausalLM", "llama", "llama3"),
@@ -55,7 +56,6 @@ ROPE_PRESETS = {
     "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64},
 }
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def write_tiny(arch: str, out_dir: str | Path, **overrides: Any) -> Path:
@@ -123,7 +123,7 @@ def _generation_config(ids: TinyTokenIds) -> dict[str, Any]:
 
 def _random_tensors(config: LMConfig, o: dict[str, Any]) -> dict[str, torch.Tensor]:
     """Checkpoint name -> random tensor; norms near 1, everything else N(0, init_std), by sorted name."""
-    if o["dtype"] not in _TORCH_DTYPES:
+    if o["dtype"] not in TORCH_DTYPES:
         raise ConfigError(f"unsupported dtype {o['dtype']!r}")
     with torch.device("meta"):
         shapes = expected_shapes(CausalLM(config))
@@ -132,7 +132,7 @@ def _random_tensors(config: LMConfig, o: dict[str, Any]) -> dict[str, torch.Tens
     for name in sorted(shapes):
         noise = torch.randn(shapes[name], generator=gen)
         value = 1.0 + 0.1 * noise if name.endswith("norm.weight") else o["init_std"] * noise
-        tensors[name] = value.to(_TORCH_DTYPES[o["dtype"]]).contiguous()
+        tensors[name] = value.to(TORCH_DTYPES[o["dtype"]]).contiguous()
     return tensors
 
 

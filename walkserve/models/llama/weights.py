@@ -6,26 +6,10 @@ from pathlib import Path
 
 import torch
 
-from walkserve.core.errors import ConfigError
-from walkserve.models.llama.checkpoint import SafetensorsCheckpoint, load_into, materialize
-from walkserve.models.llama.config import LMConfig
-from walkserve.models.llama.modules import CausalLM
-
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_dtype(dtype: str | torch.dtype | None, config: LMConfig) -> torch.dtype:
-    """A dtype name, a torch dtype, or None for the checkpoint's own (``config.dtype``)."""
-    if dtype is None:
-        return _TORCH_DTYPES[config.dtype]
-    if isinstance(dtype, torch.dtype):
-        if dtype not in _TORCH_DTYPES.values():
-            raise ConfigError(f"unsupported weight dtype {dtype}")
-        return dtype
-    name = str(dtype).removeprefix("torch.")
-    if name not in _TORCH_DTYPES:
-        raise ConfigError(f"unsupported weight dtype {dtype!r} (supported: {', '.join(_TORCH_DTYPES)})")
-    return _TORCH_DTYPES[name]
+from walkserve.models.common.checkpoint import SafetensorsCheckpoint, load_into, materialize
+from walkserve.models.common.decoder import CausalLM
+from walkserve.models.common.dtypes import resolve_dtype
+from walkserve.models.common.lm_config import LMConfig
 
 
 def load_causal_lm(

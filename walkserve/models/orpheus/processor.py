@@ -30,9 +30,8 @@ from walkserve.core.errors import InvalidRequest
 from walkserve.core.params import Params
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
-from walkserve.models.llama.config import LMConfig
-from walkserve.models.llama.graph import PROMPT_INPUT
-from walkserve.models.llama.processor import checkpoint_eos_ids
+from walkserve.models.common.lm_config import LMConfig, checkpoint_eos_ids
+from walkserve.models.common.text_walk import PROMPT_INPUT
 from walkserve.models.orpheus.tokens import (
     DEFAULT_REPETITION_PENALTY,
     DEFAULT_TEMPERATURE,

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from walkserve.core.errors import ConfigError
+from walkserve.models.common.tiny_tokenizer import CORPUS
 from walkserve.models.llama.tiny import write_tiny
-from walkserve.models.llama.tiny_tokenizer import CORPUS
 from walkserve.models.orpheus.tokens import CUSTOM_TOKEN_BASE, START_OF_TEXT
 from walkserve.models.snac.tiny import write_snac
 

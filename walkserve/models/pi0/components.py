@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from walkserve.models.llama.safetensors_files import tensor_bytes
+from walkserve.models.common.safetensors_files import tensor_bytes
 from walkserve.models.pi0.action_expert import ActionExpert
 from walkserve.models.pi0.flow_head import FlowHead
 from walkserve.models.pi0.normalizer import Normalizer

@@ -30,11 +30,11 @@ from walkserve.core.errors import ConfigError
 from walkserve.engines.spec import BuildContext, ComponentSpec
 from walkserve.graph.walk import WalkGraph
 from walkserve.models.base import Model, ModelRef
+from walkserve.models.common.kv_sizing import kv_pool_bytes as pool_bytes
 from walkserve.models.pi0.config import KINDS, PolicyConfig
 from walkserve.models.pi0.graph import EXPERT, FLOW_HEAD, LM, VISION, build_graph
 from walkserve.models.pi0.processor import PolicyProcessor
 from walkserve.models.pi0.sizes import component_bytes, kv_bytes_per_token
-from walkserve.placement.memory import default_kv_bytes
 
 KV_SHARE = "paligemma"  # the VLM and the expert: one pool, the expert reads the VLM's layer-l K/V at its layer l
 DEFAULT_KV_OPTIONS: Mapping[str, Any] = {"block_size": 16}
@@ -43,11 +43,7 @@ DEFAULT_MAX_BATCH = 64
 
 def kv_pool_bytes(config: PolicyConfig, options: Mapping[str, Any], device: str, free_bytes: int | None) -> int:
     """The shared pool's size on ``device`` for the memory check: as the options give it, else the device default."""
-    if options.get("kv_bytes"):
-        return int(options["kv_bytes"])
-    if options.get("num_blocks"):
-        return int(options["num_blocks"]) * int(options.get("block_size", 16)) * kv_bytes_per_token(config)
-    return default_kv_bytes(device, free_bytes)
+    return pool_bytes(options, kv_bytes_per_token(config), device, free_bytes)
 
 
 def _build(part: str, path: Path, ctx: BuildContext) -> Any:

@@ -12,7 +12,8 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from walkserve.models.llama.safetensors_files import (
+from walkserve.models.common.kv_sizing import kv_bytes_per_token as common_kv_bytes_per_token
+from walkserve.models.common.safetensors_files import (
     DTYPE_ITEMSIZE,
     ITEMSIZE,
     read_header,
@@ -46,4 +47,4 @@ def component_bytes(path: str | Path, dtype: str | None = None) -> dict[str, int
 
 def kv_bytes_per_token(config: PolicyConfig, itemsize: int = 4) -> int:
     g = config.paligemma
-    return 2 * g.num_hidden_layers * g.num_key_value_heads * g.head_dim * itemsize
+    return common_kv_bytes_per_token(g.num_hidden_layers, g.num_key_value_heads, g.head_dim, itemsize)

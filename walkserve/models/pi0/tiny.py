@@ -140,7 +140,7 @@ def _write_weights(policy: Pi0Policy, path: Path, gen: torch.Generator) -> None:
 
 def _checkpoint_params(policy: Pi0Policy):
     """(own name, tensor) per checkpoint tensor: fused projections split back into their parts."""
-    from walkserve.models.llama.checkpoint import checkpoint_targets
+    from walkserve.models.common.checkpoint import checkpoint_targets
 
     params = dict(policy.named_parameters())
     for ckpt_name, target in checkpoint_targets(policy).items():

@@ -12,8 +12,12 @@ import torch
 from torch import nn
 
 from walkserve.core.errors import ConfigError
-from walkserve.models.llama.checkpoint import SafetensorsCheckpoint, checkpoint_targets, materialize
-from walkserve.models.llama.weights import _TORCH_DTYPES
+from walkserve.models.common.checkpoint import (
+    SafetensorsCheckpoint,
+    checkpoint_targets,
+    materialize,
+)
+from walkserve.models.common.dtypes import TORCH_DTYPES
 from walkserve.models.pi0.config import PolicyConfig
 from walkserve.models.pi0.policy import EMBEDDING, TIED_HEAD, UNUSED, Pi0Policy, checkpoint_name
 
@@ -88,6 +92,6 @@ def _dtype(dtype: str | torch.dtype | None, config: PolicyConfig) -> torch.dtype
     if isinstance(dtype, torch.dtype):
         return dtype
     name = str(dtype or config.dtype).removeprefix("torch.")
-    if name not in _TORCH_DTYPES:
-        raise ConfigError(f"unsupported weight dtype {name!r} (supported: {', '.join(_TORCH_DTYPES)})")
-    return _TORCH_DTYPES[name]
+    if name not in TORCH_DTYPES:
+        raise ConfigError(f"unsupported weight dtype {name!r} (supported: {', '.join(TORCH_DTYPES)})")
+    return TORCH_DTYPES[name]

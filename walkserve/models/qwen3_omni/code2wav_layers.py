@@ -19,7 +19,7 @@ from torch import nn
 from walkserve.layers.attention import AttentionContext
 from walkserve.layers.mlp import SwiGLU
 from walkserve.layers.norm import RMSNorm
-from walkserve.models.llama.modules import Attention
+from walkserve.models.common.decoder import Attention
 from walkserve.models.qwen3_omni.code2wav_geometry import CONV_KERNEL, RESIDUAL_DILATIONS
 from walkserve.models.qwen3_omni.speech_config import Code2WavConfig
 

@@ -8,7 +8,7 @@ Per frame it runs on a fresh 16-position context (1-D positions 0..15)::
 
 The 15 embeddings E[g] and heads head[g] (``model.codec_embedding.g``,
 ``lm_head.g``) are held stacked, so the component is a plain Qwen3 dense LM
-(``llama.modules.CausalLM``) over a vocabulary of 15 x 2048 ids, id
+(``common.decoder.CausalLM``) over a vocabulary of 15 x 2048 ids, id
 ``g * 2048 + c`` standing for code c of group g + 1: the id the head of step
 g samples (restricted to block g, ``speech_rules.predictor_ranges``) is the
 id the next step embeds, so the depth loop is an ordinary decode loop.
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from walkserve.layers.linear import CheckpointParts, Linear
-from walkserve.models.llama.modules import CausalLM
+from walkserve.models.common.decoder import CausalLM
 from walkserve.models.qwen3_omni.speech_config import CodePredictorConfig
 
 

@@ -15,7 +15,6 @@ Both spellings of the releases are read: ``rope_scaling`` + ``rope_theta``
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,11 +23,11 @@ from typing import Any
 
 from walkserve.core.errors import ConfigError
 from walkserve.layers.rope_config import RopeConfig
+from walkserve.models.common.config_files import RANDOM_WEIGHTS_KEY, read_config_json
 
 ARCHITECTURE = "Qwen3OmniMoeForConditionalGeneration"
 MODEL_TYPE = "qwen3_omni_moe"
 DTYPES = ("float32", "bfloat16", "float16")
-RANDOM_WEIGHTS_KEY = "walkserve_random_weights"
 DEFAULT_MROPE_SECTION = (24, 20, 20)
 
 
@@ -194,18 +193,7 @@ class Qwen3OmniConfig:
     @classmethod
     def from_file(cls, path: str | Path) -> Qwen3OmniConfig:
         """Read ``config.json`` (a file, or a checkpoint directory holding one)."""
-        path = Path(path)
-        if path.is_dir():
-            path = path / "config.json"
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"no config.json at {path}") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: invalid JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a JSON object")
-        return cls.from_hf(data)
+        return cls.from_hf(read_config_json(path))
 
     @classmethod
     def from_hf(cls, d: Mapping[str, Any]) -> Qwen3OmniConfig:

@@ -75,7 +75,7 @@ from walkserve.graph import (
 )
 from walkserve.graph.kv import ALL, LAST, append, kv_params
 from walkserve.graph.stop import scalar
-from walkserve.models.llama.graph import LOGPROB_OUTPUTS, StopTokens
+from walkserve.models.common.text_walk import LOGPROB_OUTPUTS, StopTokens
 
 THINKER, AUDIO_ENCODER, VISION_ENCODER = "thinker", "audio_encoder", "vision_encoder"
 CONTEXT = "main"

@@ -24,16 +24,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from walkserve.core.errors import ConfigError, PlacementError
-from walkserve.models.llama.safetensors_files import INDEX_FILE, ITEMSIZE, read_header, weight_files
-from walkserve.placement.memory import default_kv_bytes
+from walkserve.models.common.kv_sizing import has_pool_size, kv_pool_bytes
+from walkserve.models.common.memory_report import GIB, KIB, rank_budget
+from walkserve.models.common.safetensors_files import (
+    INDEX_FILE,
+    ITEMSIZE,
+    read_header,
+    weight_files,
+)
 from walkserve.placement.plan import Placement
 
 # checkpoint name prefix -> component; the first that matches wins (the encoders before the thinker's own)
 PREFIXES = (("thinker.audio_tower.", "audio_encoder"), ("thinker.visual.", "vision_encoder"), ("thinker.", "thinker"),
             ("talker.", "talker"), ("code2wav.", "code2wav"))
 SPEECH = ("talker", "code2wav")
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-GIB, KIB = 2**30, 2**10
 
 
 def stored_bytes(directory: str | Path) -> dict[str, int]:
@@ -61,20 +65,6 @@ def shards_of(directory: str | Path, component_prefix: str) -> list[str]:
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise ConfigError(f"{index}: not a safetensors index ({e})") from None
     return sorted({f for n, f in weight_map.items() if n.startswith(component_prefix)})
-
-
-def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype: str) -> int:
-    """K and V of one token in every layer."""
-    return 2 * layers * kv_heads * head_dim * DTYPE_BYTES[dtype]
-
-
-def pool_bytes(options: Mapping, per_token: int, device: str, free: int | None) -> int:
-    """The pool the KV engine will allocate (options, else the device default)."""
-    if options.get("kv_bytes"):
-        return int(options["kv_bytes"])
-    if options.get("num_blocks"):
-        return int(options["num_blocks"]) * int(options.get("block_size", 16)) * per_token
-    return default_kv_bytes(device, free)
 
 
 @dataclass(frozen=True)
@@ -114,17 +104,15 @@ def rank_memory(placement: Placement, hosted: Mapping[int, list[str]], weights: 
     out = []
     for rank, spec in sorted(placement.ranks.items()):
         comps = hosted.get(rank, [])
-        budget = spec.memory
-        if budget is None and spec.device != "cpu" and device_memory is not None:
-            budget = device_memory(spec.device)
+        budget = rank_budget(spec, device_memory)
         w = {c: weights[c] for c in comps if weights.get(c)}
         pool = 0
         if "thinker" in comps:
             free = None if budget is None else max(0, budget - sum(w.values()))
-            if spec.device != "cpu" and free is None and not (kv_options.get("kv_bytes") or kv_options.get("num_blocks")):
+            if spec.device != "cpu" and free is None and not has_pool_size(kv_options):
                 pool = 0  # a GPU whose memory is unknown here: its pool is sized when it starts
             else:
-                pool = pool_bytes(kv_options, kv_per_token, spec.device, free)
+                pool = kv_pool_bytes(kv_options, kv_per_token, spec.device, free)
         per_token = kv_per_token if "thinker" in comps else 0
         extra = {c: b for c, b in (speech_pools or {}).items() if c in comps}
         out.append(RankMemory(rank, spec.device, budget, w, per_token, pool, kv_dtype, extra))

@@ -25,6 +25,9 @@ from walkserve.core.errors import ConfigError
 from walkserve.engines.spec import BuildContext, ComponentSpec
 from walkserve.graph.walk import WalkGraph
 from walkserve.models.base import Model, ModelRef
+from walkserve.models.common.kv_sizing import kv_bytes_per_token, kv_pool_bytes
+from walkserve.models.common.memory_report import components_per_rank
+from walkserve.models.common.safetensors_files import DTYPE_ITEMSIZE
 from walkserve.models.qwen3_omni import memory
 from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
 from walkserve.models.qwen3_omni.graph import AUDIO_ENCODER, THINKER, VISION_ENCODER, build_graph
@@ -99,7 +102,7 @@ class Qwen3OmniThinker(Model):
         options = self.kv_options()
         out = {THINKER: ComponentSpec(
             THINKER, "kv", partial(_build, THINKER, path), weight_bytes=stored.get(THINKER, 0),
-            state_bytes=partial(memory.pool_bytes, options, per_token), stateful=True, options=options)}
+            state_bytes=partial(kv_pool_bytes, options, per_token), stateful=True, options=options)}
         batch = int(self.ref.options.get("encoder_max_batch", ENCODER_MAX_BATCH))
         for name, present in ((AUDIO_ENCODER, c.audio), (VISION_ENCODER, c.vision)):
             if present is not None:
@@ -113,13 +116,13 @@ class Qwen3OmniThinker(Model):
         s = self.speech
         assert s is not None
         sizes = memory.speech_bytes(path)
-        talker_kv = memory.kv_bytes_per_token(s.talker.num_hidden_layers, s.talker.num_key_value_heads,
-                                              s.talker.head_dim, s.dtype)
+        talker_kv = kv_bytes_per_token(s.talker.num_hidden_layers, s.talker.num_key_value_heads,
+                                       s.talker.head_dim, DTYPE_ITEMSIZE[s.dtype])
         a = s.code_predictor.attention
-        cp_kv = memory.kv_bytes_per_token(a.num_hidden_layers, a.num_key_value_heads, a.head_dim, s.dtype)
+        cp_kv = kv_bytes_per_token(a.num_hidden_layers, a.num_key_value_heads, a.head_dim, DTYPE_ITEMSIZE[s.dtype])
         kv = lambda name, per_token: ComponentSpec(  # noqa: E731
             name, "kv", partial(_build, name, path), weight_bytes=sizes[name],
-            state_bytes=partial(memory.pool_bytes, self.speech_kv(name), per_token), stateful=True,
+            state_bytes=partial(kv_pool_bytes, self.speech_kv(name), per_token), stateful=True,
             options=self.speech_kv(name))
         return {
             TALKER: kv(TALKER, talker_kv), PREDICTOR: kv(PREDICTOR, cp_kv),
@@ -136,8 +139,8 @@ class Qwen3OmniThinker(Model):
 
     def kv_bytes_per_token(self, dtype: str | None = None) -> int:
         t = self._config().text
-        return memory.kv_bytes_per_token(t.num_hidden_layers, t.num_key_value_heads, t.head_dim,
-                                         dtype or self._config().dtype)
+        return kv_bytes_per_token(t.num_hidden_layers, t.num_key_value_heads, t.head_dim,
+                                  DTYPE_ITEMSIZE[dtype or self._config().dtype])
 
     def _config(self) -> Qwen3OmniConfig:
         if self.config is None:
@@ -150,12 +153,8 @@ class Qwen3OmniThinker(Model):
     def memory_report(self, placement: Placement,
                       device_memory: Callable[[str], int | None] | None = None) -> list[str]:
         """Per rank: weights (as stored), KV per token, the pool; PlacementError when a rank cannot hold them."""
-        from walkserve.placement.resolve import walk_nodes
-
-        graph, path = self.graph(), self._path()
-        walks = walk_nodes(graph)
-        hosted = {rank: sorted({graph.plans[w].nodes[n].component for w, n in placement.nodes_on(rank, walks)})
-                  for rank in placement.ranks}
+        path = self._path()
+        hosted = components_per_rank(self.graph(), placement)
         stored = memory.stored_bytes(path)
         loaded = {c: b for c, b in stored.items() if c not in memory.SPEECH}
         pools = {}

@@ -27,7 +27,7 @@ from walkserve.core.errors import ConfigError, InvalidRequest
 from walkserve.core.params import Params
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
-from walkserve.models.llama.processor import checkpoint_eos_ids
+from walkserve.models.common.lm_config import checkpoint_eos_ids
 from walkserve.models.processor import ModelCard, TokenizedProcessor
 from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
 from walkserve.models.qwen3_omni.image_processor import VisionPreprocess

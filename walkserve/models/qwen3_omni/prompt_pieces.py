@@ -35,7 +35,7 @@ import numpy as np
 
 from walkserve.core.array import ArrayData
 from walkserve.core.request import Value
-from walkserve.models.llama.graph import PROMPT_INPUT
+from walkserve.models.common.text_walk import PROMPT_INPUT
 from walkserve.models.qwen3_omni.config import OmniTokenIds
 from walkserve.models.qwen3_omni.graph import (
     EMBED_ROWS,

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from walkserve.engines.spec import BuildContext
-from walkserve.models.llama.checkpoint import SafetensorsCheckpoint
+from walkserve.models.common.checkpoint import SafetensorsCheckpoint
+from walkserve.models.common.dtypes import torch_dtype
 from walkserve.models.qwen3_omni.code2wav_stream import Code2WavStream
 from walkserve.models.qwen3_omni.code_predictor import CodePredictor
 from walkserve.models.qwen3_omni.speech_config import SpeechConfig
@@ -18,7 +19,6 @@ from walkserve.models.qwen3_omni.speech_weights import (
     load_code2wav,
     load_code_predictor,
     load_talker,
-    torch_dtype,
 )
 
 CODEC_TABLE = "talker.model.codec_embedding.weight"

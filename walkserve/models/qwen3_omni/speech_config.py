@@ -17,7 +17,6 @@ whatever the file's ``interleaved`` flag says).
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,8 @@ from typing import Any
 
 from walkserve.core.errors import ConfigError
 from walkserve.layers.rope_config import RopeConfig
-from walkserve.models.llama.config import DTYPES, LMConfig
+from walkserve.models.common.config_files import read_config_json
+from walkserve.models.common.lm_config import DTYPES, LMConfig
 
 CONFIG_FILE = "config.json"
 
@@ -93,7 +93,7 @@ class AttentionShape:
         return shape
 
     def as_lm_config(self, vocab_size: int, intermediate_size: int, qk_norm: bool = True) -> LMConfig:
-        """The same geometry as a Qwen3 dense LM config (no biases): what ``llama.modules`` builds from."""
+        """The same geometry as a Qwen3 dense LM config (no biases): what ``common.decoder`` builds from."""
         return LMConfig(
             architecture="Qwen3ForCausalLM", hidden_size=self.hidden_size, intermediate_size=intermediate_size,
             num_hidden_layers=self.num_hidden_layers, num_attention_heads=self.num_attention_heads,
@@ -375,15 +375,4 @@ class SpeechConfig:
     @classmethod
     def from_file(cls, path: str | Path) -> SpeechConfig:
         """Read ``config.json`` (the file, or the checkpoint directory holding it)."""
-        path = Path(path)
-        if path.is_dir():
-            path = path / CONFIG_FILE
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"no {CONFIG_FILE} at {path}") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: invalid JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a JSON object")
-        return cls.from_hf(data)
+        return cls.from_hf(read_config_json(path, CONFIG_FILE))

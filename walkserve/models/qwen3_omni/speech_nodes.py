@@ -23,7 +23,7 @@ from torch import nn
 
 from walkserve.engines.spec import Batch, Item
 from walkserve.layers.attention import AttentionContext
-from walkserve.models.llama.checkpoint import SafetensorsCheckpoint
+from walkserve.models.common.checkpoint import SafetensorsCheckpoint
 from walkserve.models.qwen3_omni.code_predictor import StackedEmbedding
 from walkserve.models.qwen3_omni.speech_config import SpeechConfig
 from walkserve.models.qwen3_omni.speech_graph import FRAME, PREDICTOR_IN, TALKER_IN

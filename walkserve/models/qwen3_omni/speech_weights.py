@@ -20,8 +20,9 @@ import torch
 from torch import nn
 
 from walkserve.core.errors import ConfigError
-from walkserve.models.llama.checkpoint import SafetensorsCheckpoint, load_into, materialize
-from walkserve.models.llama.safetensors_files import ITEMSIZE
+from walkserve.models.common.checkpoint import SafetensorsCheckpoint, load_into, materialize
+from walkserve.models.common.dtypes import torch_dtype
+from walkserve.models.common.safetensors_files import ITEMSIZE
 from walkserve.models.qwen3_omni.code2wav import Code2Wav
 from walkserve.models.qwen3_omni.code_predictor import CodePredictor
 from walkserve.models.qwen3_omni.speech_config import SpeechConfig
@@ -30,21 +31,6 @@ from walkserve.models.qwen3_omni.talker_inputs import TextSpecials
 
 TALKER, PREDICTOR, CODE2WAV = "talker.", "talker.code_predictor.", "code2wav."
 THINKER_EMBED = "thinker.model.embed_tokens.weight"
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def torch_dtype(dtype: str | torch.dtype | None, default: str) -> torch.dtype:
-    """A dtype name or torch dtype (None: ``default``, a name)."""
-    if isinstance(dtype, torch.dtype):
-        if dtype not in _TORCH_DTYPES.values():
-            raise ConfigError(f"unsupported weight dtype {dtype}")
-        return dtype
-    name = str(dtype or default).removeprefix("torch.")
-    if name not in _TORCH_DTYPES:
-        raise ConfigError(f"unsupported weight dtype {name!r} (supported: {', '.join(_TORCH_DTYPES)})")
-    return _TORCH_DTYPES[name]
-
-
 def _load(module: nn.Module, checkpoint: SafetensorsCheckpoint, prefix: str, device, dtype: torch.dtype,
           skip: str | None = None, progress: bool = True) -> nn.Module:
     materialize(module, device, dtype)

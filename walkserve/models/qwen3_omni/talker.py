@@ -27,7 +27,7 @@ from walkserve.layers.linear import Linear
 from walkserve.layers.moe import SparseMoE
 from walkserve.layers.norm import RMSNorm
 from walkserve.layers.rope import RotaryEmbedding
-from walkserve.models.llama.modules import Attention
+from walkserve.models.common.decoder import Attention
 from walkserve.models.qwen3_omni.speech_config import TalkerConfig
 
 

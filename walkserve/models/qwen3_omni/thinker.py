@@ -24,12 +24,12 @@ from walkserve.layers.mlp import SwiGLU
 from walkserve.layers.moe import SparseMoE
 from walkserve.layers.norm import RMSNorm
 from walkserve.layers.rope import RotaryEmbedding
-from walkserve.models.llama.modules import Attention
+from walkserve.models.common.decoder import Attention
 from walkserve.models.qwen3_omni.config import ThinkerTextConfig
 
 
 class _AttentionShape:
-    """The fields ``llama.modules.Attention`` reads, for the thinker's config (no biases, q/k norm)."""
+    """The fields ``common.decoder.Attention`` reads, for the thinker's config (no biases, q/k norm)."""
 
     def __init__(self, c: ThinkerTextConfig):
         self.num_attention_heads, self.num_key_value_heads = c.num_attention_heads, c.num_key_value_heads
@@ -92,7 +92,7 @@ class ThinkerBackbone(nn.Module):
 
 
 class ThinkerLM(nn.Module):
-    """The thinker as the KV engine drives it (the interface of ``llama.modules.CausalLM``).
+    """The thinker as the KV engine drives it (the interface of ``common.decoder.CausalLM``).
 
     Positions are ``[3, T]`` (temporal, height, width; ``rope_index``) or
     ``[T]`` for text-only batches, where the three axes coincide.

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from walkserve.core.errors import ConfigError
-from walkserve.models.llama.checkpoint import INDEX_FILE
+from walkserve.models.common.checkpoint import INDEX_FILE
 from walkserve.models.qwen3_omni.config import RANDOM_WEIGHTS_KEY, Qwen3OmniConfig
 from walkserve.models.qwen3_omni.tiny_layout import code2wav_tensor_shapes, talker_tensor_shapes
 from walkserve.models.qwen3_omni.tiny_tokenizer import ROLE_IDS, TOKEN_IDS, write_tiny_tokenizer

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from walkserve.models.common.tiny_tokenizer import qwen_byte_level
+
 ADDED = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
          "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
          "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>",
@@ -24,8 +26,6 @@ TOKEN_IDS = {t: FIRST_ADDED + i for i, t in enumerate(ADDED)}
 ROLE_IDS = {"system": 297, "user": 298, "assistant": 299}
 _NOT_SPECIAL = {"<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
                 "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>"}
-SPLIT_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 # ChatML with content parts, as the release's template renders messages (tools and
 # reasoning branches left out): each media part becomes one placeholder between markers.
@@ -80,25 +80,12 @@ def _vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
 
 def write_tiny_tokenizer(out_dir: str | Path, model_max_length: int = 4096) -> None:
     """Write tokenizer.json and tokenizer_config.json (with the chat template)."""
-    from tokenizers import (
-        AddedToken,
-        Regex,
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-    )
+    from tokenizers import AddedToken, Tokenizer, models
 
     out = Path(out_dir)
     vocab, merges = _vocab_and_merges()
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(SPLIT_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
+    qwen_byte_level(tok)
     tok.add_tokens([AddedToken(t, special=t not in _NOT_SPECIAL, normalized=False) for t in ADDED])
     tok.save(str(out / "tokenizer.json"))
     config = {

@@ -18,13 +18,13 @@ from torch import nn
 
 from walkserve.core.errors import ConfigError
 from walkserve.engines.spec import BuildContext
-from walkserve.models.llama.checkpoint import (
+from walkserve.models.common.checkpoint import (
     SafetensorsCheckpoint,
     expected_shapes,
     load_into,
     materialize,
 )
-from walkserve.models.llama.weights import resolve_dtype
+from walkserve.models.common.dtypes import resolve_dtype
 from walkserve.models.qwen3_omni.audio_encoder import AudioEncoder
 from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
 from walkserve.models.qwen3_omni.thinker import ThinkerLM

@@ -15,7 +15,6 @@ Codes come in ``len(vq_strides)`` levels; level ``l`` has one code per
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from walkserve.core.errors import ConfigError
+from walkserve.models.common.config_files import read_config_json
 
 ATTN_HEAD_DIM = 64  # the local attention always uses 64-wide heads
 
@@ -151,16 +151,7 @@ class SnacConfig:
 
     @classmethod
     def from_file(cls, path: str | Path) -> SnacConfig:
-        path = Path(path)
-        try:
-            d = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"SNAC checkpoint: {path} does not exist") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"SNAC checkpoint: {path} is not valid JSON: {e}") from None
-        if not isinstance(d, dict):
-            raise ConfigError(f"SNAC checkpoint: {path} must hold a JSON object")
-        return cls.from_dict(d, source=str(path))
+        return cls.from_dict(read_config_json(path, label="SNAC checkpoint: "), source=str(path))
 
 
 PRESETS: dict[str, SnacConfig] = {

@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import save_file
 
 from walkserve.core.errors import ConfigError
-from walkserve.models.llama.safetensors_files import INDEX_FILE, SINGLE_FILE
+from walkserve.models.common.safetensors_files import INDEX_FILE, SINGLE_FILE
 from walkserve.models.vjepa2.config import (
     CONFIG_FILE,
     ACPredictorConfig,

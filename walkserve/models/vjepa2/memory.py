@@ -13,12 +13,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from walkserve.core.errors import PlacementError
-from walkserve.models.llama.safetensors_files import DTYPE_ITEMSIZE, tensor_bytes
+from walkserve.models.common.kv_sizing import has_pool_size, kv_pool_bytes
+from walkserve.models.common.kv_sizing import kv_bytes_per_token as common_kv_bytes_per_token
+from walkserve.models.common.memory_report import GIB, MIB, rank_budget
+from walkserve.models.common.safetensors_files import DTYPE_ITEMSIZE, tensor_bytes
 from walkserve.models.vjepa2.config import ACPredictorConfig
-from walkserve.placement.memory import default_kv_bytes
 from walkserve.placement.plan import Placement
 
-GIB, MIB = 2**30, 2**20
 PREFIX = {"encoder": "encoder.", "predictor": "predictor."}
 # components named apart from their checkpoint prefix: an HF checkpoint's predictor.* is the masked predictor
 ALIASES = {"masked_predictor": "predictor"}
@@ -31,16 +32,8 @@ def weight_bytes(path: Path, component: str) -> int:
 
 
 def kv_bytes_per_token(config: ACPredictorConfig, dtype: str) -> int:
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * DTYPE_ITEMSIZE[dtype]
-
-
-def pool_bytes(options: Mapping, per_token: int, device: str, free: int | None) -> int:
-    """The pool the predictor's KV engine allocates: the options' size, else the device default."""
-    if options.get("kv_bytes"):
-        return int(options["kv_bytes"])
-    if options.get("num_blocks"):
-        return int(options["num_blocks"]) * int(options["block_size"]) * per_token
-    return default_kv_bytes(device, free)
+    return common_kv_bytes_per_token(config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
+                                     DTYPE_ITEMSIZE[dtype])
 
 
 def rank_lines(path: Path, placement: Placement, hosted: Mapping[int, list[str]], predictor: ACPredictorConfig | None,
@@ -50,9 +43,7 @@ def rank_lines(path: Path, placement: Placement, hosted: Mapping[int, list[str]]
     lines = []
     for rank, spec in sorted(placement.ranks.items()):
         comps = hosted.get(rank, [])
-        budget = spec.memory
-        if budget is None and spec.device != "cpu" and device_memory is not None:
-            budget = device_memory(spec.device)
+        budget = rank_budget(spec, device_memory)
         weights = {c: weight_bytes(path, c) for c in comps if weight_bytes(path, c)}
         total = sum(weights.values())
         parts = " + ".join(f"{c} {b / GIB:.2f} GiB" for c, b in weights.items()) or "none"
@@ -64,8 +55,8 @@ def rank_lines(path: Path, placement: Placement, hosted: Mapping[int, list[str]]
             step = f"{per_step / MIB:.1f} MiB" if per_step >= MIB else f"{per_step / 1024:.1f} KiB"
             line += f"; KV {per_token / 1024:.1f} KiB per token ({dtype}) = {step} per step"
             free = None if budget is None else max(0, budget - total)
-            if spec.device == "cpu" or free is not None or kv.get("kv_bytes") or kv.get("num_blocks"):
-                pool = pool_bytes(kv, per_token, spec.device, free)
+            if spec.device == "cpu" or free is not None or has_pool_size(kv):
+                pool = kv_pool_bytes(kv, per_token, spec.device, free)
                 total += pool
                 line += f", pool {pool / GIB:.2f} GiB = {pool // per_step:,} steps"
         line += f"; total {total / GIB:.2f} GiB"

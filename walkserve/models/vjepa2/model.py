@@ -28,7 +28,8 @@ from walkserve.core.errors import ConfigError
 from walkserve.engines.spec import BuildContext, ComponentSpec
 from walkserve.graph.walk import WalkGraph
 from walkserve.models.base import Model, ModelRef
-from walkserve.models.llama.model import checkpoint_dir
+from walkserve.models.common.config_files import checkpoint_dir
+from walkserve.models.common.memory_report import components_per_rank
 from walkserve.models.vjepa2 import memory
 from walkserve.models.vjepa2.config import VJEPA2ACConfig, read_config
 from walkserve.models.vjepa2.graph import build_graph
@@ -49,7 +50,7 @@ def kv_options(config: VJEPA2ACConfig, overrides: Mapping[str, Any] | None) -> d
 
 def kv_pool_bytes(config: VJEPA2ACConfig, options: Mapping[str, Any], device: str, free_bytes: int | None) -> int:
     """The KV pool the predictor allocates on ``device``, for the placement's memory check."""
-    return memory.pool_bytes(options, memory.kv_bytes_per_token(config.predictor, config.dtype), device, free_bytes)
+    return memory.kv_pool_bytes(options, memory.kv_bytes_per_token(config.predictor, config.dtype), device, free_bytes)
 
 
 def _builder(name: str, path: Path):
@@ -115,12 +116,8 @@ class VJEPA2(Model):
     def memory_report(self, placement: Placement, device_memory: Callable[[str], int | None] | None = None) -> list[str]:
         """Per rank: the weights as stored, KV per token and step, the pool in steps; PlacementError when a rank
         cannot hold them."""
-        from walkserve.placement.resolve import walk_nodes
-
-        path, graph = checkpoint_dir(self.ref, "its weights"), self.graph()
-        walks = walk_nodes(graph)
-        hosted = {rank: sorted({graph.plans[w].nodes[n].component for w, n in placement.nodes_on(rank, walks)})
-                  for rank in placement.ranks}
+        path = checkpoint_dir(self.ref, "its weights")
+        hosted = components_per_rank(self.graph(), placement)
         dtype = getattr(self.config, "dtype", "float32")
         stored = sum(memory.weight_bytes(path, c) for c in memory.PREFIX)
         head = f"checkpoint {path.name}: {stored / memory.GIB:.2f} GiB as stored ({dtype})"

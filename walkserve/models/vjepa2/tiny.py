@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import save_file
 
 from walkserve.core.errors import ConfigError
-from walkserve.models.llama.checkpoint import expected_shapes
+from walkserve.models.common.checkpoint import expected_shapes
 from walkserve.models.vjepa2.ac_predictor import IGNORED, ACPredictor
 from walkserve.models.vjepa2.config import (
     ACTION_DIM,

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from walkserve.core.errors import ConfigError
-from walkserve.models.llama.checkpoint import SafetensorsCheckpoint, load_into, materialize
+from walkserve.models.common.checkpoint import SafetensorsCheckpoint, load_into, materialize
 from walkserve.models.vjepa2.ac_predictor import ACPredictor
 from walkserve.models.vjepa2.config import VJEPA2ACConfig, VJEPA2Config, read_config
 from walkserve.models.vjepa2.encoder import VisionEncoder

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from walkserve.core.errors import ConfigError
-from walkserve.models.llama.safetensors_files import INDEX_FILE, ITEMSIZE, SINGLE_FILE, read_header
+from walkserve.models.common.safetensors_files import INDEX_FILE, ITEMSIZE, SINGLE_FILE, read_header
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from walkserve.layers.linear import FusedLinear, Linear
 from walkserve.layers.mlp import SwiGLU
 from walkserve.layers.norm import RMSNorm
 from walkserve.layers.rope import RotaryEmbedding, apply_rotary
-from walkserve.models.llama.config import LMConfig
+from walkserve.models.common.lm_config import LMConfig
 
 
 class Attention(nn.Module):

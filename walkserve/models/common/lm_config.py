@@ -13,12 +13,12 @@ from typing import Any
 
 from walkserve.core.errors import ConfigError
 from walkserve.layers.rope_config import RopeConfig
+from walkserve.models.common.config_files import RANDOM_WEIGHTS_KEY, read_config_json
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 _DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "Qwen2ForCausalLM": 32768, "Qwen3ForCausalLM": 32768}
 DTYPES = ("float32", "bfloat16", "float16")
-RANDOM_WEIGHTS_KEY = "walkserve_random_weights"  # written by the tiny checkpoint writers
 
 
 @dataclass(frozen=True)
@@ -89,18 +89,7 @@ class LMConfig:
     @classmethod
     def from_file(cls, path: str | Path) -> LMConfig:
         """Read ``config.json`` (a file, or a checkpoint directory holding one)."""
-        path = Path(path)
-        if path.is_dir():
-            path = path / "config.json"
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"no config.json at {path}") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: invalid JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a JSON object")
-        return cls.from_hf(data)
+        return cls.from_hf(read_config_json(path))
 
     @classmethod
     def from_hf(cls, d: Mapping[str, Any]) -> LMConfig:
@@ -178,3 +167,16 @@ def _dtype(d: Mapping[str, Any]) -> str:
     if value not in DTYPES:
         raise ConfigError(f"unsupported dtype {value!r} in config (supported: {', '.join(DTYPES)})")
     return value
+
+
+def checkpoint_eos_ids(path: Path, config: LMConfig) -> tuple[int, ...]:
+    """config.json eos ids, then any extra ones from generation_config.json."""
+    ids = list(config.eos_token_ids)
+    gen = path / "generation_config.json"
+    if gen.is_file():
+        try:
+            value = json.loads(gen.read_text()).get("eos_token_id")
+        except (json.JSONDecodeError, AttributeError):
+            raise ConfigError(f"{gen}: invalid generation config") from None
+        ids.extend([value] if isinstance(value, int) else [v for v in value or [] if isinstance(v, int)])
+    return tuple(dict.fromkeys(ids))

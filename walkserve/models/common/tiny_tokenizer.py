@@ -1,6 +1,6 @@
 """A small byte-level BPE tokenizer with chat special tokens, trained on a built-in corpus.
 
-Used by ``tiny.py`` so that tiny random checkpoints come with a real
+Used by the tiny checkpoint writers (Llama, Orpheus, BAGEL) so that tiny random checkpoints come with a real
 ``tokenizer.json`` / ``tokenizer_config.json`` pair in the HF layout. Training
 is deterministic: the same vocabulary size gives the same file.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from walkserve.core.errors import ConfigError
 
@@ -85,6 +86,19 @@ CHAT_TEMPLATES = {
 CHAT_TEMPLATES["bagel"] = CHAT_TEMPLATES["chatml"]
 
 
+def qwen_byte_level(tok: Any) -> None:
+    """Qwen's byte-level layout on a ``tokenizers.Tokenizer``: NFC, its split regex, then bytes, and the byte-level
+    decoder (what transformers' Qwen2Tokenizer rebuilds from the files)."""
+    from tokenizers import Regex, decoders, normalizers, pre_tokenizers
+
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_SPLIT_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+
+
 @dataclass(frozen=True)
 class TinyTokenIds:
     """The special ids a config.json / generation_config.json must agree with."""
@@ -96,31 +110,18 @@ class TinyTokenIds:
 
 def write_tokenizer(out_dir: Path, style: str, vocab_size: int, model_max_length: int) -> TinyTokenIds:
     """Train and write tokenizer.json + tokenizer_config.json; every id stays below ``vocab_size``."""
-    from tokenizers import (
-        Regex,
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     specials, bos, eos, eos_config, pad = _STYLES[style]
     base = vocab_size - len(specials)
     if base < 256 + 8:
         raise ConfigError(f"a tiny byte-level tokenizer needs vocab_size >= {256 + 8 + len(specials)}, got {vocab_size}")
     tok = Tokenizer(models.BPE())
-    if style in ("chatml", "bagel"):  # Qwen's layout: NFC, its split regex, then bytes (what Qwen2Tokenizer rebuilds)
-        tok.normalizer = normalizers.NFC()
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(QWEN_SPLIT_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
+    if style in ("chatml", "bagel"):
+        qwen_byte_level(tok)
     else:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
+        tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=base, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
     )
