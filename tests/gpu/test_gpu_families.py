@@ -117,8 +117,11 @@ def omni_dir(tmp_path_factory):
 
 
 def test_qwen3_omni_thinker_and_encoders(omni_dir, device, parity, parity_bf16):
-    from walkserve.models.qwen3_omni.image_processor import VisionPreprocess, preprocess_image
-    from walkserve.models.qwen3_omni.weights import load_thinker, load_thinker_components
+    from walkserve.models.qwen3_omni.thinker.image_processor import (
+        VisionPreprocess,
+        preprocess_image,
+    )
+    from walkserve.models.qwen3_omni.thinker.weights import load_thinker, load_thinker_components
 
     vocab = load_thinker(omni_dir, progress=False).config.vocab_size
     _check_lm(lambda d, t: load_thinker(omni_dir, device=d, dtype=t, progress=False), device, parity, parity_bf16,
@@ -142,7 +145,7 @@ def test_qwen3_omni_thinker_and_encoders(omni_dir, device, parity, parity_bf16):
 
 
 def test_qwen3_omni_speech(omni_dir, device, parity, parity_bf16):
-    from walkserve.models.qwen3_omni.speech_weights import (
+    from walkserve.models.qwen3_omni.speech.weights import (
         load_code2wav,
         load_code_predictor,
         load_talker,

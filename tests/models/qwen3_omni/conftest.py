@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
+from walkserve.models.qwen3_omni.thinker.weights import load_thinker_components
 from walkserve.models.qwen3_omni.tiny import tiny_hf_config, write_tiny_qwen3_omni
 from walkserve.models.qwen3_omni.tiny_tokenizer import ROLE_IDS, TOKEN_IDS
-from walkserve.models.qwen3_omni.weights import load_thinker_components
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -265,8 +265,8 @@ def generate_codes(ids: torch.Tensor, extra: dict, max_new: int, talker_max_new:
 
 def talker_positions(ids: torch.Tensor, extra: dict) -> torch.Tensor:
     """transformers' talker prefill positions [3, U + 9] for a prompt with media (get_rope_index)."""
-    from walkserve.models.qwen3_omni.speech_config import SpeechConfig
-    from walkserve.models.qwen3_omni.talker_inputs import talker_prompt_ids
+    from walkserve.models.qwen3_omni.speech.config import SpeechConfig
+    from walkserve.models.qwen3_omni.speech.talker_inputs import talker_prompt_ids
 
     m = reference().model
     tokens = SpeechConfig.from_file(reference().path).tokens

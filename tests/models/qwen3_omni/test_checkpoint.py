@@ -13,15 +13,15 @@ from tests.models.qwen3_omni.conftest import IDS, chat_ids, image_block, rgb
 from walkserve.core.errors import ConfigError
 from walkserve.models.common.checkpoint import SafetensorsCheckpoint
 from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
-from walkserve.models.qwen3_omni.generate import prefill_logits
-from walkserve.models.qwen3_omni.image_processor import VisionPreprocess, preprocess_image
-from walkserve.models.qwen3_omni.thinker_request import thinker_request
-from walkserve.models.qwen3_omni.tiny import tiny_hf_config
-from walkserve.models.qwen3_omni.weights import (
+from walkserve.models.qwen3_omni.thinker.generate import prefill_logits
+from walkserve.models.qwen3_omni.thinker.image_processor import VisionPreprocess, preprocess_image
+from walkserve.models.qwen3_omni.thinker.request import thinker_request
+from walkserve.models.qwen3_omni.thinker.weights import (
     estimate_weight_bytes,
     load_thinker_components,
     weight_bytes_by_component,
 )
+from walkserve.models.qwen3_omni.tiny import tiny_hf_config
 
 
 def _layout(directory) -> dict[str, tuple[int, ...]]:
@@ -91,7 +91,7 @@ def test_only_thinker_shards_are_read_with_speech_off(ours_dir, tmp_path):
 
 def parts_lm(directory):
     from walkserve.engines.spec import BuildContext
-    from walkserve.models.qwen3_omni.weights import build_thinker
+    from walkserve.models.qwen3_omni.thinker.weights import build_thinker
 
     return list(build_thinker(BuildContext(rank=0, device="cpu", dtype="bfloat16"), directory).parameters())
 
@@ -114,7 +114,10 @@ def test_both_config_spellings_parse_alike(tmp_path):
 
 def test_a_checkpoint_without_vision(tmp_path):
     """-Captioner style: no vision_config, so no vision encoder and no thinker.visual tensors are expected."""
-    from walkserve.models.qwen3_omni.weights import load_vision_encoder, thinker_tensor_shapes
+    from walkserve.models.qwen3_omni.thinker.weights import (
+        load_vision_encoder,
+        thinker_tensor_shapes,
+    )
 
     config = tiny_hf_config(speech=False)
     del config["thinker_config"]["vision_config"]
@@ -149,7 +152,7 @@ def test_tiny_cli_writes_a_loadable_checkpoint(tmp_path, capsys):
 
 def test_the_speech_half_loads_from_the_tiny_checkpoint(ours_dir):
     """The talker, code predictor and Code2Wav modules read every speech tensor the tiny writer wrote."""
-    from walkserve.models.qwen3_omni.speech_weights import load_speech
+    from walkserve.models.qwen3_omni.speech.weights import load_speech
 
     speech = load_speech(ours_dir, progress=False)
     written = {n for n in _layout(ours_dir) if n.startswith(("talker.", "code2wav."))}

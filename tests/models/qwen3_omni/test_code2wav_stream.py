@@ -8,9 +8,9 @@ import torch
 from tests.models.qwen3_omni.speech_oracle import CODEBOOK, GROUPS, reference
 from walkserve.engines.base import Firing
 from walkserve.engines.stateless import component_batch
-from walkserve.models.qwen3_omni.code2wav_geometry import Code2WavGeometry, plan_chunk
-from walkserve.models.qwen3_omni.code2wav_stream import POLICY, Code2WavStream
-from walkserve.models.qwen3_omni.speech_weights import load_code2wav
+from walkserve.models.qwen3_omni.speech.code2wav_geometry import Code2WavGeometry, plan_chunk
+from walkserve.models.qwen3_omni.speech.code2wav_stream import POLICY, Code2WavStream
+from walkserve.models.qwen3_omni.speech.weights import load_code2wav
 from walkserve.streaming.policy import LeftContext, Span
 
 pytestmark = pytest.mark.parity

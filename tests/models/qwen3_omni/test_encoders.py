@@ -8,13 +8,13 @@ import torch
 
 from tests.models.qwen3_omni.conftest import rgb, wave
 from walkserve.engines.spec import Batch
-from walkserve.models.qwen3_omni.audio_features import log_mel_batch
-from walkserve.models.qwen3_omni.image_processor import (
+from walkserve.models.qwen3_omni.thinker.audio_features import log_mel_batch
+from walkserve.models.qwen3_omni.thinker.image_processor import (
     VisionPreprocess,
     preprocess_image,
     preprocess_video,
 )
-from walkserve.models.qwen3_omni.media_tokens import audio_token_count
+from walkserve.models.qwen3_omni.thinker.media_tokens import audio_token_count
 
 
 @pytest.fixture(scope="module")

@@ -57,7 +57,7 @@ def test_walk_names_and_the_captioner_graph():
 
 
 def test_slot_names_are_the_encoders():
-    from walkserve.models.qwen3_omni import audio_encoder, vision_encoder
+    from walkserve.models.qwen3_omni.thinker import audio_encoder, vision_encoder
 
     assert (g.MEL, g.AUDIO_EMBEDS) == (audio_encoder.INPUT_SLOT, audio_encoder.OUTPUT_NAME)
     assert (g.PIXELS, g.GRID, g.IMAGE_EMBEDS, g.DEEPSTACK) == (
@@ -74,7 +74,7 @@ PIECES = {
 @pytest.mark.parametrize("merge", [True, False])
 def test_pieces_cover_the_prompt(processor, merge):
     """A text answer's pieces take the whole prompt; a spoken answer's all but its last token (``last``)."""
-    from walkserve.models.qwen3_omni.prompt_pieces import request_inputs
+    from walkserve.models.qwen3_omni.thinker.prompt_pieces import request_inputs
 
     request, _ = processor.thinker_request("chat", {"messages": mixed_messages()}, {})
     inputs = request_inputs(request, processor.config.tokens, merge=merge)
@@ -108,7 +108,7 @@ def test_pieces_cover_the_prompt(processor, merge):
 
 def test_one_clip_and_one_image_are_one_pass(processor):
     """prefill_media: the whole prompt, the clip's rows in embed_rows, the image's in visual_rows."""
-    from walkserve.models.qwen3_omni.prompt_pieces import request_inputs
+    from walkserve.models.qwen3_omni.thinker.prompt_pieces import request_inputs
 
     messages = [{"role": "user", "content": [{"type": "image", "image": _array(rgb(40, 60))},
                                              {"type": "text", "text": "and"},
@@ -173,7 +173,7 @@ PLACED = {
 
 
 def speech_graph():
-    from walkserve.models.qwen3_omni.speech_graph import DepthRanges, build_speech_graph
+    from walkserve.models.qwen3_omni.speech.graph import DepthRanges, build_speech_graph
 
     return build_speech_graph([(0, 128), (230, 231)], DepthRanges(128), 16, 3)
 

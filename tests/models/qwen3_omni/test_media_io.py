@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from walkserve.models.qwen3_omni.audio_load import AudioDecodeError, load_audio, resample
-from walkserve.models.qwen3_omni.image_processor import VisionPreprocess
-from walkserve.models.qwen3_omni.video import (
+from walkserve.models.qwen3_omni.thinker.audio_load import AudioDecodeError, load_audio, resample
+from walkserve.models.qwen3_omni.thinker.image_processor import VisionPreprocess
+from walkserve.models.qwen3_omni.thinker.video import (
     VideoDecodeError,
     decode_video,
     sample_indices,

@@ -20,9 +20,9 @@ from walkserve.models.base import ModelRef
 from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
 from walkserve.models.qwen3_omni.memory import shards_of, stored_bytes
 from walkserve.models.qwen3_omni.model import Qwen3OmniThinker
+from walkserve.models.qwen3_omni.thinker.weights import thinker_tensor_shapes
 from walkserve.models.qwen3_omni.tiny import tiny_hf_config
 from walkserve.models.qwen3_omni.tiny_layout import code2wav_tensor_shapes, talker_tensor_shapes
-from walkserve.models.qwen3_omni.weights import thinker_tensor_shapes
 from walkserve.placement.plan import parse_placement
 
 GIB = 2**30

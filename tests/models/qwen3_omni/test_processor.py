@@ -14,10 +14,10 @@ from walkserve.core.array import ArrayData
 from walkserve.core.errors import InvalidRequest
 from walkserve.core.sampling import SamplingParams
 from walkserve.models.base import ModelRef
-from walkserve.models.qwen3_omni.image_processor import VisionPreprocess
-from walkserve.models.qwen3_omni.media_inputs import MediaSettings, convert_messages
 from walkserve.models.qwen3_omni.model import Qwen3OmniThinker
 from walkserve.models.qwen3_omni.processor import Qwen3OmniProcessor
+from walkserve.models.qwen3_omni.thinker.image_processor import VisionPreprocess
+from walkserve.models.qwen3_omni.thinker.media_inputs import MediaSettings, convert_messages
 from walkserve.models.qwen3_omni.tiny_tokenizer import ROLE_IDS
 
 SAMPLING = SamplingParams(max_tokens=4)

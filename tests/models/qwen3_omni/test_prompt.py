@@ -8,9 +8,13 @@ import torch
 
 from tests.models.qwen3_omni.conftest import IDS, rgb, wave
 from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
-from walkserve.models.qwen3_omni.image_processor import VisionPreprocess
-from walkserve.models.qwen3_omni.prompt import expand_placeholders, media_spans, template_messages
-from walkserve.models.qwen3_omni.thinker_request import build_thinker_request
+from walkserve.models.qwen3_omni.thinker.image_processor import VisionPreprocess
+from walkserve.models.qwen3_omni.thinker.prompt import (
+    expand_placeholders,
+    media_spans,
+    template_messages,
+)
+from walkserve.models.qwen3_omni.thinker.request import build_thinker_request
 from walkserve.models.tokenizer import Tokenizer
 
 MESSAGES = [
@@ -82,7 +86,7 @@ def test_placeholders_expand_in_order_and_spans_follow():
 
 
 def test_rope_index_rejects_mismatched_media(components):
-    from walkserve.models.qwen3_omni.rope_index import MediaGrids, rope_index
+    from walkserve.models.qwen3_omni.thinker.rope_index import MediaGrids, rope_index
 
     tokens = components.config.tokens
     ids = [1, IDS["vision_start"], IDS["image_pad"], IDS["image_pad"], IDS["vision_end"], 2]
@@ -100,8 +104,8 @@ def test_processor_side_modules_do_not_import_torch():
     import subprocess
     import sys
 
-    modules = ["thinker_request", "audio_load", "audio_features", "image_processor", "video", "prompt", "rope_index",
-               "media_tokens", "config", "tiny_layout"]
+    modules = ["thinker.request", "thinker.audio_load", "thinker.audio_features", "thinker.image_processor",
+               "thinker.video", "thinker.prompt", "thinker.rope_index", "thinker.media_tokens", "config", "tiny_layout"]
     code = ("import sys\n" + "".join(f"import walkserve.models.qwen3_omni.{m}\n" for m in modules)
             + "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -22,9 +22,9 @@ from tests.models.qwen3_omni.speech_oracle import (
     text_prompt,
 )
 from walkserve.core.sampling import SamplingParams
-from walkserve.models.qwen3_omni.speech_loop import SpeechLoop, ThinkerOutput
-from walkserve.models.qwen3_omni.speech_rules import spoken_tokens
-from walkserve.models.qwen3_omni.speech_weights import load_speech
+from walkserve.models.qwen3_omni.speech.loop import SpeechLoop, ThinkerOutput
+from walkserve.models.qwen3_omni.speech.rules import spoken_tokens
+from walkserve.models.qwen3_omni.speech.weights import load_speech
 
 pytestmark = pytest.mark.parity
 torch.set_num_threads(1)

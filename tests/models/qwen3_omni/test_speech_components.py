@@ -11,8 +11,8 @@ import torch
 from tests.models.qwen3_omni.speech_oracle import CODEBOOK, CODEC, SPEAKERS, TALKER_VOCAB, reference
 from walkserve.core.errors import ConfigError
 from walkserve.layers.attention import DenseAttention
-from walkserve.models.qwen3_omni.speech_config import SpeechConfig
-from walkserve.models.qwen3_omni.speech_weights import (
+from walkserve.models.qwen3_omni.speech.config import SpeechConfig
+from walkserve.models.qwen3_omni.speech.weights import (
     load_code_predictor,
     load_speech,
     speech_weight_bytes,
@@ -158,9 +158,9 @@ def test_weight_bytes_per_component():
 
 def test_release_config_builds_the_release_shapes():
     """Shapes of the real checkpoint (next_models.md 1.5-1.7), from our modules on the meta device."""
-    from walkserve.models.qwen3_omni.code2wav import Code2Wav
-    from walkserve.models.qwen3_omni.code_predictor import CodePredictor
-    from walkserve.models.qwen3_omni.talker import Talker
+    from walkserve.models.qwen3_omni.speech.code2wav import Code2Wav
+    from walkserve.models.qwen3_omni.speech.code_predictor import CodePredictor
+    from walkserve.models.qwen3_omni.speech.talker import Talker
 
     cfg = SpeechConfig.from_hf(RELEASE)
     assert cfg.dtype == "bfloat16" and cfg.code2wav.frame_samples == 1920

@@ -8,7 +8,7 @@ import torch
 from walkserve.core.errors import InvalidRequest
 from walkserve.core.sampling import SamplingParams
 from walkserve.layers.sampling import Sampler, SampleRow
-from walkserve.models.qwen3_omni.speech_rules import (
+from walkserve.models.qwen3_omni.speech.rules import (
     PREDICTOR_SAMPLING,
     TALKER_SAMPLING,
     assistant_start,

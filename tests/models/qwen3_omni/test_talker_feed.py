@@ -23,10 +23,10 @@ from walkserve.engines.spec import Batch
 from walkserve.graph import DROP, GraphEdge
 from walkserve.layers.attention import DenseAttention
 from walkserve.models.qwen3_omni import graph as g
-from walkserve.models.qwen3_omni.generate import positions_tensor, thinker_inputs
 from walkserve.models.qwen3_omni.processor import Qwen3OmniProcessor
-from walkserve.models.qwen3_omni.prompt_pieces import request_inputs
-from walkserve.models.qwen3_omni.weights import load_thinker_components
+from walkserve.models.qwen3_omni.thinker.generate import positions_tensor, thinker_inputs
+from walkserve.models.qwen3_omni.thinker.prompt_pieces import request_inputs
+from walkserve.models.qwen3_omni.thinker.weights import load_thinker_components
 
 ACCEPT = 3  # the tiny talker's accept_hidden_layer
 

@@ -21,11 +21,11 @@ from tests.models.qwen3_omni.conftest import (
     wave,
 )
 from walkserve.engines.spec import Batch
-from walkserve.models.qwen3_omni.audio_features import log_mel_batch
-from walkserve.models.qwen3_omni.generate import greedy_generate, prefill_logits
-from walkserve.models.qwen3_omni.image_processor import VisionPreprocess, preprocess_image
-from walkserve.models.qwen3_omni.thinker_request import thinker_request
-from walkserve.models.qwen3_omni.video import video_from_frames
+from walkserve.models.qwen3_omni.thinker.audio_features import log_mel_batch
+from walkserve.models.qwen3_omni.thinker.generate import greedy_generate, prefill_logits
+from walkserve.models.qwen3_omni.thinker.image_processor import VisionPreprocess, preprocess_image
+from walkserve.models.qwen3_omni.thinker.request import thinker_request
+from walkserve.models.qwen3_omni.thinker.video import video_from_frames
 
 SETTINGS = VisionPreprocess(min_pixels=32 * 32, max_pixels=128 * 128)
 
@@ -100,7 +100,7 @@ def test_greedy_tokens_equal_reference_generate(name, requests, components, hf_m
 def test_capture_and_deepstack_rows(requests, components):
     """capture[k] is the true input of layer k; deepstack only moves the visual rows' hidden states."""
     from walkserve.layers.attention import DenseAttention
-    from walkserve.models.qwen3_omni.generate import positions_tensor, thinker_inputs
+    from walkserve.models.qwen3_omni.thinker.generate import positions_tensor, thinker_inputs
 
     request, lm = requests["image"], components.lm
     embeds, deepstack = thinker_inputs(components, request)
@@ -127,7 +127,7 @@ def test_bfloat16_components_run_close_to_float32(requests, hf_dir, components):
     A few rows move more (a bf16 rounding can flip a top-2 choice of the random router), so rows are
     compared by their median error.
     """
-    from walkserve.models.qwen3_omni.weights import load_thinker_components
+    from walkserve.models.qwen3_omni.thinker.weights import load_thinker_components
 
     half = load_thinker_components(hf_dir, dtype="bfloat16", progress=False)
     request = requests["mixed"]
@@ -145,7 +145,7 @@ def _walk_pieces(components, request, merge: bool) -> torch.Tensor:
     answer's pieces take the last token too; [T - 1, V] piecewise)."""
     from walkserve.layers.attention import DenseAttention
     from walkserve.models.qwen3_omni import graph as g
-    from walkserve.models.qwen3_omni.prompt_pieces import request_inputs
+    from walkserve.models.qwen3_omni.thinker.prompt_pieces import request_inputs
 
     inputs = request_inputs(request, components.config.tokens, merge=merge)
     lm, past, parts = components.lm, {}, []
@@ -177,7 +177,7 @@ def test_merged_prefill_equals_piecewise_and_reference(name, requests, component
     """A text answer's prompt runs in one thinker pass (one clip and one image: prefill_media, the image's
     tokens and deepstack as token inputs; one video with its text: prefill_vision, deepstack at the visual
     rows of a longer chunk); a spoken answer's as text and media pieces apart. All give transformers' logits."""
-    from walkserve.models.qwen3_omni.prompt_pieces import request_inputs
+    from walkserve.models.qwen3_omni.thinker.prompt_pieces import request_inputs
 
     request = requests[name]
     tokens = components.config.tokens

@@ -32,8 +32,8 @@ from walkserve.models.qwen3_omni import memory
 from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
 from walkserve.models.qwen3_omni.graph import AUDIO_ENCODER, THINKER, VISION_ENCODER, build_graph
 from walkserve.models.qwen3_omni.processor import Qwen3OmniProcessor
-from walkserve.models.qwen3_omni.speech_config import SpeechConfig
-from walkserve.models.qwen3_omni.speech_graph import (
+from walkserve.models.qwen3_omni.speech.config import SpeechConfig
+from walkserve.models.qwen3_omni.speech.graph import (
     CODE2WAV,
     GLUE,
     PREDICTOR,
@@ -41,7 +41,7 @@ from walkserve.models.qwen3_omni.speech_graph import (
     DepthRanges,
     build_speech_graph,
 )
-from walkserve.models.qwen3_omni.speech_rules import code0_ranges
+from walkserve.models.qwen3_omni.speech.rules import code0_ranges
 from walkserve.placement.plan import Placement
 
 DEFAULT_KV_OPTIONS = {"block_size": 16}
@@ -53,7 +53,8 @@ ENCODER_MAX_BATCH = 8  # items per encoder pass: a batch holds every waiting req
 
 def _build(kind: str, path: Path, ctx: BuildContext) -> Any:
     # imports torch: only in the worker that loads it
-    from walkserve.models.qwen3_omni import speech_build, weights
+    from walkserve.models.qwen3_omni.speech import build as speech_build
+    from walkserve.models.qwen3_omni.thinker import weights
 
     builder = {THINKER: weights.build_thinker, AUDIO_ENCODER: weights.build_audio_encoder,
                VISION_ENCODER: weights.build_vision_encoder, **speech_build.BUILDERS}[kind]

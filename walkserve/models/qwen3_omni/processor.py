@@ -30,19 +30,19 @@ from walkserve.core.sampling import SamplingParams
 from walkserve.models.common.lm_config import checkpoint_eos_ids
 from walkserve.models.processor import ModelCard, TokenizedProcessor
 from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
-from walkserve.models.qwen3_omni.image_processor import VisionPreprocess
-from walkserve.models.qwen3_omni.media_inputs import (
+from walkserve.models.qwen3_omni.speech.config import SpeechConfig
+from walkserve.models.qwen3_omni.speech.request import max_frames, speech_inputs, speech_sampling
+from walkserve.models.qwen3_omni.speech.rules import voices
+from walkserve.models.qwen3_omni.thinker.image_processor import VisionPreprocess
+from walkserve.models.qwen3_omni.thinker.media_inputs import (
     MediaInputs,
     MediaSettings,
     convert_messages,
     media_from_inputs,
 )
-from walkserve.models.qwen3_omni.prompt import render_chat
-from walkserve.models.qwen3_omni.prompt_pieces import request_inputs
-from walkserve.models.qwen3_omni.speech_config import SpeechConfig
-from walkserve.models.qwen3_omni.speech_request import max_frames, speech_inputs, speech_sampling
-from walkserve.models.qwen3_omni.speech_rules import voices
-from walkserve.models.qwen3_omni.thinker_request import ThinkerRequest, thinker_request
+from walkserve.models.qwen3_omni.thinker.prompt import render_chat
+from walkserve.models.qwen3_omni.thinker.prompt_pieces import request_inputs
+from walkserve.models.qwen3_omni.thinker.request import ThinkerRequest, thinker_request
 from walkserve.models.qwen3_omni.tokenizer_files import load_tokenizer
 
 # the system prompt the model card recommends for speech output (the server never adds it)

@@ -36,9 +36,9 @@ import torch
 from walkserve.core.errors import ConfigError
 from walkserve.models.common.checkpoint import INDEX_FILE
 from walkserve.models.qwen3_omni.config import RANDOM_WEIGHTS_KEY, Qwen3OmniConfig
+from walkserve.models.qwen3_omni.thinker.weights import thinker_tensor_shapes
 from walkserve.models.qwen3_omni.tiny_layout import code2wav_tensor_shapes, talker_tensor_shapes
 from walkserve.models.qwen3_omni.tiny_tokenizer import ROLE_IDS, TOKEN_IDS, write_tiny_tokenizer
-from walkserve.models.qwen3_omni.weights import thinker_tensor_shapes
 
 CODEBOOK = 128  # real 2048
 _ROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [6, 5, 5], "interleaved": True}

@@ -3,7 +3,7 @@
 The names are those the release and transformers' ``save_pretrained`` write
 (``talker.*``, ``code2wav.*``; MoE experts one tensor set per expert), so a
 tiny checkpoint has the real layout before those modules exist here. The
-thinker's names come from its modules (``walkserve.models.qwen3_omni.weights``).
+thinker's names come from its modules (``walkserve.models.qwen3_omni.thinker.weights``).
 """
 
 from __future__ import annotations

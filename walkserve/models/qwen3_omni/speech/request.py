@@ -25,10 +25,8 @@ from walkserve.core.request import Value
 from walkserve.core.sampling import SamplingParams
 from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
 from walkserve.models.qwen3_omni.graph import WALKS_INPUT, step_key
-from walkserve.models.qwen3_omni.prompt_pieces import array
-from walkserve.models.qwen3_omni.rope_index import MediaGrids, rope_index
-from walkserve.models.qwen3_omni.speech_config import SpeechConfig
-from walkserve.models.qwen3_omni.speech_graph import (
+from walkserve.models.qwen3_omni.speech.config import SpeechConfig
+from walkserve.models.qwen3_omni.speech.graph import (
     MAX_FRAMES_PARAM,
     PREDICTOR,
     PREDICTOR_STEP,
@@ -36,7 +34,7 @@ from walkserve.models.qwen3_omni.speech_graph import (
     TALKER,
     talk_key,
 )
-from walkserve.models.qwen3_omni.speech_rules import (
+from walkserve.models.qwen3_omni.speech.rules import (
     ASSISTANT_PREFIX,
     PREDICTOR_SAMPLING,
     TALKER_SAMPLING,
@@ -45,7 +43,9 @@ from walkserve.models.qwen3_omni.speech_rules import (
     speaker_id,
     user_positions,
 )
-from walkserve.models.qwen3_omni.thinker_request import ThinkerRequest
+from walkserve.models.qwen3_omni.thinker.prompt_pieces import array
+from walkserve.models.qwen3_omni.thinker.request import ThinkerRequest
+from walkserve.models.qwen3_omni.thinker.rope_index import MediaGrids, rope_index
 
 DEFAULT_MAX_FRAMES = 4096  # transformers' talker_max_new_tokens default (327 s of audio)
 NODE_KEYS = ("thinker", "talker", "code_predictor")

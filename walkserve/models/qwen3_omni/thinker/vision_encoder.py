@@ -31,7 +31,7 @@ from torch import nn
 from walkserve.engines.spec import Batch
 from walkserve.layers.rope import apply_rotary
 from walkserve.models.qwen3_omni.config import VisionEncoderConfig
-from walkserve.models.qwen3_omni.windows import WindowLayout
+from walkserve.models.qwen3_omni.thinker.windows import WindowLayout
 
 PIXELS_SLOT = "pixel_values"  # float [t*h*w, patch_dim]
 GRID_SLOT = "grid_thw"  # int64 [3]

@@ -15,17 +15,17 @@ from typing import Any
 
 import numpy as np
 
-from walkserve.models.qwen3_omni.audio_features import log_mel_batch
 from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
-from walkserve.models.qwen3_omni.image_processor import (
+from walkserve.models.qwen3_omni.thinker.audio_features import log_mel_batch
+from walkserve.models.qwen3_omni.thinker.image_processor import (
     VisionInput,
     VisionPreprocess,
     preprocess_image,
 )
-from walkserve.models.qwen3_omni.media_tokens import audio_token_count
-from walkserve.models.qwen3_omni.prompt import expand_placeholders, render_chat
-from walkserve.models.qwen3_omni.rope_index import MediaGrids, RopeIndex, rope_index
-from walkserve.models.qwen3_omni.video import VideoInput
+from walkserve.models.qwen3_omni.thinker.media_tokens import audio_token_count
+from walkserve.models.qwen3_omni.thinker.prompt import expand_placeholders, render_chat
+from walkserve.models.qwen3_omni.thinker.rope_index import MediaGrids, RopeIndex, rope_index
+from walkserve.models.qwen3_omni.thinker.video import VideoInput
 from walkserve.models.tokenizer import Tokenizer
 
 

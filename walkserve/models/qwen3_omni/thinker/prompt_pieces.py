@@ -51,8 +51,8 @@ from walkserve.models.qwen3_omni.graph import (
     WALKS_INPUT,
     step_key,
 )
-from walkserve.models.qwen3_omni.prompt import MediaSpan, media_spans
-from walkserve.models.qwen3_omni.thinker_request import ThinkerRequest
+from walkserve.models.qwen3_omni.thinker.prompt import MediaSpan, media_spans
+from walkserve.models.qwen3_omni.thinker.request import ThinkerRequest
 
 
 def array(x: np.ndarray) -> ArrayData:

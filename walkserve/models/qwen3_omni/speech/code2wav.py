@@ -19,8 +19,8 @@ from torch import nn
 from walkserve.layers.attention import DenseAttention
 from walkserve.layers.norm import RMSNorm
 from walkserve.layers.rope import RotaryEmbedding
-from walkserve.models.qwen3_omni.code2wav_geometry import CONV_KERNEL, Code2WavGeometry
-from walkserve.models.qwen3_omni.code2wav_layers import (
+from walkserve.models.qwen3_omni.speech.code2wav_geometry import CONV_KERNEL, Code2WavGeometry
+from walkserve.models.qwen3_omni.speech.code2wav_layers import (
     CausalConv,
     CausalTransConv,
     ConvNeXtBlock,
@@ -28,7 +28,7 @@ from walkserve.models.qwen3_omni.code2wav_layers import (
     PreTransformerLayer,
     SnakeBeta,
 )
-from walkserve.models.qwen3_omni.speech_config import Code2WavConfig
+from walkserve.models.qwen3_omni.speech.config import Code2WavConfig
 
 
 def sliding_window_mask(rows: int, length: int, window: int, device: torch.device) -> torch.Tensor:

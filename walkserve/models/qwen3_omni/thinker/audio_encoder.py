@@ -27,8 +27,8 @@ from torch import nn
 
 from walkserve.engines.spec import Batch
 from walkserve.models.qwen3_omni.config import AudioEncoderConfig
-from walkserve.models.qwen3_omni.media_tokens import audio_chunk_lengths, conv_length
-from walkserve.models.qwen3_omni.windows import WindowLayout
+from walkserve.models.qwen3_omni.thinker.media_tokens import audio_chunk_lengths, conv_length
+from walkserve.models.qwen3_omni.thinker.windows import WindowLayout
 
 INPUT_SLOT = "mel"  # float [num_mel_bins, F]
 OUTPUT_NAME = "audio_embeds"  # [n_tokens, output_dim]

@@ -25,10 +25,10 @@ from walkserve.models.common.checkpoint import (
     materialize,
 )
 from walkserve.models.common.dtypes import resolve_dtype
-from walkserve.models.qwen3_omni.audio_encoder import AudioEncoder
 from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
-from walkserve.models.qwen3_omni.thinker import ThinkerLM
-from walkserve.models.qwen3_omni.vision_encoder import VisionEncoder
+from walkserve.models.qwen3_omni.thinker.audio_encoder import AudioEncoder
+from walkserve.models.qwen3_omni.thinker.lm import ThinkerLM
+from walkserve.models.qwen3_omni.thinker.vision_encoder import VisionEncoder
 
 THINKER_PREFIX = "thinker."
 AUDIO_PREFIX = "thinker.audio_tower."

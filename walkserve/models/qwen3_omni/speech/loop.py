@@ -27,8 +27,8 @@ import torch
 from walkserve.core.sampling import SamplingParams
 from walkserve.layers.attention import DenseAttention
 from walkserve.layers.sampling import Sampler, SampleRow, step_seed
-from walkserve.models.qwen3_omni.code2wav_stream import POLICY, Code2WavStream
-from walkserve.models.qwen3_omni.speech_rules import (
+from walkserve.models.qwen3_omni.speech.code2wav_stream import POLICY, Code2WavStream
+from walkserve.models.qwen3_omni.speech.rules import (
     GREEDY,
     assistant_start,
     code0_ranges,
@@ -36,8 +36,7 @@ from walkserve.models.qwen3_omni.speech_rules import (
     speaker_id,
     trailing_text,
 )
-from walkserve.models.qwen3_omni.speech_weights import SpeechModules
-from walkserve.models.qwen3_omni.talker_inputs import (
+from walkserve.models.qwen3_omni.speech.talker_inputs import (
     assistant_head,
     assistant_tail,
     decode_input,
@@ -45,6 +44,7 @@ from walkserve.models.qwen3_omni.talker_inputs import (
     text_positions,
     user_inputs,
 )
+from walkserve.models.qwen3_omni.speech.weights import SpeechModules
 from walkserve.streaming.policy import ChunkPolicy
 
 

@@ -30,8 +30,8 @@ from collections import defaultdict
 import torch
 
 from walkserve.engines.spec import Batch, Item
-from walkserve.models.qwen3_omni.code2wav import Code2Wav
-from walkserve.models.qwen3_omni.code2wav_geometry import ChunkPlan, plan_chunk
+from walkserve.models.qwen3_omni.speech.code2wav import Code2Wav
+from walkserve.models.qwen3_omni.speech.code2wav_geometry import ChunkPlan, plan_chunk
 from walkserve.streaming.policy import LeftContext
 
 INPUT_SLOT, OUTPUT_NAME = "codes", "audio"

@@ -10,12 +10,12 @@ from torch import nn
 from walkserve.engines.spec import BuildContext
 from walkserve.models.common.checkpoint import SafetensorsCheckpoint
 from walkserve.models.common.dtypes import torch_dtype
-from walkserve.models.qwen3_omni.code2wav_stream import Code2WavStream
-from walkserve.models.qwen3_omni.code_predictor import CodePredictor
-from walkserve.models.qwen3_omni.speech_config import SpeechConfig
-from walkserve.models.qwen3_omni.speech_graph import CODE2WAV, GLUE, PREDICTOR, TALKER
-from walkserve.models.qwen3_omni.speech_nodes import TalkerGlue, TalkerLM, thinker_embedding
-from walkserve.models.qwen3_omni.speech_weights import (
+from walkserve.models.qwen3_omni.speech.code2wav_stream import Code2WavStream
+from walkserve.models.qwen3_omni.speech.code_predictor import CodePredictor
+from walkserve.models.qwen3_omni.speech.config import SpeechConfig
+from walkserve.models.qwen3_omni.speech.graph import CODE2WAV, GLUE, PREDICTOR, TALKER
+from walkserve.models.qwen3_omni.speech.nodes import TalkerGlue, TalkerLM, thinker_embedding
+from walkserve.models.qwen3_omni.speech.weights import (
     load_code2wav,
     load_code_predictor,
     load_talker,

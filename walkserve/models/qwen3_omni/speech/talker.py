@@ -28,7 +28,7 @@ from walkserve.layers.moe import SparseMoE
 from walkserve.layers.norm import RMSNorm
 from walkserve.layers.rope import RotaryEmbedding
 from walkserve.models.common.decoder import Attention
-from walkserve.models.qwen3_omni.speech_config import TalkerConfig
+from walkserve.models.qwen3_omni.speech.config import TalkerConfig
 
 
 class ResizeMLP(nn.Module):

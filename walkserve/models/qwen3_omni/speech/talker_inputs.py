@@ -32,10 +32,10 @@ from dataclasses import dataclass
 
 import torch
 
-from walkserve.models.qwen3_omni.code_predictor import CodePredictor
-from walkserve.models.qwen3_omni.speech_config import SpeechTokens
-from walkserve.models.qwen3_omni.speech_rules import ASSISTANT_PREFIX, user_positions
-from walkserve.models.qwen3_omni.talker import Talker
+from walkserve.models.qwen3_omni.speech.code_predictor import CodePredictor
+from walkserve.models.qwen3_omni.speech.config import SpeechTokens
+from walkserve.models.qwen3_omni.speech.rules import ASSISTANT_PREFIX, user_positions
+from walkserve.models.qwen3_omni.speech.talker import Talker
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from walkserve.models.qwen3_omni.config import OmniTokenIds
-from walkserve.models.qwen3_omni.media_tokens import audio_token_count, vision_token_count
+from walkserve.models.qwen3_omni.thinker.media_tokens import audio_token_count, vision_token_count
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from walkserve.models.qwen3_omni.image_processor import (
+from walkserve.models.qwen3_omni.thinker.image_processor import (
     VisionInput,
     VisionPreprocess,
     preprocess_video,

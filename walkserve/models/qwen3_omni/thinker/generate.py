@@ -13,10 +13,10 @@ import torch
 
 from walkserve.engines.spec import Batch
 from walkserve.layers.attention import DenseAttention
-from walkserve.models.qwen3_omni import audio_encoder, vision_encoder
-from walkserve.models.qwen3_omni.prompt import media_spans
-from walkserve.models.qwen3_omni.thinker_request import ThinkerRequest
-from walkserve.models.qwen3_omni.weights import ThinkerComponents
+from walkserve.models.qwen3_omni.thinker import audio_encoder, vision_encoder
+from walkserve.models.qwen3_omni.thinker.prompt import media_spans
+from walkserve.models.qwen3_omni.thinker.request import ThinkerRequest
+from walkserve.models.qwen3_omni.thinker.weights import ThinkerComponents
 
 
 def encode_media(components: ThinkerComponents, request: ThinkerRequest) -> dict[str, list]:

@@ -20,8 +20,8 @@ from walkserve.layers.attention import AttentionContext
 from walkserve.layers.mlp import SwiGLU
 from walkserve.layers.norm import RMSNorm
 from walkserve.models.common.decoder import Attention
-from walkserve.models.qwen3_omni.code2wav_geometry import CONV_KERNEL, RESIDUAL_DILATIONS
-from walkserve.models.qwen3_omni.speech_config import Code2WavConfig
+from walkserve.models.qwen3_omni.speech.code2wav_geometry import CONV_KERNEL, RESIDUAL_DILATIONS
+from walkserve.models.qwen3_omni.speech.config import Code2WavConfig
 
 SNAKE_EPS = 1e-9
 

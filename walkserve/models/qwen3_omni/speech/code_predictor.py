@@ -21,7 +21,7 @@ from torch import nn
 
 from walkserve.layers.linear import CheckpointParts, Linear
 from walkserve.models.common.decoder import CausalLM
-from walkserve.models.qwen3_omni.speech_config import CodePredictorConfig
+from walkserve.models.qwen3_omni.speech.config import CodePredictorConfig
 
 
 class StackedEmbedding(nn.Embedding):

@@ -23,11 +23,11 @@ from walkserve.core.errors import ConfigError
 from walkserve.models.common.checkpoint import SafetensorsCheckpoint, load_into, materialize
 from walkserve.models.common.dtypes import torch_dtype
 from walkserve.models.common.safetensors_files import ITEMSIZE
-from walkserve.models.qwen3_omni.code2wav import Code2Wav
-from walkserve.models.qwen3_omni.code_predictor import CodePredictor
-from walkserve.models.qwen3_omni.speech_config import SpeechConfig
-from walkserve.models.qwen3_omni.talker import Talker
-from walkserve.models.qwen3_omni.talker_inputs import TextSpecials
+from walkserve.models.qwen3_omni.speech.code2wav import Code2Wav
+from walkserve.models.qwen3_omni.speech.code_predictor import CodePredictor
+from walkserve.models.qwen3_omni.speech.config import SpeechConfig
+from walkserve.models.qwen3_omni.speech.talker import Talker
+from walkserve.models.qwen3_omni.speech.talker_inputs import TextSpecials
 
 TALKER, PREDICTOR, CODE2WAV = "talker.", "talker.code_predictor.", "code2wav."
 THINKER_EMBED = "thinker.model.embed_tokens.weight"

@@ -25,14 +25,14 @@ import numpy as np
 
 from walkserve.core.array import ArrayData
 from walkserve.core.errors import InvalidRequest
-from walkserve.models.qwen3_omni.audio_features import SAMPLE_RATE, log_mel_batch
-from walkserve.models.qwen3_omni.audio_load import resample
-from walkserve.models.qwen3_omni.image_processor import (
+from walkserve.models.qwen3_omni.thinker.audio_features import SAMPLE_RATE, log_mel_batch
+from walkserve.models.qwen3_omni.thinker.audio_load import resample
+from walkserve.models.qwen3_omni.thinker.image_processor import (
     VisionInput,
     VisionPreprocess,
     preprocess_image,
 )
-from walkserve.models.qwen3_omni.video import (
+from walkserve.models.qwen3_omni.thinker.video import (
     DEFAULT_FPS,
     MAX_FRAMES,
     VideoInput,

@@ -24,10 +24,10 @@ from torch import nn
 from walkserve.engines.spec import Batch, Item
 from walkserve.layers.attention import AttentionContext
 from walkserve.models.common.checkpoint import SafetensorsCheckpoint
-from walkserve.models.qwen3_omni.code_predictor import StackedEmbedding
-from walkserve.models.qwen3_omni.speech_config import SpeechConfig
-from walkserve.models.qwen3_omni.speech_graph import FRAME, PREDICTOR_IN, TALKER_IN
-from walkserve.models.qwen3_omni.talker import Talker
+from walkserve.models.qwen3_omni.speech.code_predictor import StackedEmbedding
+from walkserve.models.qwen3_omni.speech.config import SpeechConfig
+from walkserve.models.qwen3_omni.speech.graph import FRAME, PREDICTOR_IN, TALKER_IN
+from walkserve.models.qwen3_omni.speech.talker import Talker
 
 
 class TalkerLM(nn.Module):
@@ -121,7 +121,7 @@ def thinker_embedding(path: str | Path, device, dtype: torch.dtype) -> nn.Embedd
     """The thinker's input embedding table (``thinker.model.embed_tokens``), which the talker's text part reads."""
     from safetensors import safe_open
 
-    from walkserve.models.qwen3_omni.speech_weights import THINKER_EMBED
+    from walkserve.models.qwen3_omni.speech.weights import THINKER_EMBED
 
     files = SafetensorsCheckpoint(path).files
     with safe_open(files[THINKER_EMBED], framework="pt", device="cpu") as f:
