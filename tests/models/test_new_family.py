@@ -106,7 +106,8 @@ def test_the_family_is_unknown_until_installed():
 
 
 @pytest.mark.slow
-def test_an_entry_point_family_is_served_end_to_end(installed):
+@pytest.mark.usefixtures("installed")
+def test_an_entry_point_family_is_served_end_to_end():
     from walkserve.core.array import ArrayData
     from walkserve.core.config import RuntimeConfig
     from walkserve.entrypoint.sync import Engine
