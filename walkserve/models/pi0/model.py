@@ -30,7 +30,7 @@ from walkserve.core.errors import ConfigError
 from walkserve.engines.spec import BuildContext, ComponentSpec
 from walkserve.graph.walk import WalkGraph
 from walkserve.models.base import Model, ModelRef
-from walkserve.models.common.kv_sizing import kv_pool_bytes as pool_bytes
+from walkserve.models.common.kv_sizing import kv_pool_bytes
 from walkserve.models.pi0.config import KINDS, PolicyConfig
 from walkserve.models.pi0.graph import EXPERT, FLOW_HEAD, LM, VISION, build_graph
 from walkserve.models.pi0.processor import PolicyProcessor
@@ -39,11 +39,6 @@ from walkserve.models.pi0.sizes import component_bytes, kv_bytes_per_token
 KV_SHARE = "paligemma"  # the VLM and the expert: one pool, the expert reads the VLM's layer-l K/V at its layer l
 DEFAULT_KV_OPTIONS: Mapping[str, Any] = {"block_size": 16}
 DEFAULT_MAX_BATCH = 64
-
-
-def kv_pool_bytes(config: PolicyConfig, options: Mapping[str, Any], device: str, free_bytes: int | None) -> int:
-    """The shared pool's size on ``device`` for the memory check: as the options give it, else the device default."""
-    return pool_bytes(options, kv_bytes_per_token(config), device, free_bytes)
 
 
 def _build(part: str, path: Path, ctx: BuildContext) -> Any:
@@ -83,7 +78,7 @@ class RobotPolicy(Model):
         return {
             VISION: spec(VISION, "stateless", options=batch),
             LM: spec(LM, "kv", stateful=True, options=kv, kv_share=KV_SHARE,
-                     state_bytes=partial(kv_pool_bytes, self.config, kv)),
+                     state_bytes=partial(kv_pool_bytes, kv, kv_bytes_per_token(self.config))),
             EXPERT: spec(EXPERT, "kv", stateful=True, options=kv, kv_share=KV_SHARE),  # its pool is the lm's
             FLOW_HEAD: spec(FLOW_HEAD, "stateless", options=batch),
         }

@@ -29,6 +29,7 @@ from walkserve.engines.spec import BuildContext, ComponentSpec
 from walkserve.graph.walk import WalkGraph
 from walkserve.models.base import Model, ModelRef
 from walkserve.models.common.config_files import checkpoint_dir
+from walkserve.models.common.kv_sizing import kv_pool_bytes
 from walkserve.models.common.memory_report import components_per_rank
 from walkserve.models.vjepa2 import memory
 from walkserve.models.vjepa2.config import VJEPA2ACConfig, read_config
@@ -46,11 +47,6 @@ def kv_options(config: VJEPA2ACConfig, overrides: Mapping[str, Any] | None) -> d
     """The predictor's KV engine options: a block per step, room for a CEM step in one forward."""
     return {"block_size": config.predictor.tokens_per_step, "max_batch_tokens": MAX_BATCH_TOKENS,
             **dict(overrides or {})}
-
-
-def kv_pool_bytes(config: VJEPA2ACConfig, options: Mapping[str, Any], device: str, free_bytes: int | None) -> int:
-    """The KV pool the predictor allocates on ``device``, for the placement's memory check."""
-    return memory.kv_pool_bytes(options, memory.kv_bytes_per_token(config.predictor, config.dtype), device, free_bytes)
 
 
 def _builder(name: str, path: Path):
@@ -105,10 +101,10 @@ class VJEPA2(Model):
         if not self.ac:
             return out
         kv = kv_options(self.config, options.get("kv"))
+        per_token = memory.kv_bytes_per_token(self.config.predictor, self.config.dtype)
         out["predictor"] = ComponentSpec("predictor", "kv", _builder("predictor", path),
                                          weight_bytes=memory.weight_bytes(path, "predictor"),
-                                         state_bytes=partial(kv_pool_bytes, self.config, kv), stateful=True,
-                                         options=kv)
+                                         state_bytes=partial(kv_pool_bytes, kv, per_token), stateful=True, options=kv)
         out["stepper"] = ComponentSpec("stepper", "stateless", _builder("stepper", path))
         out["planner"] = ComponentSpec("planner", "stateless", _builder("planner", path))
         return out
