@@ -21,6 +21,7 @@ import pytest
 
 from walkserve.core.request import RequestSpec, Value
 from walkserve.core.sampling import SamplingParams
+from walkserve.engines.spec import BuildContext, ComponentSpec
 from walkserve.graph import (
     Client,
     DynamicLoop,
@@ -33,7 +34,7 @@ from walkserve.graph import (
     WalkStart,
 )
 from walkserve.models import registry
-from walkserve.models.base import BuildContext, ComponentSpec, Model, ModelRef
+from walkserve.models.base import Model, ModelRef
 from walkserve.testing.fixtures.base import FunctionComponent
 
 FAMILY = "countdown"
