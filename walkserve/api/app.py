@@ -11,7 +11,7 @@ from walkserve.api.drain import DrainMiddleware
 from walkserve.api.handlers import install_error_handlers, install_fallback_handler
 from walkserve.api.http_metrics import HttpMetricsMiddleware
 from walkserve.api.route import StrictRoute
-from walkserve.api.routes import audio, embeddings, images, native, openpi, system, text
+from walkserve.api.routes import audio, embeddings, images, native, openpi, system, text, transcriptions
 from walkserve.api.state import AppState
 from walkserve.entrypoint.interface import EngineClient
 
@@ -29,7 +29,7 @@ def build_app(engine: EngineClient, config: ServerConfig | None = None) -> FastA
     app = FastAPI(title="walkserve", version="0.1.0", description=DESCRIPTION, docs_url="/docs", redoc_url=None)
     app.router.route_class = StrictRoute
     app.state.walkserve = state
-    for module in (system, text, audio, images, native, embeddings, openpi):
+    for module in (system, text, audio, transcriptions, images, native, embeddings, openpi):
         app.include_router(module.routes)
     install_error_handlers(app)
     install_fallback_handler(app)
