@@ -40,6 +40,8 @@ ROUTE_USES = {
     "/v1/completions": (r"(?<!\.chat)\.completions\.create\(", r"\bclient\.completions(_stream)?\("),
     "/v1/chat/completions": (r"\.chat\.completions\.create\(", r"\bclient\.chat(_stream)?\("),
     "/v1/audio/speech": (r"\.audio\.speech\.", r"\bclient\.speech(_stream|_to_file)?\("),
+    "/v1/audio/transcriptions": (r"\.audio\.transcriptions\.create\(",),
+    "/v1/audio/translations": (r"\.audio\.translations\.create\(",),
     "/v1/images/generations": (r"\.images\.generate\(", r"\bclient\.images\("),
     "/v1/images/edits": (r"\.images\.edit\(", r"\bclient\.image_edit\("),
     "/v1/generate": (r"\bclient\.generate\(",),
@@ -63,7 +65,8 @@ def test_every_route_has_examples() -> None:
 
 
 @pytest.mark.parametrize("route, stem", [("/v1/completions", "completions"), ("/v1/generate", "generate"),
-                                         ("/v1/images/generations", "images"), ("/v1/chat/completions", "chat")])
+                                         ("/v1/images/generations", "images"), ("/v1/chat/completions", "chat"),
+                                         ("/v1/audio/translations", "transcriptions")])
 def test_a_route_whose_examples_are_removed_is_missing(route: str, stem: str) -> None:
     """The check cannot be fooled by a neighbour: chat/completions is not completions, images/generations is not generate."""
     kept = [p for p in PYTHON + CURL if not p.stem.startswith(stem)]

@@ -37,7 +37,8 @@ def check(case, statuses: Counter) -> None:
 
 def test_schema_lists_every_route(operations: list) -> None:
     paths = {(op.method.upper(), op.path) for op in operations}
-    for route in ("/v1/completions", "/v1/chat/completions", "/v1/audio/speech", "/v1/images/generations",
+    for route in ("/v1/completions", "/v1/chat/completions", "/v1/audio/speech", "/v1/audio/transcriptions",
+                  "/v1/audio/translations", "/v1/images/generations",
                   "/v1/images/edits", "/v1/generate"):
         assert ("POST", route) in paths
     assert ("GET", "/health") in paths and ("GET", "/v1/models") in paths and ("GET", "/metrics") in paths

@@ -11,7 +11,16 @@ from walkserve.api.drain import DrainMiddleware
 from walkserve.api.handlers import install_error_handlers, install_fallback_handler
 from walkserve.api.http_metrics import HttpMetricsMiddleware
 from walkserve.api.route import StrictRoute
-from walkserve.api.routes import audio, embeddings, images, native, openpi, system, text, transcriptions
+from walkserve.api.routes import (
+    audio,
+    embeddings,
+    images,
+    native,
+    openpi,
+    system,
+    text,
+    transcriptions,
+)
 from walkserve.api.state import AppState
 from walkserve.entrypoint.interface import EngineClient
 

@@ -9,7 +9,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from walkserve.api.openai.transcript_formats import MEDIA_TYPES, render
-from walkserve.api.openai.transcriptions import ROUTES, TranscriptionForm, plan_transcription, transcribe, transcription_events
+from walkserve.api.openai.transcriptions import (
+    ROUTES,
+    TranscriptionForm,
+    plan_transcription,
+    transcribe,
+    transcription_events,
+)
 from walkserve.api.routes.common import ERRORS, collect, router, stream
 from walkserve.api.sse import sse_error
 from walkserve.api.state import app_state
