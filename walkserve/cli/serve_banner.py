@@ -12,6 +12,8 @@ ROUTES = (
     ("POST", "/v1/completions", ("completions",)),
     ("POST", "/v1/chat/completions", ("chat",)),
     ("POST", "/v1/audio/speech", ("speech",)),
+    ("POST", "/v1/audio/transcriptions", ("audio_in",)),
+    ("POST", "/v1/audio/translations", ("audio_in",)),
     ("POST", "/v1/images/generations", ("images",)),
     ("POST", "/v1/images/edits", ("image_edit",)),
     ("POST", "/v1/generate", ("generate", "completions", "chat", "speech", "images", "encode")),

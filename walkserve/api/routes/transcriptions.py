@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from walkserve.api.openai.transcript_formats import MEDIA_TYPES, render
+from walkserve.api.openai.transcription_prompt import LANGUAGES
 from walkserve.api.openai.transcriptions import (
     ROUTES,
     TranscriptionForm,
@@ -27,7 +28,7 @@ TEXT_RESPONSE = {200: {"description": "json/verbose_json: a JSON object; text/sr
                                       "(transcript.text.delta events, then transcript.text.done)",
                        "content": {"application/json": {}, "text/plain": {}, "text/vtt": {}, "text/event-stream": {}}}}
 FILE_DOC = "The audio file: wav, flac, mp3, ogg (what libsndfile decodes)."
-LANGUAGE_DOC = "ISO-639-1 code of the audio's language (a hint put into the prompt)."
+LANGUAGE_DOC = f"ISO-639-1 code of the audio's language (a hint put into the prompt): {', '.join(LANGUAGES)}."
 PROMPT_DOC = "Text to guide spelling and style (e.g. the previous segment's transcript); put into the prompt."
 TEMPERATURE_DOC = "Sampling temperature; 0 (the default) is greedy."
 
