@@ -145,3 +145,22 @@ async def test_json_body_is_refused() -> None:
         response = await client.post("/v1/audio/transcriptions", json={"file": "x"})
     assert response.status_code in (400, 415)
     assert_envelope(response, response.status_code)
+
+
+async def test_metrics_name_the_route() -> None:
+    async with asgi_client() as client:
+        for route in ("/v1/audio/transcriptions", "/v1/audio/translations"):
+            assert (await client.post(route, files=files())).status_code == 200
+        text = (await client.get("/metrics")).text
+    for route in ("/v1/audio/transcriptions", "/v1/audio/translations"):
+        assert f'walkserve_e2e_request_latency_seconds_count{{route="{route}"}} 1.0' in text
+
+
+@pytest.mark.parametrize("fmt", ["FLAC", "OGG"])
+async def test_other_containers(fmt: str) -> None:
+    buffer = io.BytesIO()
+    sf.write(buffer, np.zeros(16000, np.float32) + 0.01, 16000, format=fmt)
+    upload = {"file": (f"clip.{fmt.lower()}", buffer.getvalue(), "application/octet-stream")}
+    response = await post(data={"response_format": "verbose_json"}, upload=upload)
+    assert response.status_code == 200, response.text
+    assert response.json()["duration"] == 1.0
