@@ -16,6 +16,7 @@ import soundfile as sf
 
 from walkserve.api.openai.transcript_formats import cue_text, srt, timestamp, vtt
 from walkserve.api.openai.transcription_prompt import instruction, transcription_messages
+from walkserve.api.schemas.transcriptions import TranscriptionJson, TranscriptionVerboseJson
 from walkserve.testing.fake_engine import FakeEngine, FakeEngineConfig
 
 from .helpers import asgi_client, assert_envelope
@@ -63,6 +64,7 @@ async def test_json_is_the_chat_answer_to_the_prompt(route: str, task: str) -> N
         assert body["text"] != await chat_answer(client, task, "French", "Bahnhof")  # the hint reaches the prompt
         assert body["text"] != await chat_answer(client, task, "German", None)  # and so does the client's prompt
     assert body["usage"]["type"] == "tokens" and body["usage"]["output_tokens"] > 0
+    assert TranscriptionJson.model_validate(body).model_dump() == body  # the OpenAPI document's shape, exactly
     assert body["usage"]["total_tokens"] == body["usage"]["input_tokens"] + body["usage"]["output_tokens"]
 
 
@@ -87,6 +89,7 @@ async def test_verbose_json() -> None:
     assert body["segments"] == [{"id": 0, "seek": 0, "start": 0.0, "end": SECONDS, "text": body["text"],
                                  "temperature": 0.0, "compression_ratio": body["segments"][0]["compression_ratio"]}]
     assert body["segments"][0]["compression_ratio"] > 0
+    assert TranscriptionVerboseJson.model_validate(body).model_dump() == body  # the OpenAPI document's shape, exactly
     translated = (await post("/v1/audio/translations", data={"response_format": "verbose_json"})).json()
     assert translated["task"] == "translate" and translated["language"] == "unknown"
 

@@ -18,13 +18,14 @@ from walkserve.api.openai.transcriptions import (
     transcription_events,
 )
 from walkserve.api.routes.common import ERRORS, collect, router, stream
+from walkserve.api.schemas.transcriptions import TranscriptionJson, TranscriptionVerboseJson
 from walkserve.api.sse import sse_error
 from walkserve.api.state import app_state
 
 routes = router()
 
 ResponseFormat = Literal["json", "text", "srt", "verbose_json", "vtt"]
-TEXT_RESPONSE = {200: {"description": "json/verbose_json: a JSON object; text/srt: text; vtt: WebVTT; stream=true: SSE "
+TEXT_RESPONSE = {200: {"model": TranscriptionJson | TranscriptionVerboseJson, "description": "json/verbose_json: a JSON object; text/srt: text; vtt: WebVTT; stream=true: SSE "
                                       "(transcript.text.delta events, then transcript.text.done)",
                        "content": {"application/json": {}, "text/plain": {}, "text/vtt": {}, "text/event-stream": {}}}}
 FILE_DOC = "The audio file: wav, flac, mp3, ogg (what libsndfile decodes)."
