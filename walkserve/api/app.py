@@ -17,6 +17,7 @@ from walkserve.api.routes import (
     images,
     native,
     openpi,
+    playground,
     system,
     text,
     transcriptions,
@@ -38,7 +39,7 @@ def build_app(engine: EngineClient, config: ServerConfig | None = None) -> FastA
     app = FastAPI(title="walkserve", version="0.1.0", description=DESCRIPTION, docs_url="/docs", redoc_url=None)
     app.router.route_class = StrictRoute
     app.state.walkserve = state
-    for module in (system, text, audio, transcriptions, images, native, embeddings, openpi):
+    for module in (system, text, audio, transcriptions, images, native, embeddings, openpi, playground):
         app.include_router(module.routes)
     install_error_handlers(app)
     install_fallback_handler(app)
