@@ -302,6 +302,24 @@ async def test_metrics_count_client_errors() -> None:
         assert 'walkserve_http_responses_total{route="/v1/completions",status="400"} 1.0' in text
 
 
+async def test_image_edit_form_seed_is_a_number_in_text() -> None:
+    """A multipart field is text: ``seed=7`` must reach the request as the integer 7 (and seed 8 for the 2nd image)."""
+    seen = []
+
+    class Recording(FakeEngine):
+        def generate(self, request):
+            seen.append(request.sampling.seed)
+            return super().generate(request)
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (2, 2)).save(buffer, format="PNG")
+    files = {"image": ("a.png", buffer.getvalue(), "image/png")}
+    async with asgi_client(Recording(FakeEngineConfig(images=True))) as client:
+        response = await client.post("/v1/images/edits", data={"prompt": "x", "seed": "7", "n": "2"}, files=files)
+    assert response.status_code == 200, response.text
+    assert seen == [7, 8]
+
+
 def test_httpx_is_the_transport() -> None:
     assert httpx.__version__  # the tests above run the app in-process through httpx.ASGITransport
 

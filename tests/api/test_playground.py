@@ -57,3 +57,13 @@ def test_websocket_on_root_is_still_openpi():
     with TestClient(app) as client, pytest.raises(WebSocketDisconnect) as refused, client.websocket_connect("/"):
         pass
     assert refused.value.code == POLICY_VIOLATION
+
+
+@pytest.mark.parametrize(("ci", "outcome"), [("true", pytest.fail.Exception), ("", pytest.skip.Exception)])
+def test_browser_tests_fail_in_ci_without_a_browser(monkeypatch, ci, outcome):
+    from tests.api import browser
+
+    monkeypatch.setattr(browser, "CHROMIUM", "/nonexistent/chromium")
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match="chromium"), browser.chromium():
+        pass

@@ -93,6 +93,7 @@ async function sendChat() {
     model: card.id, messages: [...history, { role: "user", content }], stream: true,
     stream_options: { include_usage: true }, max_completion_tokens: Number($("chat-max-tokens").value) || 32,
   };
+  if ($("chat-temperature").value !== "") request.temperature = Number($("chat-temperature").value);
   if (speak) Object.assign(request, { modalities: ["text", "audio"], audio: { voice: card.default_voice, format: "pcm16" } });
   logLine("user", text);
   const answer = logLine("assistant", "");
