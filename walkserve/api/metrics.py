@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from walkserve.api.graph_metrics import graph_families
 from walkserve.entrypoint.interface import EngineClient
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -44,6 +45,7 @@ class EngineStatsCollector:
         yield CounterMetricFamily("walkserve_preemptions", "Requests preempted for KV space.", value=stats.preemptions)
         yield from self._nodes(stats.nodes)
         yield from self._engines(stats.engines)
+        yield from graph_families(stats)
 
     def _nodes(self, nodes: dict[str, dict[str, float]]) -> Iterator[Metric]:
         size = GaugeMetricFamily("walkserve_node_batch_size_mean", "Mean items per batch.", labels=["node"])

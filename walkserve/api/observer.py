@@ -40,7 +40,7 @@ class RequestObserver:
         reason = str(finished.reason) if finished is not None else "abort"
         self.metrics.finished.labels(self.route, reason).inc()
         self.metrics.e2e.labels(self.route).observe(elapsed)
-        queue = (finished.timings or {}).get("queue") if finished is not None else None
+        queue = (finished.timings or {}).get("queue_s") if finished is not None else None
         if isinstance(queue, (int, float)):
             self.metrics.queue.labels(self.route).observe(max(0.0, float(queue)))
         if self.audio_samples and self.sample_rate:

@@ -40,6 +40,13 @@ class RuntimeStats:
     # per engine/component extra gauges
     engines: dict[str, dict[str, float]] = field(default_factory=dict)
     requests_with_state: int = 0
+    # per (node, rank): {"batches", "items", "busy_s"}; per (component, rank): the engine's stats;
+    # per rank: its gauges ("inflight" firings, "requests", ...); per (rank, peer): what it sent that peer
+    # ({"messages", "tensors", "bytes", "seconds"}). Ranks and nodes are few: the labels stay bounded.
+    node_ranks: dict[tuple[str, int], dict[str, float]] = field(default_factory=dict)
+    engine_ranks: dict[tuple[str, int], dict[str, float]] = field(default_factory=dict)
+    rank_gauges: dict[int, dict[str, float]] = field(default_factory=dict)
+    transfers: dict[tuple[int, int], dict[str, float]] = field(default_factory=dict)
 
 
 class EngineClient(ABC):

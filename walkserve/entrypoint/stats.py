@@ -7,6 +7,23 @@ from typing import Any
 
 from walkserve.entrypoint.interface import RuntimeStats
 
+RANK_GAUGES = ("walk_states", "requests", "engine_state", "inflight", "cohort_members", "early")
+
+
+def _numbers(values: dict) -> dict[str, float]:
+    return {k: float(v) for k, v in values.items() if isinstance(v, (int, float))}
+
+
+def _per_rank(stats: RuntimeStats, rank: int, w: dict[str, Any]) -> None:
+    """One worker's report, kept apart from the others (per node and rank, per component and rank, per peer)."""
+    for node, s in (w.get("nodes") or {}).items():
+        stats.node_ranks[(node, rank)] = _numbers(s)
+    for comp, e in (w.get("engines") or {}).items():
+        stats.engine_ranks[(comp, rank)] = _numbers(e)
+    stats.rank_gauges[rank] = {k: float(w.get(k, 0)) for k in RANK_GAUGES}
+    for peer, sent in (w.get("sent_to") or {}).items():
+        stats.transfers[(rank, int(peer))] = _numbers(sent)
+
 
 def runtime_stats(snapshot: dict[str, Any]) -> RuntimeStats:
     counters = snapshot.get("counters", {})
@@ -18,13 +35,13 @@ def runtime_stats(snapshot: dict[str, Any]) -> RuntimeStats:
             for k in ("batches", "items", "busy_s"):
                 nodes[node][k] += float(s.get(k, 0.0))
         for comp, e in (w.get("engines") or {}).items():
-            engines[f"{comp}@rank{rank}"] = {k: float(v) for k, v in e.items() if isinstance(v, (int, float))}
+            engines[f"{comp}@rank{rank}"] = _numbers(e)
             kv_used += int(e.get("kv_blocks_used", 0))
             kv_total += int(e.get("kv_blocks_total", 0))
             preemptions += int(e.get("preemptions", 0))
         state += int(w.get("walk_states", 0)) + int(w.get("engine_state", 0)) + int(w.get("inflight", 0))
         state += int(w.get("early", 0)) + int(w.get("cohort_members", 0))
-    return RuntimeStats(
+    stats = RuntimeStats(
         running=int(snapshot.get("running", 0)),
         waiting=int(snapshot.get("waiting", 0)),
         finished=int(counters.get("finished", 0)),
@@ -38,3 +55,6 @@ def runtime_stats(snapshot: dict[str, Any]) -> RuntimeStats:
         engines=engines,
         requests_with_state=state,
     )
+    for rank, w in (snapshot.get("workers") or {}).items():
+        _per_rank(stats, int(rank), w)
+    return stats

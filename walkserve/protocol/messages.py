@@ -354,6 +354,8 @@ class RankStats(msgspec.Struct, kw_only=True):
     shm_sent: int = 0
     shm_to: dict[int, int] = {}  # tensors sent through shared memory, per destination rank
     inline_to: dict[int, int] = {}  # tensors sent inside frames, per destination rank
+    # per destination rank: messages, tensors, bytes (tensor payload) and seconds (packing, encoding, sending)
+    sent_to: dict[int, dict[str, float]] = {}
     address: str = ""  # the inbox it bound
     node: str = ""  # its RankSite's node and host
     host: str = ""

@@ -121,7 +121,7 @@ class _Run:
         now = time.monotonic()
         usage = {"prompt_tokens": len(self.prompt), "completion_tokens": self.text_tokens}
         timings = {
-            "queue": self.t_start - self.t_arrive,
+            "queue_s": self.t_start - self.t_arrive,
             "first_output": (self.t_first or now) - self.t_arrive,
             "total": now - self.t_arrive,
         }

@@ -10,6 +10,7 @@ counted, never executed.
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 
 import zmq
@@ -69,6 +70,7 @@ class Outbox:
         self.addresses: dict[object, str] = {}
         self.sockets: dict[object, zmq.Socket] = {}
         self.pending: dict[object, list[Message]] = defaultdict(list)
+        self.send_s: dict[object, float] = defaultdict(float)  # per peer: time spent encoding and sending (metrics)
 
     def connect(self, peer: object, address: str) -> None:
         old = self.sockets.pop(peer, None)
@@ -91,7 +93,9 @@ class Outbox:
                 if sock is None:
                     log.warning("dropping %d message(s) for unknown peer %r", len(messages), peer)
                 else:
+                    t0 = time.perf_counter()
                     sock.send(encode(self.token, messages), copy=False)
+                    self.send_s[peer] += time.perf_counter() - t0
         self.pending.clear()
 
     def send_now(self, peer: object, message: Message) -> None:

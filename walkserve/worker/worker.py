@@ -57,6 +57,7 @@ class Worker:
         self.codec = TensorCodec(site.shm_id or spec.run_id, f"r{rank}")
         self.shm_to: dict[int, int] = defaultdict(int)  # tensors sent through shared memory, per rank
         self.inline_to: dict[int, int] = defaultdict(int)  # tensors sent inside frames, per rank
+        self.sent_to: dict[int, list[float]] = defaultdict(lambda: [0, 0, 0, 0.0])  # messages, tensors, bytes, pack s
         self.executor = Executor(
             rank, graph, engines, concat, placement, batched=spec.config.cohorts, convert=(to_array, to_tensor)
         )
@@ -148,17 +149,23 @@ class Worker:
                 conductor.append(msg)
                 continue
             inline = nodes.get(dest[1]) != node  # another node, or not known yet: inside the frame
-            shm = codec.shm_sent
+            shm, t0 = codec.shm_sent, time.perf_counter()
             packed = pack(msg, codec, inline)
-            tensors = _tensors(packed)
+            tensors, nbytes = _tensors(packed)
             if tensors:
                 (self.inline_to if codec.shm_sent == shm else self.shm_to)[dest[1]] += tensors
             self.outbox.put(dest, packed)
+            sent = self.sent_to[dest[1]]
+            sent[0], sent[1], sent[2] = sent[0] + 1, sent[1] + tensors, sent[2] + nbytes
+            sent[3] += time.perf_counter() - t0
         return conductor
 
     def _site_stats(self, stats: m.RankStats) -> None:
         stats.shm_sent, stats.bad_frames = self.codec.shm_sent, self.inbox.bad_frames
         stats.shm_to, stats.inline_to = dict(self.shm_to), dict(self.inline_to)
+        send_s = self.outbox.send_s
+        stats.sent_to = {rank: {"messages": n, "tensors": t, "bytes": b, "seconds": s + send_s.get(("rank", rank), 0.0)}
+                         for rank, (n, t, b, s) in self.sent_to.items()}
         stats.address, stats.node, stats.host = self.inbox.address, self.site.node, self.site.host
 
     def on_peers(self, msg: m.Peers) -> None:
@@ -183,10 +190,10 @@ class Worker:
         self._last_stats = min(self._last_stats, time.monotonic() - STATS_INTERVAL_S + 0.05)
 
 
-def _tensors(msg: m.Message) -> int:
-    """Tensors a packed message carries (a stacked step counts once)."""
+def _tensors(msg: m.Message) -> tuple[int, int]:
+    """(tensors, their bytes) a packed message carries (a stacked step counts once)."""
     stacked = getattr(msg, "stacked", None)
     if stacked is not None:
-        return 1
-    values = getattr(msg, "values", None)
-    return sum(isinstance(v, m.TensorMsg) for v in values) if values else 0
+        return 1, stacked.nbytes
+    tensors = [v for v in getattr(msg, "values", None) or () if isinstance(v, m.TensorMsg)]
+    return len(tensors), sum(t.nbytes for t in tensors)
