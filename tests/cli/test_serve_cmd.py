@@ -17,7 +17,7 @@ from tests.api.real_server import OutputReader, alive, descendants, segments_of,
 from walkserve.cli import embedded
 from walkserve.cli.main import build_parser, main
 from walkserve.cli.placement_arg import placement_path, shipped_placements
-from walkserve.cli.serve_banner import base_url, routes_for, try_command
+from walkserve.cli.serve_banner import base_url, ready_banner, routes_for, try_command
 from walkserve.cli.serve_cmd import one_line, runtime_config, server_config
 from walkserve.cli.serve_target import ORPHEUS_MIN_VOCAB, resolve_target
 from walkserve.core.errors import ConfigError, PlacementError
@@ -235,6 +235,13 @@ def test_banner_routes_and_a_working_command():
     assert "/v1/chat/completions" in authed and "Bearer $WALKSERVE_API_KEY" in authed
     assert base_url("0.0.0.0", 80) == "http://127.0.0.1:80" and base_url("::", 81) == "http://[::1]:81"
     assert try_command(ModelCard("n", "x", frozenset()), "http://h", False) is None
+
+
+def test_banner_points_at_the_playground():
+    card = ModelCard("o", "orpheus", frozenset({"speech"}))
+    banner = ready_banner(card, "http://127.0.0.1:8000", auth=False, startup_s=1.0)
+    assert "  browse: http://127.0.0.1:8000/ (the playground)" in banner.splitlines()
+    assert "GET /" in routes_for(card)
 
 
 def test_sigterm_while_starting_stops_everything(llama_dir, tmp_path):

@@ -18,6 +18,7 @@ ROUTES = (
     ("POST", "/v1/images/edits", ("image_edit",)),
     ("POST", "/v1/generate", ("generate", "completions", "chat", "speech", "images", "encode")),
     ("POST", "/v1/embeddings", ("embeddings",)),
+    ("GET", "/", ()),
     ("GET", "/v1/models", ()),
     ("GET", "/health", ()),
     ("GET", "/metrics", ()),
@@ -74,6 +75,7 @@ def ready_banner(card: ModelCard, url: str, auth: bool, startup_s: float) -> str
         lines.append(f"  try:    {command}")
     if auth:
         lines.append("          (an API key is required: set WALKSERVE_API_KEY to it in the client's shell)")
+    lines.append(f"  browse: {url}/ (the playground)")
     lines.append("  stop:   Ctrl-C or SIGTERM (in-flight requests finish first)")
     return "\n".join(lines)
 

@@ -4,7 +4,22 @@ import { PcmStream, base64Bytes } from "/playground/audio.js";
 
 const $ = (id) => document.getElementById(id);
 const MODEL_TASKS = ["act", "encode", "predict", "rollout", "plan"];
-const EXAMPLE_INPUTS = { prompt: "pick up the red cube", state: [0, 0, 0, 0, 0, 0, 0, 0] };
+
+// An example observation for a policy: a prompt, a zero state and a small synthetic camera frame.
+function exampleObservation() {
+  const canvas = document.createElement("canvas");
+  canvas.width = canvas.height = 32;
+  const paint = canvas.getContext("2d");
+  const gradient = paint.createLinearGradient(0, 0, 32, 32);
+  gradient.addColorStop(0, "#204080");
+  gradient.addColorStop(1, "#e0c040");
+  paint.fillStyle = gradient;
+  paint.fillRect(0, 0, 32, 32);
+  paint.fillStyle = "#c02020";
+  paint.fillRect(12, 12, 8, 8);
+  return { prompt: "pick up the red cube", state: [0, 0, 0, 0, 0, 0, 0, 0],
+           base_0_rgb: { type: "image", url: canvas.toDataURL("image/png") } };
+}
 let card = null;
 const history = [];
 
@@ -46,7 +61,7 @@ async function loadModel() {
   const tasks = MODEL_TASKS.filter((t) => has(t));
   $("robot").hidden = tasks.length === 0;
   $("robot-task").replaceChildren(...tasks.map((t) => new Option(t, t)));
-  if (!$("robot-inputs").value) $("robot-inputs").value = JSON.stringify(EXAMPLE_INPUTS, null, 2);
+  if (!$("robot-inputs").value && tasks.length) $("robot-inputs").value = JSON.stringify(exampleObservation(), null, 2);
   const voices = card.voices.length ? card.voices : [""];
   $("speech-voice").replaceChildren(...voices.map((v) => new Option(v || "(default)", v, v === card.default_voice, v === card.default_voice)));
   const formats = card.audio_formats || [];
