@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import yaml
@@ -67,4 +69,28 @@ def test_edit_sends_the_chosen_file(server, browser, tmp_path):
     browser.find_element(By.ID, "image-send").click()
     sizes = wait_until(browser, shown_sizes, 300, "the edited image")
     assert len(sizes) == 1 and min(sizes[0]) > 0
+    assert console_errors(browser) == []
+
+
+def test_chat_with_an_attached_image(server, browser, tmp_path):
+    """An attached file goes as an ``image_url`` part (BAGEL has ``image_in``); the streamed answer shows."""
+    picture = tmp_path / "look.png"
+    Image.fromarray(np.random.default_rng(3).integers(0, 256, (24, 24, 3), dtype=np.uint8)).save(picture)
+    browser.find_element(By.ID, "chat-files").send_keys(str(picture))
+    browser.find_element(By.ID, "chat-max-tokens").clear()
+    browser.find_element(By.ID, "chat-max-tokens").send_keys("4")
+    browser.find_element(By.ID, "chat-input").send_keys("What is in the picture?")
+    browser.execute_script("""window.sentBodies = []; const real = window.fetch;
+        window.fetch = (url, init) => { window.sentBodies.push(init && init.body); return real(url, init); };""")
+    browser.find_element(By.ID, "chat-send").click()
+    stats = wait_until(browser, lambda d: d.find_element(By.ID, "chat-stats").text, 180, "the chat answer")
+    assert "first token" in stats and "tokens/s" in stats
+    tokens = int(stats.split(" tokens ·")[0].rsplit("· ", 1)[1])
+    assert 1 <= tokens <= 4
+    answer = browser.execute_script("return document.querySelector('#chat-log .assistant').textContent")
+    assert answer  # random weights: some text, whatever it says
+    [body] = [json.loads(b) for b in browser.execute_script("return window.sentBodies") if b]
+    text, image = body["messages"][-1]["content"]
+    assert text == {"type": "text", "text": "What is in the picture?"}
+    assert image["type"] == "image_url" and image["image_url"]["url"].startswith("data:image/png;base64,")
     assert console_errors(browser) == []
