@@ -68,9 +68,11 @@ def samples(server):
     def codec_ran() -> dict | None:
         now = scrape(server.url)
         rows = [s for s in now.get("walkserve_node_rank_batches_total", []) if s["rank"] == "1" and s["_value"] > 0]
-        return now if rows else None
+        # Each rank reports its stats on its own period: wait for rank 0's report of what it sent rank 1 too.
+        sent = [s for s in now.get("walkserve_transfer_messages_total", []) if s["rank"] == "0" and s["_value"] > 0]
+        return now if rows and sent else None
 
-    assert wait_for(codec_ran, 30), "the codec's rank never reported a batch"
+    assert wait_for(codec_ran, 30), "the codec's rank never reported a batch (or rank 0 never reported sending to it)"
     return codec_ran()
 
 
