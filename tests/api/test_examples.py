@@ -34,8 +34,9 @@ def test_curl_example(script: Path, base_url: str, tmp_path: Path) -> None:
     assert result.stdout.strip() and '"error"' not in result.stdout, result.stdout[:1000]
 
 
-# How an example shows it calls a route: the exact path (curl), or the client call that sends it
-# (the openai package, walkserve.client). Nothing matches a route by a part of its name.
+# How an example shows it calls a route: the exact path after the base URL (curl: "$BASE/v1/..."), or the client call that sends it
+# (the openai package, walkserve.client). Nothing matches a route by a part of its name. The routes
+# themselves come from the app (``served_routes``); a route listed nowhere here needs its exact path.
 ROUTE_USES = {
     "/v1/completions": (r"(?<!\.chat)\.completions\.create\(", r"\bclient\.completions(_stream)?\("),
     "/v1/chat/completions": (r"\.chat\.completions\.create\(", r"\bclient\.chat(_stream)?\("),
@@ -45,28 +46,73 @@ ROUTE_USES = {
     "/v1/images/generations": (r"\.images\.generate\(", r"\bclient\.images\("),
     "/v1/images/edits": (r"\.images\.edit\(", r"\bclient\.image_edit\("),
     "/v1/generate": (r"\bclient\.generate\(",),
+    "/v1/models": (r"\.models\.list\(",),
+    "/v1/models/{model}": (r"\.models\.retrieve\(",),
     "/health": (r"\bclient\.health\(",),
-    "/metrics": (),
 }
+# Routes the examples' server (the fake engine: text, audio, images) cannot serve, each with the test that
+# calls it on a model that can, and what in that test shows it.
+SHOWN_ELSEWHERE = {
+    "/v1/embeddings": ("tests/models/vjepa2/test_serving.py", "/v1/embeddings"),
+    "/v1/openpi": ("tests/runtime/test_pi05_runtime.py", '"/v1/openpi"'),
+    "/": ("tests/runtime/test_pi05_runtime.py", 'path "/"'),
+}
+ROOT = EXAMPLES.parent
 
 
-def routes_without_examples(scripts: list[Path]) -> list[str]:
+def served_routes() -> set[str]:
+    """Every path the server's app answers (HTTP and websocket), read from its router."""
+    from walkserve.api.app import build_app
+    from walkserve.testing.fake_engine import FakeEngine, FakeEngineConfig
+
+    app = build_app(FakeEngine(FakeEngineConfig()))
+    documented = set(app.openapi()["paths"])
+    return documented | {path for path, kind in _walk(app.routes) if kind == "websocket"}
+
+
+def _walk(routes, prefix: str = ""):
+    for route in routes:
+        if hasattr(route, "path"):
+            yield prefix + route.path, "websocket" if type(route).__name__.endswith("WebSocketRoute") else "http"
+        else:  # an included router (FastAPI keeps the original inside it)
+            inner = getattr(route, "original_router", None)
+            context = getattr(route, "include_context", None)
+            yield from _walk(inner.routes if inner is not None else [], prefix + getattr(context, "prefix", ""))
+
+
+def routes_without_examples(scripts: list[Path], routes: set[str] | None = None) -> list[str]:
     text = "".join(p.read_text() for p in scripts)
     missing = []
-    for route, calls in ROUTE_USES.items():
-        exact = re.escape(route) + r"(?![\w/-])"
-        if not any(re.search(pattern, text) for pattern in (exact, *calls)):
+    for route in sorted(served_routes() if routes is None else routes):
+        exact = r"\bBASE\}?" + re.escape(route).replace(r"\{model\}", r"[^/\s\"']+") + r"(?![\w/-])"
+        if not any(re.search(pattern, text) for pattern in (exact, *ROUTE_USES.get(route, ()))):
             missing.append(route)
     return missing
 
 
+def test_the_route_list_comes_from_the_app() -> None:
+    routes = served_routes()
+    assert {"/v1/chat/completions", "/v1/embeddings", "/v1/models/{model}", "/v1/openpi", "/"} <= routes
+    assert not any(path.startswith("/docs") or path == "/openapi.json" for path in routes)
+
+
 def test_every_route_has_examples() -> None:
-    assert routes_without_examples(PYTHON + CURL) == []
+    assert routes_without_examples(PYTHON + CURL) == sorted(SHOWN_ELSEWHERE)
+
+
+def test_routes_without_examples_are_shown_by_a_test() -> None:
+    for route, (where, evidence) in SHOWN_ELSEWHERE.items():
+        assert evidence in (ROOT / where).read_text(), (route, where)
+
+
+def test_a_new_route_without_an_example_is_missing() -> None:
+    assert routes_without_examples(PYTHON + CURL, served_routes() | {"/v1/rerank"}) == sorted({*SHOWN_ELSEWHERE, "/v1/rerank"})
 
 
 @pytest.mark.parametrize("route, stem", [("/v1/completions", "completions"), ("/v1/generate", "generate"),
                                          ("/v1/images/generations", "images"), ("/v1/chat/completions", "chat"),
-                                         ("/v1/audio/translations", "transcriptions")])
+                                         ("/v1/audio/translations", "transcriptions"),
+                                         ("/v1/models/{model}", "speech")])
 def test_a_route_whose_examples_are_removed_is_missing(route: str, stem: str) -> None:
     """The check cannot be fooled by a neighbour: chat/completions is not completions, images/generations is not generate."""
     kept = [p for p in PYTHON + CURL if not p.stem.startswith(stem)]
