@@ -1,5 +1,6 @@
 """The tiers are marked from what a test does: a test that starts a process is slow, by its code, its
-helpers or its directory, and one that starts a process without being marked fails."""
+helpers or its directory, and one that starts a process without being marked fails (a platform probe
+such as ``uname`` does not count)."""
 
 from __future__ import annotations
 
@@ -26,13 +27,16 @@ def test_a_test_that_starts_a_process_is_slow_and_one_that_hides_it_fails(pytest
 
         def test_hidden_start():
             getattr(__import__("subpro" + "cess"), "run")(["true"], check=True)
+
+        def test_a_platform_probe_is_not_a_process_tree():
+            getattr(__import__("subpro" + "cess"), "run")(["uname", "-p"], capture_output=True, check=True)
         """
     )
     pytester.mkpydir("runtime").joinpath("test_in_runtime.py").write_text("def test_in_a_runtime_folder():\n    pass\n")
 
     quick = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-m", "not slow")
-    quick.assert_outcomes(passed=1, failed=1, deselected=2)
-    quick.stdout.fnmatch_lines(["*test_hidden_start started a process (subprocess.Popen) but is not in the slow tier*"])
+    quick.assert_outcomes(passed=2, failed=1, deselected=2)
+    quick.stdout.fnmatch_lines(["*test_hidden_start started a process (subprocess.Popen true) but is not in the slow tier*"])
 
     full = pytester.runpytest_inprocess("-p", "no:cacheprovider")
-    full.assert_outcomes(passed=3, failed=1)
+    full.assert_outcomes(passed=4, failed=1)

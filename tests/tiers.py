@@ -29,6 +29,9 @@ SLOW_DIRS = ("runtime", "ray")
 STARTS = re.compile(r"\bsubprocess\.|\bPopen\b|Engine\.start\(|\bmultiprocessing\b|\bos\.fork\(|"
                     r"runpytest_subprocess|\bray\.init\(")
 DEPTH = 3
+# What the standard library runs to describe the machine (platform.uname, ctypes.util.find_library): a
+# client library that asks for the platform is not a test that starts a process.
+PROBES = {"uname", "lsb_release", "ldconfig"}
 
 
 def _source(obj) -> str:
@@ -82,7 +85,12 @@ _started: list[str] = []
 
 def _counting(original, what: str):
     def start(*args, **kwargs):
-        _started.append(what)
+        program = args[1] if what == "subprocess.Popen" and len(args) > 1 else None  # (self, args, executable, ...)
+        if isinstance(program, (list, tuple)):
+            program = program[0] if program else None
+        name = os.path.basename(str(program)) if program is not None else None
+        if name not in PROBES:
+            _started.append(f"{what} {name}" if name else what)
         return original(*args, **kwargs)
 
     return start

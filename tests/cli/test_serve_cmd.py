@@ -190,6 +190,7 @@ def test_a_busy_port_fails_before_anything_starts(llama_dir, capsys):
     assert rc == 1 and f"cannot listen on 127.0.0.1:{port}" in err and err.count("\n") == 1
 
 
+@pytest.mark.slow  # serve starts the runtime's processes
 def test_a_checkpoint_that_fails_to_load_names_the_cause(tmp_path, llama_dir, capsys):
     """A worker that cannot build its component: the one error line says why (not just 'rank 0 died')."""
     from safetensors.torch import load_file, save_file

@@ -105,3 +105,13 @@ def test_transports_carry_tensors(transport, monkeypatch):
         else:
             time.sleep(0.6)  # one more worker report
             assert sent() == 0
+
+
+def test_no_two_cases_start_the_same_process_tree():
+    """A runtime serves one model on one placement with one config, so cases share a process tree only
+    when all three match; none do, and a case added with a tree another case already starts is refused
+    here (it would add nothing but start-up time)."""
+    import json
+
+    trees = [(f, json.dumps(_fill(p, f), sort_keys=True), "no cohorts" not in k) for f, k, p in CASES]
+    assert len(set(trees)) == len(trees)
