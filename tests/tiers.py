@@ -66,7 +66,8 @@ def _starts_a_process(func, seen: set, depth: int = DEPTH) -> bool:
 
 def starts_a_process(item: pytest.Function) -> bool:
     """The collection-time judgement for one test (see the module docstring)."""
-    if Path(item.path).resolve().relative_to(TESTS).parts[0] in SLOW_DIRS:
+    path = Path(item.path).resolve()
+    if path.is_relative_to(TESTS) and path.relative_to(TESTS).parts[0] in SLOW_DIRS:
         return True
     seen: set = set()
     funcs = [item.function] + [d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
