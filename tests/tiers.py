@@ -27,7 +27,7 @@ TESTS = Path(__file__).resolve().parent
 FOLLOWED = (TESTS, TESTS.parent / "benchmarks")
 SLOW_DIRS = ("runtime", "ray")
 STARTS = re.compile(r"\bsubprocess\.|\bPopen\b|Engine\.start\(|\bmultiprocessing\b|\bos\.fork\(|"
-                    r"runpytest_subprocess|\bray\.init\(")
+                    r"runpytest_subprocess|\bray\.init\(|\bwebdriver\.")
 DEPTH = 3
 # What the standard library runs to describe the machine (platform.uname, ctypes.util.find_library): a
 # client library that asks for the platform is not a test that starts a process.
