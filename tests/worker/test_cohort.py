@@ -202,7 +202,7 @@ def test_release_while_a_firing_is_pending_lets_the_others_finish():
     _start(ex, "r2", 0, 2, steps=3)
     _until(ex, lambda: len(b.queue) == 2)
     ex.receive(m.Release("r1"))
-    assert len(b.queue) == 1 and ex.pending.get(b.queue[0].id) is not None
+    assert len(b.queue) == 1 and ex.engine_set.pending.get(b.queue[0].id) is not None
     sent = _drive(ex)
     assert set(_client(sent)) == {"r2"} and {d.request_id for d in _kinds(sent, m.NodeDone)} == {"r2"}
     assert not _kinds(sent, m.Failed) and not ex.stats().inflight
@@ -256,7 +256,7 @@ def test_an_engine_that_fails_a_step_fails_the_members_waiting_on_it():
     _start(ex, "r1", 0, 1, steps=3)
     sent = _drive(ex)
     assert [(f.request_id, f.error) for f in _kinds(sent, m.Failed)] == [("r1", "engine 'b' failed: RuntimeError: boom")]
-    assert not _kinds(sent, m.NodeDone) and not ex.pending
+    assert not _kinds(sent, m.NodeDone) and not ex.engine_set.pending
 
 
 def test_cohorts_off_steps_each_request_alone_with_the_same_results():

@@ -28,31 +28,29 @@ for all members at once.
 
 from __future__ import annotations
 
-import logging
-import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from walkserve.engines.base import Firing, Group
 from walkserve.engines.kv.ops import bind as bind_kv
+from walkserve.graph.stop import resolve_count
 from walkserve.worker import iteration, streams
+from walkserve.worker.effects import Effects
+from walkserve.worker.engine_set import EngineSet
 from walkserve.worker.local import ChildUnit, LocalLevel, NodeUnit
 from walkserve.worker.program import CARRY, CHUNK, CUR, NodeProgram
-from walkserve.worker.state import Member
-
-if TYPE_CHECKING:
-    from walkserve.worker.executor import Executor
-
-log = logging.getLogger(__name__)
+from walkserve.worker.rows import DecisionRow, EndRow, ItemRow, Row, ValueRow
+from walkserve.worker.state import Member, WalkRun
 
 _MISSING = object()
 _Prepared = tuple[NodeUnit, list[Member], Group]  # a unit of a joined engine call, its members and their group
 
 
 class Cohort:
-    __slots__ = ("again", "boundary", "buckets", "ex", "joining", "local", "units")
+    __slots__ = ("again", "boundary", "buckets", "engines", "fx", "joining", "local", "registry", "units")
 
-    def __init__(self, ex: Executor, local: LocalLevel):
-        self.ex, self.local, self.units = ex, local, local.units
+    def __init__(self, registry: Cohorts, local: LocalLevel):
+        self.registry, self.fx, self.engines = registry, registry.fx, registry.engines
+        self.local, self.units = local, local.units
         self.buckets: list[list[Member]] = [[] for _ in range(len(local.units) + 1)]
         self.joining: list[Member] = []
         self.boundary = False  # members started an iteration in the last pass
@@ -64,7 +62,7 @@ class Cohort:
             self.buckets[0].append(m)
         else:
             self.joining.append(m)
-        self.ex.touch(self)
+        self.fx.touch(self)
 
     def members(self) -> int:
         return sum(1 for b in (*self.buckets, self.joining) for m in b if m.live)
@@ -83,7 +81,7 @@ class Cohort:
         executor passes once more in this heartbeat and the next iteration starts at once."""
         moved, ran = bool(self.joining) and self._admit(), False
         self.boundary = False
-        buckets, ex = self.buckets, self.ex
+        buckets, fx = self.buckets, self.fx
         gated = bool(self.local.gate) or bool(self.local.level.produces)
         joined: list[_Prepared] = []  # node units of one engine call, run when the call's last unit is reached
         for i, unit in enumerate(self.units):
@@ -107,7 +105,7 @@ class Cohort:
                 elif i == 0 and not m.started:
                     if not gated:
                         m.started = True
-                    elif not iteration.gate(ex, m):
+                    elif not iteration.gate(fx, m):
                         if m.live:
                             stay.append(m)
                         continue
@@ -161,12 +159,12 @@ class Cohort:
         prepared = self._inputs(unit, ready)
         if prepared is None:
             return
-        engine = self.ex.engines[unit.node.component]
+        engine = self.engines[unit.node.component]
         if not engine.runs_groups:
             self._submit(engine, unit, *prepared, stay)
             return
         members = prepared[0]
-        self._store(unit, members, self._call(engine, [self._group_of(unit, *prepared)])[0])
+        self._store(unit, members, self.engines.call(engine, [self._group_of(unit, *prepared)])[0])
         for m in members:
             if m.live:
                 m.pos = i + 1
@@ -174,21 +172,21 @@ class Cohort:
 
     def _inputs(self, unit: NodeUnit, ready: list[Member]) -> tuple[list, list, list | None, list | None] | None:
         """(members, inputs, spans, context operations) of the ready members that have their inputs."""
-        ex, node = self.ex, unit.node
+        node = unit.node
         members, inputs, spans = self._gather(unit, ready)
         kv = None
-        if members and ex.engines[node.component].kv_contexts:
+        if members and self.engines[node.component].kv_contexts:
             members, inputs, spans, kv = self._bind(node, members, inputs, spans)
         if not members:
             return None
-        ex.counters["firings"] += len(members)
+        self.fx.counters["firings"] += len(members)
         return members, inputs, spans, kv
 
     def _prepare(self, unit: NodeUnit, ready: list[Member], stay: list[Member], nxt: list[Member], i: int,
                  joined: list[_Prepared]) -> None:
         """A unit of a joined engine call: its group waits for the call's last unit; the members go on to the
         next unit at once (it reads nothing of this one)."""
-        engine = self.ex.engines[unit.node.component]
+        engine = self.engines[unit.node.component]
         if not engine.runs_groups:
             self._run(unit, ready, stay, nxt, i)
             return
@@ -202,12 +200,12 @@ class Cohort:
 
     def _run_joined(self, joined: list[_Prepared]) -> None:
         """One engine call for the groups of consecutive joined units (``Engine.run_groups``)."""
-        engine = self.ex.engines[joined[0][0].node.component]
-        for (unit, members, _), results in zip(joined, self._call(engine, [g for _, _, g in joined])):
+        engine = self.engines[joined[0][0].node.component]
+        for (unit, members, _), results in zip(joined, self.engines.call(engine, [g for _, _, g in joined])):
             self._store(unit, members, results)
 
     def _store(self, unit: NodeUnit, members: list[Member], results: list) -> None:
-        ex, name, done = self.ex, unit.node.name, []
+        fx, name, done = self.fx, unit.node.name, []
         for m, out in zip(members, results):
             if not m.live:  # failed by another unit of the same call
                 continue
@@ -216,7 +214,7 @@ class Cohort:
                 m.fired += 1
                 done.append(m)
             else:
-                ex.fail(m.run, out if isinstance(out, str) else f"node {name!r} returned {type(out).__name__}, not outputs")
+                fx.fail(m.run, out if isinstance(out, str) else f"node {name!r} returned {type(out).__name__}, not outputs")
         self._produced(unit, done)
 
     def _gather(self, unit: NodeUnit, ready: list[Member]) -> tuple[list[Member], list[dict], list[dict] | None]:
@@ -244,7 +242,7 @@ class Cohort:
                             inp[slot] = entry[key]
             except KeyError:
                 missing = next(r for r in unit.node.reads if r.slot not in inp)
-                self.ex.fail(m.run, f"node {missing.node!r} returned no output {missing.output!r}, which node {unit.node.name!r} reads")
+                self.fx.fail(m.run, f"node {missing.node!r} returned no output {missing.output!r}, which node {unit.node.name!r} reads")
                 continue
             if spans is not None:
                 spans.append(self._chunks(m, unit.node.reads, inp))
@@ -258,7 +256,7 @@ class Cohort:
             if r.kind == CHUNK:
                 s = m.run.stream_in(r.stream, m.outer)
                 chunk = s.buffer.chunk(m.k)
-                inp[r.slot] = self.ex.concat(list(chunk.items), s.template)
+                inp[r.slot] = self.fx.concat(list(chunk.items), s.template)
                 sp[r.slot] = chunk.span
         return sp
 
@@ -269,7 +267,7 @@ class Cohort:
             try:
                 kv.append(bind_kv(node.name, node.params, inputs[j]))
             except ValueError as e:
-                self.ex.fail(m.run, f"{node.component}: {e}")
+                self.fx.fail(m.run, f"{node.component}: {e}")
                 continue
             kept.append(m)
             kept_inputs.append(inputs[j])
@@ -287,38 +285,19 @@ class Cohort:
             kv=kv, spans=spans,
         )
 
-    def _call(self, engine: Any, groups: list[Group]) -> list[list]:
-        """Per group, its members' results (an engine that raises or miscounts fails the members)."""
-        ex, component = self.ex, groups[0].component
-        t0 = time.perf_counter()
-        try:
-            results = engine.run_groups(groups) if len(groups) > 1 else [engine.run_group(groups[0])]
-        except Exception as e:
-            log.exception("engine %s failed a group", component)
-            return [[f"engine {component!r} failed: {type(e).__name__}: {e}"] * len(g.request_ids) for g in groups]
-        ex.busy_s[component] += time.perf_counter() - t0
-        ex.steps[component] += 1
-        ex.items[component] += sum(len(g.request_ids) for g in groups)
-        if len(results) != len(groups):
-            results = [[]] * len(groups)
-        return [r if len(r) == len(g.request_ids) else
-                [f"engine {component!r} returned {len(r)} results for {len(g.request_ids)} firings"] * len(g.request_ids)
-                for g, r in zip(groups, results)]
-
     def _submit(self, engine: Any, unit: NodeUnit, members: list[Member], inputs: list, spans: list | None,
                 kv: list | None, stay: list) -> None:
-        ex, node = self.ex, unit.node
+        engines, node = self.engines, unit.node
         for j, m in enumerate(members):
             req = m.run.request
             firing = Firing(
-                ex.next_id(), m.rid, m.run.walk, node.name, node.component, node.op, m.path,
+                engines.next_id(), m.rid, m.run.walk, node.name, node.component, node.op, m.path,
                 inputs[j], node.outputs, req.params, req.sampling_for(node.name), node.params,
                 spans[j] if spans else {}, kv[j] if kv else None,
             )
-            ex.pending[firing.id] = (self, m, unit, m.k)
             m.busy = 1
             stay.append(m)
-            engine.submit(firing)
+            engines.submit(engine, firing, (self, m, unit, m.k))
 
     def on_result(self, m: Member, unit: NodeUnit, k: int, outputs: dict | None, error: str | None) -> None:
         """An engine answered a Firing of ``unit`` for ``m`` at iteration ``k``."""
@@ -326,28 +305,28 @@ class Cohort:
             return
         m.busy = 0
         if error is not None:
-            self.ex.fail(m.run, error)
+            self.fx.fail(m.run, error)
             return
         m.cur[unit.node.name] = outputs or {}
         m.fired += 1
         self._produced(unit, [m])
         if m.live:
             m.unit_done = True
-            self.ex.touch(self)
+            self.fx.touch(self)
 
     def _produced(self, unit: NodeUnit, done: list[Member]) -> None:
         """A node ran for ``done``: consume stream chunks, send what other ranks read, let leaving outputs go."""
-        ex = self.ex
+        fx = self.fx
         for stream in unit.chunks:
             for m in done:
-                streams.consumed(ex, m.run, stream, m.outer, m.k)
+                streams.consumed(fx, m.run, stream, m.outer, m.k)
         if unit.sends:
             self._send(unit, done)
         if unit.leaves:
             self.leave(unit.node, done)
 
     def _send(self, unit: NodeUnit, done: list[Member]) -> None:
-        out, name = self.ex.out, unit.node.name
+        out, name = self.fx.out, unit.node.name
         walk = self.local.program.walk
         for output, readers in unit.sends:
             key, rows = (name, output), {}
@@ -365,15 +344,15 @@ class Cohort:
 
     def leave(self, node: NodeProgram, members: list[Member]) -> None:
         """``node``'s outputs of this iteration that leave it: client rows, stream items, walk outputs."""
-        ex, name = self.ex, node.name
+        fx, name = self.fx, node.name
         for output, modality in node.client:
             if self.local.level.hold_at is not None:
                 for m in members:
                     value = m.cur[name].get(output, _MISSING)
                     if value is not _MISSING:
-                        iteration.client(ex, m, name, output, modality, m.path, value)
+                        iteration.client(fx, m, name, output, modality, m.path, value)
                 continue
-            rids, paths, values = ex.out.client_rows(self.local.program.walk, name, output, modality)
+            rids, paths, values = fx.out.client_rows(self.local.program.walk, name, output, modality)
             for m in members:
                 value = m.cur[name].get(output, _MISSING)
                 if value is not _MISSING:
@@ -384,17 +363,17 @@ class Cohort:
             for m in members:
                 value = m.cur[name].get(output, _MISSING)
                 if value is not _MISSING:
-                    streams.item(ex, m.run, stream, m.outer, m.k, value)
+                    streams.item(fx, m.run, stream, m.outer, m.k, value)
         for output, walk_output in node.walk_outputs:
             for m in members:
                 value = m.cur[name].get(output, _MISSING)
                 if value is not _MISSING:
-                    ex.walk_output(m.run, walk_output, value)
+                    iteration.walk_output(fx, m.run, walk_output, value)
 
     # ---- ends of iterations --------------------------------------------------------------------
     def _finish(self) -> bool:
         """End the iterations of the members whose units are done (whose decision is known)."""
-        ex, local = self.ex, self.local
+        fx, local = self.fx, self.local
         decided, stay = [], []
         told = local.awaits  # another rank decides: wait here until its decision came
         for m in self.buckets[-1]:
@@ -403,7 +382,7 @@ class Cohort:
             if m.children or (told and m.end is None and m.decided < m.k):
                 stay.append(m)
                 continue
-            end = iteration.decide(ex, m)
+            end = iteration.decide(fx, m)
             if end is iteration.WAIT:
                 stay.append(m)
             elif m.live:
@@ -418,7 +397,7 @@ class Cohort:
         if local.exits or any(m.held for m, _ in decided):
             for m, end in decided:
                 if end is None or m.k < end:
-                    iteration.expose(ex, m)
+                    iteration.expose(fx, m)
                 else:
                     m.held = None
         first = self.buckets[0]
@@ -426,7 +405,7 @@ class Cohort:
             if not m.live:
                 continue
             if end is not None and end <= m.k + 1:
-                iteration.end_member(ex, m, end)
+                iteration.end_member(fx, m, end)
             else:
                 m.next_iteration()
                 first.append(m)
@@ -436,6 +415,108 @@ class Cohort:
     # ---- child units ---------------------------------------------------------------------------
     def _start_children(self, unit: ChildUnit, ready: list[Member], nxt: list[Member], i: int) -> None:
         for m in ready:
-            if self.ex.join(m, unit):
+            if self.registry.join(m, unit):
                 m.pos = i + 1
                 nxt.append(m)
+
+
+class Cohorts:
+    """The rank's cohorts: one per local level (per request too with loop cohorts off), the members that join
+    them, the rows that reach a walk's members, and the passes."""
+
+    def __init__(self, fx: Effects, engines: EngineSet, batched: bool = True):
+        self.fx, self.engines, self.batched = fx, engines, batched
+        self.by_key: dict[Any, Cohort] = {}
+
+    def add(self, local: LocalLevel, member: Member) -> None:
+        key = local if self.batched else (local, member.rid)
+        cohort = self.by_key.get(key)
+        if cohort is None:
+            cohort = self.by_key[key] = Cohort(self, local)
+        cohort.add(member)
+
+    def join(self, pm: Member, unit: ChildUnit) -> bool:
+        """``pm`` starts its child instance for its current iteration; False if the request failed."""
+        child, run = unit.child, pm.run
+        level = child.level
+        entry = {}
+        for key in unit.entry_cur:
+            value = pm.cur.get(key[0], {}).get(key[1], _MISSING)
+            if value is _MISSING:
+                self.fx.fail(run, f"node {key[0]!r} returned no output {key[1]!r}, which loop {level.id!r} reads")
+                return False
+            entry[key] = value
+        for key in unit.entry_up:
+            entry[key] = pm.entry[key]
+        bound = None
+        if level.loop_like:
+            try:
+                bound = resolve_count(level.bound, run.request.params, f"loop {level.id!r}")
+            except ValueError as e:
+                self.fx.fail(run, str(e))
+                return False
+        path = pm.path
+        member = Member(run, child, path, pm, entry, bound)
+        run.members[(level.id, path)] = member
+        pm.children += 1
+        self.add(child, member)
+        for row in run.early.pop((level.id, path), ()):
+            self.apply(run, row)
+        return True
+
+    def apply(self, run: WalkRun, row: Row) -> None:
+        """One row of a batched message (or one that waited) to the walk's member it is for."""
+        fx, kind = self.fx, type(row)
+        if kind is ValueRow:
+            level = run.program.landing(row.node, len(row.path))
+            outer, k = (row.path[:-1], row.path[-1]) if level.depth else ((), 0)
+            member = run.members.get((level.id, outer))
+            if member is None:
+                fx.stash(run, (level.id, outer), row)
+            else:
+                member.put(k, row.node, row.output, row.value)
+                fx.touch(member.cohort)
+        elif kind is ItemRow:
+            streams.push(fx, run, row.stream, row.prefix, row.index, row.value)
+        elif kind is EndRow:
+            streams.ended(fx, run, row.stream, row.prefix, row.n_items)
+        elif kind is DecisionRow:
+            member = run.members.get((row.scope, row.outer))
+            if member is None:
+                fx.stash(run, (row.scope, row.outer), row)
+            else:
+                iteration.decision(fx, member, row.k, row.end)
+        else:
+            streams.paused(fx, run, row.stream, row.prefix, row.pause)
+
+    def advance(self) -> bool:
+        """One pass of every cohort that may move; True if any did.
+
+        A cohort whose pass only ended iterations (its members waited at the end for another
+        rank) passes once more, after the others: its next iteration starts in this pass,
+        together with the members the others' passes made join it.
+        """
+        fx = self.fx
+        if not fx.dirty:
+            return False
+        dirty, fx.dirty = fx.dirty, {}
+        moved, again = False, []
+        for cohort in dirty:
+            if cohort.advance():
+                moved = True
+                fx.dirty[cohort] = None
+                if cohort.again:
+                    again.append(cohort)
+        for cohort in again:
+            if cohort.advance():
+                fx.dirty[cohort] = None
+        return moved
+
+    def drop(self, rid: str) -> None:
+        """With loop cohorts off, a released request's cohorts go."""
+        if not self.batched:
+            for key in [k for k in self.by_key if k[1] == rid]:
+                self.fx.dirty.pop(self.by_key.pop(key), None)
+
+    def members(self) -> int:
+        return sum(c.members() for c in self.by_key.values())

@@ -21,21 +21,21 @@ ahead of a decision, so nothing runs that is not exposed but those iterations.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from walkserve.protocol import messages as msg
 from walkserve.streaming.buffer import EXHAUSTED
 from walkserve.worker import streams
-from walkserve.worker.state import Member
-
-if TYPE_CHECKING:
-    from walkserve.worker.executor import Executor
+from walkserve.worker.effects import Effects
+from walkserve.worker.program import ExitRoute
+from walkserve.worker.state import Member, WalkRun
 
 WAIT = object()
 _MISSING = object()
 
 
 # ---- starting an iteration -----------------------------------------------------------------------
-def gate(ex: Executor, m: Member) -> bool:
+def gate(fx: Effects, m: Member) -> bool:
     """True once iteration k of ``m`` may start; an exhausted stream ends ``m`` here."""
     if m.paused:
         return False
@@ -44,26 +44,26 @@ def gate(ex: Executor, m: Member) -> bool:
         if chunk is None:
             return False
         if chunk is EXHAUSTED:
-            claim_end(ex, m, m.k)
+            claim_end(fx, m, m.k)
             return False
     m.started = True
     return True
 
 
-def claim_end(ex: Executor, m: Member, n: int) -> None:
+def claim_end(fx: Effects, m: Member, n: int) -> None:
     """This rank found that ``m`` has exactly ``n`` iterations: tell the other ranks and end it."""
     run, level = m.run, m.local.level
     for rank in m.others:
-        ex.out.loop(rank, run.walk, level.id, m.rid, m.outer, m.k, n)
-    end_member(ex, m, n)
+        fx.out.loop(rank, run.walk, level.id, m.rid, m.outer, m.k, n)
+    end_member(fx, m, n)
 
 
 # ---- outputs -------------------------------------------------------------------------------------
-def client(ex: Executor, m: Member, node: str, out: str, modality: str, path: tuple, value: Any) -> None:
+def client(fx: Effects, m: Member, node: str, out: str, modality: str, path: tuple, value: Any) -> None:
     """A client output, or a wait at the nearest enclosing droppable loop that has not decided yet."""
     hold = m.local.level.hold_at
     if hold is None:
-        ex.out.client(m.run.walk, node, out, modality, m.rid, path, value)
+        fx.out.client(m.run.walk, node, out, modality, m.rid, path, value)
         return
     a = m.parent
     while a.local.level.id != hold:
@@ -74,14 +74,14 @@ def client(ex: Executor, m: Member, node: str, out: str, modality: str, path: tu
 
 
 # ---- ending an iteration -------------------------------------------------------------------------
-def decide(ex: Executor, m: Member) -> Any:
+def decide(fx: Effects, m: Member) -> Any:
     """Iteration k of ``m`` ran here: None (k+1 follows), the exposed count if the instance ends, or WAIT."""
     local = m.local
     kind, k = local.level.kind, m.k
     if kind == "root":
         return 1
     if local.stop_local:
-        return _stop_rule(ex, m)
+        return _stop_rule(fx, m)
     if kind == "loop":
         return k + 1 if k + 1 >= m.bound else None
     if kind == "stream":  # a chunk that ran counts; the next one decides (here, or on the consumer's rank)
@@ -91,19 +91,19 @@ def decide(ex: Executor, m: Member) -> Any:
     return None if m.decided >= k else WAIT  # another rank decides
 
 
-def _stop_rule(ex: Executor, m: Member) -> int | None:
+def _stop_rule(fx: Effects, m: Member) -> int | None:
     """The stop rule on iteration k, here at the stop node's rank: the exposed count if the loop ends."""
     run, level, k = m.run, m.local.level, m.k
     node, out, rule = level.stop
     values = m.cur.get(node)
     value = values.get(out, _MISSING) if values is not None else _MISSING
     if value is _MISSING:
-        ex.fail(run, f"node {node!r} returned no output {out!r}, which the stop rule of loop {level.id!r} reads")
+        fx.fail(run, f"node {node!r} returned no output {out!r}, which the stop rule of loop {level.id!r} reads")
         return None
     try:
         stop = rule.should_stop(value, run.request.params, k)
     except Exception as e:
-        ex.fail(run, f"stop rule of loop {level.id!r} failed: {type(e).__name__}: {e}")
+        fx.fail(run, f"stop rule of loop {level.id!r} failed: {type(e).__name__}: {e}")
         return None
     end = None
     if stop:
@@ -112,16 +112,16 @@ def _stop_rule(ex: Executor, m: Member) -> int | None:
         end = k + 1
         run.hit_bound = True
     for rank in m.others:
-        ex.out.loop(rank, run.walk, level.id, m.rid, m.outer, k, -1 if end is None else end)
+        fx.out.loop(rank, run.walk, level.id, m.rid, m.outer, k, -1 if end is None else end)
     return end
 
 
-def expose(ex: Executor, m: Member) -> None:
+def expose(fx: Effects, m: Member) -> None:
     """Iteration k counts: outputs held for it move on, exit values gather."""
     held, m.held = m.held, None
     if held:
         for node, out, modality, path, value in held:
-            client(ex, m, node, out, modality, path, value)
+            client(fx, m, node, out, modality, path, value)
     exits = m.local.exits
     if not exits:
         return
@@ -143,7 +143,7 @@ def expose(ex: Executor, m: Member) -> None:
 
 
 # ---- ending an instance --------------------------------------------------------------------------
-def end_member(ex: Executor, m: Member, n: int) -> None:
+def end_member(fx: Effects, m: Member, n: int) -> None:
     """``m`` ran its last iteration, of which ``n`` are exposed."""
     m.live = False
     run, local = m.run, m.local
@@ -151,31 +151,52 @@ def end_member(ex: Executor, m: Member, n: int) -> None:
     run.firings += m.fired
     run.members.pop((level.id, m.outer), None)
     for _, _, info in local.produces:
-        streams.end(ex, run, info, m.outer, n)
+        streams.end(fx, run, info, m.outer, n)
     pm = m.parent
     for route, i in local.exits:
         values = m.acc.get(route, ()) if m.acc else ()
         if route.last[i]:
             if not values:
-                ex.fail(run, f"loop {level.id!r} exposed no iteration, so {route.node}.{route.output} has no last value")
+                fx.fail(run, f"loop {level.id!r} exposed no iteration, so {route.node}.{route.output} has no last value")
                 return
             value = values[-1]
         else:
-            value = ex.concat(list(values), None)
+            value = fx.concat(list(values), None)
         if i + 1 < len(route.levels):
             if pm.exit_in is None:
                 pm.exit_in = {}
             pm.exit_in[route] = value
         else:
-            ex.land(pm, route, value)
+            land(fx, pm, route, value)
     if pm is None:
-        ex.walk_done(run)
+        fx.walk_done(run)
     else:
         pm.children -= 1
-        ex.touch(pm.cohort)
+        fx.touch(pm.cohort)
 
 
-def kill(ex: Executor, m: Member) -> None:
+def land(fx: Effects, pm: Member, route: ExitRoute, value: Any) -> None:
+    """An exit value arrives in the level it lands in (``pm``'s), here and on the ranks that read it."""
+    run = pm.run
+    if route.walk_output is not None:
+        walk_output(fx, run, route.walk_output, value)
+    if route.readers:
+        if not run.local.isdisjoint(route.readers):
+            pm.put(pm.k, route.node, route.output, value)
+            fx.touch(pm.cohort)
+        for rank in run.remote_readers((route.node, route.output, route.levels), route.readers):
+            fx.out.value(rank, run.walk, route.node, route.output, run.request.id, pm.path, value)
+
+
+def walk_output(fx: Effects, run: WalkRun, name: str, value: Any) -> None:
+    """A walk output: kept when this rank may start the next walk itself, else sent to the conductor."""
+    if run.keep:
+        run.outputs[name] = value
+    else:
+        fx.out.conductor(msg.WalkOut(run.request.id, run.walk, name, value))
+
+
+def kill(fx: Effects, m: Member) -> None:
     """Drop ``m`` and everything it started in its current iteration, sending nothing."""
     m.live = False
     run = m.run
@@ -187,10 +208,10 @@ def kill(ex: Executor, m: Member) -> None:
         if child_level is not None:
             child = run.members.get((child_level.level.id, path))
             if child is not None:
-                kill(ex, child)
+                kill(fx, child)
 
 
-def decision(ex: Executor, m: Member, k: int, end: int) -> None:
+def decision(fx: Effects, m: Member, k: int, end: int) -> None:
     """Another rank decided iteration ``k`` of ``m``: it continues (``end`` < 0) or ``end`` are exposed."""
     if end < 0:
         if k > m.decided:
@@ -202,7 +223,7 @@ def decision(ex: Executor, m: Member, k: int, end: int) -> None:
             for unit in m.local.units:
                 child_level = getattr(unit, "child", None)
                 if child_level is not None and (child := m.run.members.get((child_level.level.id, path))):
-                    kill(ex, child)
-            end_member(ex, m, end)
+                    kill(fx, child)
+            end_member(fx, m, end)
             return
-    ex.touch(m.cohort)
+    fx.touch(m.cohort)

@@ -48,6 +48,21 @@ class RequestState:
         own = self.node_sampling
         return own.get(node, self.sampling) if own else self.sampling
 
+    def fail(self) -> None:
+        """The request cannot go on here: every member of every walk stops."""
+        self.failed = True
+        for run in self.walks.values():
+            run.stop()
+
+    def stop(self) -> list[Member]:
+        """Released: every member stops; returns them (their cohorts look once more, to drop them)."""
+        stopped = []
+        for run in self.walks.values():
+            stopped += run.members.values()
+            for member in run.members.values():
+                member.stop()
+        return stopped
+
 
 class WalkRun:
     """One request's walk on this rank."""
@@ -95,6 +110,19 @@ class WalkRun:
             sub = self.program.levels[level].subtree
             ranks = self.level_ranks[level] = tuple(sorted({self.ranks[n] for n in sub} - {self.rank}))
         return ranks
+
+    def stash(self, key: tuple[str, Path], row: Any) -> None:
+        """A row for a member that has not joined here yet (it takes them when it joins)."""
+        self.early.setdefault(key, []).append(row)
+
+    def finish(self) -> None:
+        self.done = True
+        self.early.clear()
+
+    def stop(self) -> None:
+        for member in self.members.values():
+            member.stop()
+        self.members.clear()
 
     def stream_in(self, stream: int, prefix: Path) -> StreamIn:
         key = (stream, prefix)
@@ -193,6 +221,9 @@ class Member:
             target[node] = {output: value}
         else:
             node_values[output] = value
+
+    def stop(self) -> None:
+        self.live = False
 
     def next_iteration(self) -> None:
         k = self.k = self.k + 1

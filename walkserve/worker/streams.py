@@ -16,84 +16,84 @@ from walkserve.streaming.buffer import StreamOverflow
 from walkserve.worker.rows import FlowRow
 
 if TYPE_CHECKING:
-    from walkserve.worker.executor import Executor
+    from walkserve.worker.effects import Effects
     from walkserve.worker.state import WalkRun
 
 Path = tuple[int, ...]
 
 
-def item(ex: Executor, run: WalkRun, stream: int, prefix: Path, index: int, value: Any) -> None:
+def item(fx: Effects, run: WalkRun, stream: int, prefix: Path, index: int, value: Any) -> None:
     """The producer side: item ``index`` of one stream instance leaves for its consumer."""
     info = run.program.streams[stream]
     rank = run.ranks[info.consumer]
-    if rank == ex.rank:
-        push(ex, run, stream, prefix, index, value)
+    if rank == fx.rank:
+        push(fx, run, stream, prefix, index, value)
     else:
-        ex.out.item(rank, run.walk, stream, run.request.id, prefix, index, value)
+        fx.out.item(rank, run.walk, stream, run.request.id, prefix, index, value)
 
 
-def push(ex: Executor, run: WalkRun, stream: int, prefix: Path, index: int, value: Any) -> None:
+def push(fx: Effects, run: WalkRun, stream: int, prefix: Path, index: int, value: Any) -> None:
     """The consumer side: an item arrives (in order or not)."""
     s = run.stream_in(stream, prefix)
     try:
         s.push(index, value)
     except StreamOverflow as e:
-        ex.fail(run, str(e))
+        fx.fail(run, str(e))
         return
     info = run.program.streams[stream]
     if s.buffer.full and not s.pausing:
         s.pausing = True
-        flow(ex, run, info, prefix, True)
-    _wake_consumer(ex, run, info, prefix)
+        flow(fx, run, info, prefix, True)
+    _wake_consumer(fx, run, info, prefix)
 
 
-def end(ex: Executor, run: WalkRun, info: StreamInfo, prefix: Path, n_items: int) -> None:
+def end(fx: Effects, run: WalkRun, info: StreamInfo, prefix: Path, n_items: int) -> None:
     """The producer instance ended with ``n_items`` items."""
     rank = run.ranks[info.consumer]
-    if rank != ex.rank:
-        ex.out.stream_end(rank, run.walk, info.index, run.request.id, prefix, n_items)
+    if rank != fx.rank:
+        fx.out.stream_end(rank, run.walk, info.index, run.request.id, prefix, n_items)
         return
-    ended(ex, run, info.index, prefix, n_items)
+    ended(fx, run, info.index, prefix, n_items)
 
 
-def ended(ex: Executor, run: WalkRun, stream: int, prefix: Path, n_items: int) -> None:
+def ended(fx: Effects, run: WalkRun, stream: int, prefix: Path, n_items: int) -> None:
     s = run.stream_in(stream, prefix)
     if s.buffer.n_items != n_items or s.early:
-        ex.fail(run, f"stream {stream} ended with {n_items} items but {s.buffer.n_items} arrived in order")
+        fx.fail(run, f"stream {stream} ended with {n_items} items but {s.buffer.n_items} arrived in order")
         return
     s.buffer.end()
-    _wake_consumer(ex, run, run.program.streams[stream], prefix)
+    _wake_consumer(fx, run, run.program.streams[stream], prefix)
 
 
-def consumed(ex: Executor, run: WalkRun, stream: int, prefix: Path, k: int) -> None:
+def consumed(fx: Effects, run: WalkRun, stream: int, prefix: Path, k: int) -> None:
     """The consumer ran chunk ``k``: release what later chunks no longer need, resume a paused producer."""
     s = run.stream_in(stream, prefix)
     s.buffer.consumed(k)
     if s.pausing and not s.buffer.full:
         s.pausing = False
-        flow(ex, run, run.program.streams[stream], prefix, False)
+        flow(fx, run, run.program.streams[stream], prefix, False)
 
 
-def flow(ex: Executor, run: WalkRun, info: StreamInfo, prefix: Path, pause: bool) -> None:
+def flow(fx: Effects, run: WalkRun, info: StreamInfo, prefix: Path, pause: bool) -> None:
     rank = run.ranks[info.producer]
-    if rank != ex.rank:
-        ex.out.flow(rank, run.walk, info.index, run.request.id, prefix, pause)
+    if rank != fx.rank:
+        fx.out.flow(rank, run.walk, info.index, run.request.id, prefix, pause)
         return
-    paused(ex, run, info.index, prefix, pause)
+    paused(fx, run, info.index, prefix, pause)
 
 
-def paused(ex: Executor, run: WalkRun, stream: int, prefix: Path, pause: bool) -> None:
+def paused(fx: Effects, run: WalkRun, stream: int, prefix: Path, pause: bool) -> None:
     info = run.program.streams[stream]
     m = run.members.get((info.producer_scope, prefix))
     if m is None:
-        ex.stash(run, (info.producer_scope, prefix), FlowRow(stream, prefix, pause))
+        fx.stash(run, (info.producer_scope, prefix), FlowRow(stream, prefix, pause))
         return
     m.paused = pause
     if not pause:
-        ex.touch(m.cohort)
+        fx.touch(m.cohort)
 
 
-def _wake_consumer(ex: Executor, run: WalkRun, info: StreamInfo, prefix: Path) -> None:
+def _wake_consumer(fx: Effects, run: WalkRun, info: StreamInfo, prefix: Path) -> None:
     m = run.members.get((info.consumer_scope, prefix))
     if m is not None:
-        ex.touch(m.cohort)
+        fx.touch(m.cohort)

@@ -12,23 +12,32 @@ the state machine) is left to the conductor, which asks the same question.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from walkserve.placement.choice import walk_here
 
 if TYPE_CHECKING:
-    from walkserve.worker.executor import Executor
+    from walkserve.graph.walk import WalkGraph
+    from walkserve.placement.plan import Placement
     from walkserve.worker.state import WalkRun
+
+Convert = tuple[Callable[[Any], Any], Callable[[Any], Any]]  # (to_array, to_tensor)
 
 log = logging.getLogger(__name__)
 
 
-def next_walk_here(ex: Executor, run: WalkRun) -> tuple[str, dict[str, int], dict[str, Any]] | None:
-    """(walk, ranks, inputs) of the request's next walk if it runs wholly on this rank, else None."""
-    req, graph = run.request, ex.graph
-    if req.spec is None or ex.placement is None or ex.convert is None:
+def next_walk_here(
+    graph: WalkGraph, placement: Placement | None, convert: Convert | None, rank: int, run: WalkRun,
+) -> tuple[str, dict[str, int], dict[str, Any]] | None:
+    """(walk, ranks, inputs) of the request's next walk if it runs wholly on ``rank``, else None.
+
+    A pure function of what it is given: the graph's state machine, the placement's rule and the
+    finished walk (its request and outputs)."""
+    req = run.request
+    if req.spec is None or placement is None or convert is None:
         return None
-    to_array, to_tensor = ex.convert
+    to_array, to_tensor = convert
     outputs = {name: to_array(value) for name, value in run.outputs.items()}
     try:
         start = graph.state_machine.next(req.spec, run.walk, outputs)
@@ -38,7 +47,7 @@ def next_walk_here(ex: Executor, run: WalkRun) -> tuple[str, dict[str, int], dic
     except Exception:
         log.debug("state machine of %s raised; the conductor reports it", req.id, exc_info=True)
         return None
-    ranks = walk_here(ex.placement, graph.plans[start.walk], ex.rank, req.sticky)
+    ranks = walk_here(placement, graph.plans[start.walk], rank, req.sticky)
     if ranks is None:
         return None
     return start.walk, ranks, {name: to_tensor(value) for name, value in start.inputs.items()}

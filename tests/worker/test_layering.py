@@ -1,0 +1,103 @@
+"""The worker's modules call down only: no import circle (annotations included), nothing below the executor names it.
+
+A pass's calls go executor -> cohort -> iteration -> streams -> effects/state; what must go
+up (a finished walk, a failure) is queued on ``effects`` or returned. A back-call
+needs an import of the module above (or a reference to the Executor), so both
+fail here.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import walkserve.worker
+
+PACKAGE = "walkserve.worker"
+ROOT = pathlib.Path(walkserve.worker.__file__).parent
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {p.stem: ast.parse(p.read_text()) for p in sorted(ROOT.glob("*.py")) if p.stem != "__init__"}
+
+
+def _imports(tree: ast.Module) -> set[str]:
+    """Worker modules this one imports anywhere (module level, TYPE_CHECKING blocks, inside functions)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == PACKAGE:
+                out |= {a.name for a in node.names}
+            elif node.module.startswith(PACKAGE + "."):
+                out.add(node.module.split(".")[2])
+        elif isinstance(node, ast.Import):
+            out |= {a.name.split(".")[2] for a in node.names if a.name.startswith(PACKAGE + ".")}
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {name: _imports(tree) & set(mods) - {name} for name, tree in mods.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(v: str) -> list[str] | None:
+        state[v] = 1
+        path.append(v)
+        for w in sorted(graph[v]):
+            if state.get(w) == 1:
+                return [*path[path.index(w):], w]
+            if w not in state and (found := visit(w)):
+                return found
+        path.pop()
+        state[v] = 2
+        return None
+
+    for v in sorted(graph):
+        if v not in state and (found := visit(v)):
+            return found
+    return None
+
+
+def _below(graph: dict[str, set[str]], top: str) -> set[str]:
+    seen, todo = set(), [top]
+    while todo:
+        for w in graph[todo.pop()]:
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return seen
+
+
+def _names(tree: ast.Module) -> set[str]:
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    names |= {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    return names | {w for s in strings for w in s.replace('"', " ").replace("'", " ").split() if w.isidentifier()}
+
+
+def test_the_worker_modules_import_no_circle():
+    graph = _graph()
+    assert "executor" in graph["worker"] and "cohort" in graph["executor"]  # the graph is the real one
+    assert _cycle(graph) is None, f"import circle: {' -> '.join(_cycle(graph))}"
+
+
+def test_nothing_below_the_executor_names_it():
+    graph, mods = _graph(), _modules()
+    below = _below(graph, "executor")
+    assert {"cohort", "iteration", "streams", "transition", "effects", "engine_set", "state"} <= below
+    named = sorted(name for name in below if "Executor" in _names(mods[name]))
+    assert named == [], f"modules below the executor that name it: {named}"
+
+
+def test_the_checks_find_a_back_call():
+    """The checks themselves: a module below that imports the executor closes a circle and names it."""
+    graph = _graph()
+    graph["iteration"] = graph["iteration"] | {"executor"}
+    assert _cycle(graph) is not None
+    tree = ast.parse("from walkserve.worker.executor import Executor\ndef f(ex: Executor) -> None: ...")
+    assert "executor" in _imports(tree) and "Executor" in _names(tree)
