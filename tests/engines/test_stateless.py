@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from walkserve.core.sampling import SamplingParams
-from walkserve.engines.base import Firing
+from walkserve.engines.base import Firing, Group
 from walkserve.engines.spec import Batch, Item
 from walkserve.engines.stateless import StatelessEngine
 from walkserve.streaming.policy import Span
@@ -28,30 +28,33 @@ def _firing(i: int, node: str = "n", op: str = "forward", **params) -> Firing:
                   sampling=SamplingParams(seed=i), node_params={"k": 1}, spans={"x": span})
 
 
+def _group(firings: list[Firing]) -> Group:
+    """Firings of one node and op as the group a cohort's step hands the engine."""
+    f = firings[0]
+    return Group(f.walk, f.node, f.component, f.op, f.outputs, f.node_params, [x.request_id for x in firings],
+                 [x.path for x in firings], [x.inputs for x in firings], [x.params for x in firings],
+                 [x.sampling for x in firings], spans=[x.spans for x in firings])
+
+
 def test_a_batch_carries_each_firings_fields_and_the_shared_node_and_op():
     comp = Recorder()
     engine = StatelessEngine("c", comp)
-    for i in range(3):
-        engine.submit(_firing(i))
-    engine.submit(_firing(3, op="other"))
-    results = engine.step()
-    assert [r.outputs for r in results] == [{"y": 0}, {"y": 2}, {"y": 4}]
-    [batch] = comp.batches
+    results, other = engine.run_groups([_group([_firing(i) for i in range(3)]), _group([_firing(3, op="other")])])
+    assert results == [{"y": 0}, {"y": 2}, {"y": 4}]
+    batch = comp.batches[0]
     assert (batch.node, batch.op, len(batch)) == ("n", "forward", 3)
     second = batch.items[1]
     assert isinstance(second, Item)
     assert (second.request_id, second.walk, second.path, second.iteration, second.outputs) == ("r1", "w", (0, 1), 1, ("y",))
     assert second.sampling.seed == 1 and second.node_params == {"k": 1} and second.spans["x"].index == 1
-    assert [r.outputs for r in engine.step()] == [{"y": 6}] and comp.batches[-1].op == "other"
+    assert other == [{"y": 6}] and len(comp.batches) == 2 and comp.batches[-1].op == "other"
 
 
 def test_a_failing_batch_is_retried_item_by_item():
     comp = Recorder()
     engine = StatelessEngine("c", comp)
-    engine.submit(_firing(0))
-    engine.submit(_firing(1, fail=True))
-    results = engine.step()
-    assert results[0].outputs == {"y": 0} and "RuntimeError: bad item" in results[1].error
+    [results] = engine.run_groups([_group([_firing(0), _firing(1, fail=True)])])
+    assert results[0] == {"y": 0} and "RuntimeError: bad item" in results[1]
     assert [len(b) for b in comp.batches] == [2, 1, 1]
 
 

@@ -1,7 +1,7 @@
 """Cohorts: every request's instance of a loop stepped together, with the semantics of one iteration at a time.
 
 The executor is driven by hand here (no threads, no processes): StartWalk
-messages in, passes and engine steps, messages out.
+messages in, passes, messages out.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from walkserve.core.sampling import SamplingParams
-from walkserve.engines.base import Engine, Firing, FiringResult, Group
+from walkserve.engines.base import LATER, Engine, Group
 from walkserve.engines.values import concat
 from walkserve.graph import (
     Client,
@@ -84,36 +84,35 @@ class AddBias(GroupOnlyEngine):
 
 
 class Copy(Engine):
-    """b: x = y, one ordinary firing at a time (no ``run_group``): the member waits for its result."""
+    """b: x = y, each member answered one call after its first offer (``LATER`` first, as a long prefill is):
+    the member waits for its result over a pass."""
 
     component = "b"
 
     def __init__(self, fail_for: str | None = None, raise_on_step: bool = False):
-        self.queue: list[Firing] = []
+        self.queue: dict[tuple, dict] = {}  # (request, path) in flight -> its inputs
         self.fail_for, self.raise_on_step = fail_for, raise_on_step
         self.firings = 0
 
-    def submit(self, firing: Firing) -> None:
-        self.queue.append(firing)
-
-    def has_work(self) -> bool:
-        return bool(self.queue)
-
-    def step(self) -> list[FiringResult]:
+    def run_groups(self, groups: list[Group], may_yield: bool = False) -> list:
         if self.raise_on_step:
             raise RuntimeError("boom")
         out = []
-        for f in self.queue:
-            self.firings += 1
-            if f.request_id == self.fail_for:
-                out.append(FiringResult(f, error="b refused"))
-            else:
-                out.append(FiringResult(f, outputs={"x": f.inputs["y"]}))
-        self.queue = []
+        for g in groups:
+            results = []
+            for rid, path, inp in zip(g.request_ids, g.paths, g.inputs, strict=True):
+                if may_yield and (rid, path) not in self.queue:
+                    self.queue[(rid, path)] = inp
+                    results.append(LATER)
+                    continue
+                self.queue.pop((rid, path), None)
+                self.firings += 1
+                results.append("b refused" if rid == self.fail_for else {"x": inp["y"]})
+            out.append(results)
         return out
 
     def release(self, request_id: str) -> None:
-        self.queue = [f for f in self.queue if f.request_id != request_id]
+        self.queue = {k: v for k, v in self.queue.items() if k[0] != request_id}
 
 
 def _executor(a: Engine | None = None, b: Engine | None = None) -> tuple[Executor, AddBias, Copy]:
@@ -131,13 +130,12 @@ def _walk(rid: str, x: int, bias: int, steps: int, **params) -> m.StartWalk:
 
 
 def _drive(ex: Executor, limit: int = 1000) -> list:
-    """Passes and engine steps until nothing moves; every message sent."""
+    """Passes until nothing moves; every message sent."""
     sent = []
     for _ in range(limit):
-        stepped = ex.step_engine()  # the worker's order (Worker.advance)
         moved = ex.advance()
         sent += ex.out.take()
-        if not moved and not stepped:
+        if not moved:
             return sent
     raise AssertionError("the executor did not settle")
 
@@ -188,7 +186,7 @@ def test_members_step_together_and_only_exposed_iterations_leave():
 def test_a_late_member_joins_the_next_step():
     ex, a, b = _executor()
     _start(ex, "early", 0, 1, steps=3)
-    _until(ex, lambda: b.queue)  # a ran as a group; b's firing is pending
+    _until(ex, lambda: b.queue)  # a ran as a group; b's member is in flight
     _start(ex, "late", 100, 1, steps=2)
     client = _client(_drive(ex))
     assert [v for _, v in client["early"]] == [1, 2, 3]
@@ -202,7 +200,7 @@ def test_release_while_a_firing_is_pending_lets_the_others_finish():
     _start(ex, "r2", 0, 2, steps=3)
     _until(ex, lambda: len(b.queue) == 2)
     ex.receive(m.Release("r1"))
-    assert len(b.queue) == 1 and ex.engine_set.pending.get(b.queue[0].id) is not None
+    assert len(b.queue) == 1 and ex.stats().inflight == 1
     sent = _drive(ex)
     assert set(_client(sent)) == {"r2"} and {d.request_id for d in _kinds(sent, m.NodeDone)} == {"r2"}
     assert not _kinds(sent, m.Failed) and not ex.stats().inflight
@@ -256,7 +254,7 @@ def test_an_engine_that_fails_a_step_fails_the_members_waiting_on_it():
     _start(ex, "r1", 0, 1, steps=3)
     sent = _drive(ex)
     assert [(f.request_id, f.error) for f in _kinds(sent, m.Failed)] == [("r1", "engine 'b' failed: RuntimeError: boom")]
-    assert not _kinds(sent, m.NodeDone) and not ex.engine_set.pending
+    assert not _kinds(sent, m.NodeDone) and not ex.stats().inflight
 
 
 def test_cohorts_off_steps_each_request_alone_with_the_same_results():
@@ -285,7 +283,7 @@ def test_a_cohorts_group_runs_count_as_its_engines_busy_time():
     assert ex.steps["a"] == len(a.calls) == 4  # one group call per step, all three members in each
     assert ex.items["a"] == sum(len(c) for c in a.calls) == 12
     assert ex.busy_s["a"] >= 0.002 * len(a.calls)
-    assert ex.items["b"] == b.firings == 12  # b's firings are stepped as usual
+    assert ex.items["b"] == b.firings == 12  # b's members count when answered, not when answered LATER
     stats = ex.stats()
     assert stats.steps["a"] == 4 and stats.busy_s["a"] >= 0.008
 
@@ -300,9 +298,11 @@ def test_each_node_gets_its_own_sampling_when_the_request_names_it():
             return super().run_group(group)
 
     class RecordB(Copy):
-        def submit(self, firing: Firing) -> None:
-            seen["b"].append(firing.sampling.temperature)
-            super().submit(firing)
+        def run_groups(self, groups: list[Group], may_yield: bool = False) -> list:
+            for g in groups:  # each member once, at its first offer
+                seen["b"] += [s.temperature for rid, path, s in zip(g.request_ids, g.paths, g.sampling, strict=True)
+                              if (rid, path) not in self.queue]
+            return super().run_groups(groups, may_yield)
 
     ex, _, _ = _executor(RecordA(), RecordB())
     walk = _walk("r", 1, 2, steps=2)
@@ -323,7 +323,7 @@ class Passes(GroupOnlyEngine):
     def run_group(self, group: Group) -> list:
         return self.run_groups([group])[0]
 
-    def run_groups(self, groups: list[Group]) -> list:
+    def run_groups(self, groups: list[Group], may_yield: bool = False) -> list:
         self.calls.append([(g.node, list(g.request_ids)) for g in groups])
         scale = {"p1": 1, "p2": 10}
         return [[{"v": inp["x"] * scale[g.node]} for inp in g.inputs] for g in groups]
@@ -354,3 +354,34 @@ def test_independent_nodes_of_one_engine_run_in_one_call_per_step():
     sent = _drive(ex)
     assert passes.calls == [[("p1", ["r1", "r2"]), ("p2", ["r1", "r2"])]] * 3
     assert {w.request_id: w.value.tolist() for w in _kinds(sent, m.WalkOut)} == {"r1": [1331], "r2": [2662]}
+
+
+class CopyModule:
+    """b's component for a StatelessEngine: x = y, recording each batch's requests."""
+
+    def __init__(self):
+        self.batches: list[list[str]] = []
+
+    def forward_batch(self, firings: list) -> list[dict]:
+        self.batches.append([f.request_id for f in firings])
+        return [{"x": f.inputs["y"]} for f in firings]
+
+
+def test_a_gathering_engine_batches_the_members_of_every_cohort_in_one_call():
+    """A stateless engine gathers: with loop cohorts off each request steps in its own cohort, and still every
+    member of a pass runs in one forward_batch (after the pass), with the same results as one cohort."""
+    from walkserve.engines.stateless import StatelessEngine
+
+    module, alone_module = CopyModule(), CopyModule()
+    batched = Executor(0, _graph(), {"a": AddBias(), "b": StatelessEngine("b", module)}, concat)
+    alone = Executor(0, _graph(), {"a": (a := AddBias()), "b": StatelessEngine("b", alone_module)}, concat, batched=False)
+    for ex in (batched, alone):
+        for i in range(3):
+            _start(ex, f"r{i}", i, 1, steps=2)
+    sent = _drive(alone)
+    assert max(len(c) for c in a.calls) == 1  # a's groups: one cohort per request
+    assert alone_module.batches == [["r0", "r1", "r2"]] * 2  # one batch per step, all three cohorts in it
+    assert _client(sent) == _client(_drive(batched)) and module.batches == alone_module.batches
+    assert {d.request_id for d in _kinds(sent, m.NodeDone)} == {"r0", "r1", "r2"}
+    node = alone.stats().nodes["b"]
+    assert node["batches"] == 2 and node["items"] == 6

@@ -7,7 +7,7 @@ import threading
 import zmq
 
 from tests.worker.test_cohort import Copy
-from walkserve.engines.base import FiringResult
+from walkserve.engines.base import Group
 from walkserve.placement.plan import parse_placement
 from walkserve.protocol import messages as m
 from walkserve.protocol.run import RankSite, RunSpec
@@ -17,7 +17,7 @@ from walkserve.worker.worker import Worker
 
 
 class Closing(Copy):
-    """Counts close() calls and notes whether a step ever ran after one."""
+    """Counts close() calls and notes whether a call ever ran after one."""
 
     component = "lm"
 
@@ -26,9 +26,9 @@ class Closing(Copy):
         self.closed = 0
         self.used_after_close = False
 
-    def step(self) -> list[FiringResult]:
+    def run_groups(self, groups: list[Group], may_yield: bool = False) -> list:
         self.used_after_close |= self.closed > 0
-        return super().step()
+        return super().run_groups(groups, may_yield)
 
     def close(self) -> None:
         self.closed += 1

@@ -1,9 +1,11 @@
-"""The worker -> engine boundary: Firing in, FiringResult out.
+"""The worker -> engine boundary: Groups in, results out (``Engine.run_groups``).
 
-A Firing is one node instance whose input slots are all filled: the worker
-fills every field, the engine reads them. An engine owns the queue of the
-firings submitted to it and decides how to batch them; the worker calls it
-from a single thread only, so engines need no locks.
+A Group is one node's step for several requests, every input filled: the
+worker fills every field, the engine reads them. The worker calls an engine
+from its one thread only, so engines need no locks. A Firing is one node
+instance (one member of a group): the stateless engine's unit before it
+builds its component's ``Batch`` (``engines.spec``), and the KV engine's own
+unit of work.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class Firing:
 
 @dataclass(slots=True)
 class Group:
-    """One node's firings for several requests, run as one call (a loop cohort's step; see ``Engine.run_group``).
+    """One node's firings for several requests, run as one call (a cohort's step; see ``Engine.run_groups``).
 
     Member ``i`` is request ``request_ids[i]`` at ``paths[i]`` with ``inputs[i]``
     (and ``spans[i]`` when the node reads a stream), ``sampling[i]`` (this node's)
@@ -90,54 +92,53 @@ class FiringResult:
     outputs: dict[str, Any] | None = None
     error: str | None = None
 
+    def answer(self) -> dict[str, Any] | str:
+        """As a member's result of ``Engine.run_groups``."""
+        return self.outputs if self.error is None else self.error
+
+
+class _Later:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "LATER"
+
+
+LATER: Any = _Later()  # a member's result: not finished in this call, offered again in a later one
+Result = dict[str, Any] | str  # a member's outputs, or an error message for its request (or LATER)
+
 
 class Engine(ABC):
-    """Runs the firings of one component on one device.
+    """Runs the groups of one component on one device. One contract, in the order the worker calls things:
 
-    Contract, in the order the worker calls things:
-      - ``submit(firing)`` queues a firing; it never blocks and never raises
-        for a bad request (a bad request becomes a FiringResult with ``error``).
-      - ``step()`` runs at most one batch (or one scheduling round) and returns
-        the results that completed in it, possibly none (a chunked prefill in
-        progress), possibly of firings submitted in earlier calls.
-      - ``has_work()`` is true while a submitted firing has no result yet.
+      - ``run_groups(groups)`` runs one step's groups (one node each, several
+        requests; several groups when independent nodes of one component share
+        the step, e.g. a CFG step's passes) and returns, per group, per member,
+        its outputs dict (exactly the group's ``outputs``) or an error message
+        for that request. It never raises for a bad request; an exception fails
+        every member of the call.
+      - With ``may_yield`` (a call of one group whose members wait for it), the
+        engine may answer ``LATER`` for a member it started but did not finish
+        (a long prefill split over passes, so it does not hold the worker's
+        whole pass). The worker offers that member again, unchanged (same
+        request, node and path), in a later pass; the engine goes on with its
+        work instead of starting it again, and answers when it is done.
+      - ``gathers = True``: the worker collects this engine's groups over a
+        whole pass (every cohort's) and calls it once after the pass, so it can
+        batch members of different cohorts (a codec's windows of several
+        streams); its members wait for that call.
       - ``release(request_id)`` is called once the request has ended (finished,
-        failed or aborted): drop its queued firings without results and free
-        its state (KV blocks, caches). Idempotent.
-    Every firing submitted gets exactly one result unless its request is released first.
+        failed or aborted): drop its work without results and free its state
+        (KV blocks, caches). Idempotent.
     """
 
     component: str
 
     @abstractmethod
-    def submit(self, firing: Firing) -> None: ...
-
-    @abstractmethod
-    def step(self) -> list[FiringResult]: ...
-
-    @abstractmethod
-    def has_work(self) -> bool: ...
+    def run_groups(self, groups: list[Group], may_yield: bool = False) -> list[list[Result]]: ...
 
     @abstractmethod
     def release(self, request_id: str) -> None: ...
-
-    def run_group(self, group: Group) -> list[dict[str, Any] | str]:
-        """Run every member of ``group`` now: per member, its outputs or an error message.
-
-        Optional. An engine that overrides it (``runs_groups = True``) saves the
-        per-firing bookkeeping of a loop cohort's steps; the worker submits the
-        members of other engines as ordinary firings and steps them as usual.
-        """
-        raise NotImplementedError
-
-    def run_groups(self, groups: list[Group]) -> list[list[dict[str, Any] | str]]:
-        """Several nodes' groups of one cohort step (nodes independent of each other), per group its results.
-
-        The default runs them one after the other; an engine that can batch
-        them together (the KV engine: one forward for the CFG passes of every
-        member) overrides it.
-        """
-        return [self.run_group(g) for g in groups]
 
     def export_contexts(self, request_id: str, names: list[str]) -> list[Any]:
         """The request's contexts ``names`` (``protocol.messages.ContextState`` each), removed from here.
@@ -153,11 +154,15 @@ class Engine(ABC):
         raise NotImplementedError
 
     migrates = False
-    runs_groups = False
+    gathers = False
     kv_contexts = False  # True: the worker binds each firing's declared context operations (Firing.kv, Group.kv)
 
     def stats(self) -> dict[str, float]:
         """Gauges and counters for /metrics (e.g. kv_blocks_used, kv_blocks_total, preemptions)."""
+        return {}
+
+    def node_stats(self) -> dict[str, dict[str, float]]:
+        """Per node: batches, items, busy seconds, when the engine counts them itself (else the worker does)."""
         return {}
 
     def state_count(self) -> int:
@@ -165,4 +170,4 @@ class Engine(ABC):
         return 0
 
     def close(self) -> None:  # noqa: B027 - optional hook
-        """Free device memory; called once when the worker shuts down, after the engine's last step."""
+        """Free device memory; called once when the worker shuts down, after the engine's last call."""

@@ -8,52 +8,35 @@ tensors are cached and shared (consumers must not write into inputs).
 from __future__ import annotations
 
 import zlib
-from collections import deque
 
 import torch
 
-from walkserve.engines.base import Engine, Firing, FiringResult, Group
+from walkserve.engines.base import Engine, Group, Result
 from walkserve.engines.values import _NAME_TO_TORCH
 
 
 class NullEngine(Engine):
-    def __init__(self, component: str, outputs: dict[str, tuple[str, tuple[int, ...]]], max_batch: int = 256):
+    def __init__(self, component: str, outputs: dict[str, tuple[str, tuple[int, ...]]]):
         self.component = component
         self.outputs = {k: (_NAME_TO_TORCH[d], tuple(s)) for k, (d, s) in outputs.items()}
-        self.max_batch = max_batch
-        self.queue: deque[Firing] = deque()
         self.steps = 0
         self._cache: dict[tuple[str, int], torch.Tensor] = {}
         self._salts: dict[tuple[str, str], int] = {}  # (request, node) -> its value; dropped on release
         self._groups: dict[tuple, dict] = {}  # (request, node, outputs) -> a group member's outputs
 
-    def submit(self, firing: Firing) -> None:
-        self.queue.append(firing)
-
-    def has_work(self) -> bool:
-        return bool(self.queue)
-
-    def step(self) -> list[FiringResult]:
-        self.steps += 1
-        batch = [self.queue.popleft() for _ in range(min(self.max_batch, len(self.queue)))]
-        return [FiringResult(f, outputs={o: self._value(f, o) for o in f.outputs}) for f in batch]
-
-    runs_groups = True
-
-    def run_group(self, group: Group) -> list[dict | str]:
+    def run_groups(self, groups: list[Group], may_yield: bool = False) -> list[list[Result]]:
         """One dict per member, cached per (request, node, outputs): the same every iteration."""
         self.steps += 1
-        node, outputs, cache = group.node, group.outputs, self._groups
-        out = []
-        for rid in group.request_ids:
-            values = cache.get((rid, node, outputs))
-            if values is None:
-                values = cache[(rid, node, outputs)] = {o: self._salted(rid, node, o) for o in outputs}
-            out.append(values)
-        return out
-
-    def _value(self, f: Firing, output: str) -> torch.Tensor:
-        return self._salted(f.request_id, f.node, output)
+        cache, results = self._groups, []
+        for group in groups:
+            node, outputs, out = group.node, group.outputs, []
+            for rid in group.request_ids:
+                values = cache.get((rid, node, outputs))
+                if values is None:
+                    values = cache[(rid, node, outputs)] = {o: self._salted(rid, node, o) for o in outputs}
+                out.append(values)
+            results.append(out)
+        return results
 
     def _salted(self, request_id: str, node: str, output: str) -> torch.Tensor:
         salt = self._salts.get((request_id, node))
@@ -66,7 +49,6 @@ class NullEngine(Engine):
         return value
 
     def release(self, request_id: str) -> None:
-        self.queue = deque(f for f in self.queue if f.request_id != request_id)
         for key in [k for k in self._salts if k[0] == request_id]:
             del self._salts[key]
         for key in [k for k in self._groups if k[0] == request_id]:

@@ -19,7 +19,7 @@ from typing import Any
 from walkserve.core.errors import GraphError
 from walkserve.core.finish import FinishReason
 from walkserve.core.request import RequestSpec
-from walkserve.engines.base import Engine, Firing
+from walkserve.engines.base import LATER, Engine, Firing, Group
 from walkserve.engines.spec import BuildContext
 from walkserve.engines.stateless import component_batch
 from walkserve.engines.values import concat, to_array, to_tensor
@@ -247,18 +247,23 @@ class _WalkRun:
         return Chunk(span, tuple(items[span.start : span.end]))
 
 
+def _group_of(f: Firing) -> Group:
+    """One firing as a group of one member (what an engine runs)."""
+    return Group(f.walk, f.node, f.component, f.op, f.outputs, f.node_params, [f.request_id], [f.path], [f.inputs],
+                 [f.params], [f.sampling], kv=None if f.kv is None else [f.kv], spans=[f.spans])
+
+
 def _component_caller(components: Mapping[str, Any]) -> Callable[[Firing], dict]:
     def call(firing: Firing) -> dict:
         comp = components[firing.component]
         try:
             if isinstance(comp, Engine):
-                comp.submit(firing)
-                while True:
-                    for result in comp.step():
-                        if result.firing.id == firing.id:
-                            if result.error:
-                                raise ComponentFailed(result.error)
-                            return result.outputs
+                group = _group_of(firing)
+                while (result := comp.run_groups([group], may_yield=True)[0][0]) is LATER:
+                    pass  # a long prefill goes on over calls
+                if isinstance(result, str):
+                    raise ComponentFailed(result)
+                return result
             return comp.forward_batch(component_batch([firing]))[0]
         except ComponentFailed:
             raise

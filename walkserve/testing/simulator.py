@@ -1,12 +1,13 @@
 """A virtual cluster in one process: every rank's executor, messages delivered in a random order.
 
-The simulator drives the same Executor the worker's heartbeat runs and
-the same RequestRun the conductor keeps, but replaces processes and sockets
-with in-memory channels. Messages between a pair of endpoints stay in order
-(as ZeroMQ keeps them); everything else is drawn from a seeded RNG: which
-channel delivers next, when a rank takes a pass over its cohorts, when an
-engine steps, and, per rank and component, whether the engine runs groups or
-answers single firings a random few at a time. Running many requests this
+The simulator drives the same Executor the worker's heartbeat runs and the same
+RequestRun the conductor keeps, but replaces processes and sockets with
+in-memory channels. Messages between a pair of endpoints stay in order (as
+ZeroMQ keeps them); everything else is drawn from a seeded RNG: which channel
+delivers next, when a rank takes a pass over its cohorts, and, per rank and
+component, whether the engine answers a whole group at once or a random few
+of its members per call (the others ``LATER``, offered again in later passes,
+as a long prefill is). Running many requests this
 way against the reference executor checks the executor's semantics under
 interleavings real processes rarely produce.
 """
@@ -24,7 +25,7 @@ import msgspec
 from walkserve.conductor.request_run import RequestRun, safe_advance
 from walkserve.core.finish import FinishReason
 from walkserve.core.request import RequestSpec
-from walkserve.engines.base import Engine, Firing, FiringResult, Group
+from walkserve.engines.base import LATER, Engine, Firing, Group, Result
 from walkserve.engines.stateless import component_batch
 from walkserve.engines.values import concat, to_array, to_tensor
 from walkserve.graph.walk import WalkGraph
@@ -46,21 +47,16 @@ class SimStats:
 
 
 class GroupOnlyEngine(Engine):
-    """An engine that only runs groups (``run_group``); never given single firings.
+    """An engine that answers each group whole, one ``run_group`` per group.
 
     For the simulator and for tests of cohorts: subclasses implement ``run_group``.
     """
 
-    runs_groups = True
+    def run_group(self, group: Group) -> list[Result]:
+        raise NotImplementedError
 
-    def submit(self, firing: Firing) -> None:
-        raise AssertionError(f"{type(self).__name__} runs groups only")
-
-    def step(self) -> list[FiringResult]:
-        return []
-
-    def has_work(self) -> bool:
-        return False
+    def run_groups(self, groups: list[Group], may_yield: bool = False) -> list[list[Result]]:
+        return [self.run_group(g) for g in groups]
 
     def release(self, request_id: str) -> None:
         pass
@@ -73,6 +69,12 @@ def _forward(module: Any, firing: Firing) -> dict | str:
         return f"node {firing.node!r} failed: {type(e).__name__}: {e}"
 
 
+def _firing(group: Group, i: int) -> Firing:
+    spans = group.spans[i] if group.spans else {}
+    return Firing(0, group.request_ids[i], group.walk, group.node, group.component, group.op, group.paths[i],
+                  group.inputs[i], group.outputs, group.params[i], None, group.node_params, spans)
+
+
 class _GroupEngine(GroupOnlyEngine):
     """Each member of a group through the component's ``forward_batch`` alone."""
 
@@ -80,40 +82,31 @@ class _GroupEngine(GroupOnlyEngine):
         self.component, self.module = component, module
 
     def run_group(self, group: Group) -> list:
-        spans = group.spans or [{}] * len(group.request_ids)
-        return [
-            _forward(self.module, Firing(0, rid, group.walk, group.node, group.component, group.op, path, inputs,
-                                         group.outputs, params, None, group.node_params, sp))
-            for rid, path, inputs, params, sp in zip(group.request_ids, group.paths, group.inputs, group.params, spans, strict=True)
-        ]
+        return [_forward(self.module, _firing(group, i)) for i in range(len(group.request_ids))]
 
 
-class _FiringEngine(Engine):
-    """Single firings, answered a random non-empty few per step (the others wait for later steps)."""
+class _YieldingEngine(Engine):
+    """Answers a random non-empty few of a group's members per call, the others ``LATER`` (when it may yield):
+    a member's work starts at its first offer and is answered at a later one."""
 
     def __init__(self, component: str, module: Any, rng: random.Random):
         self.component, self.module, self.rng = component, module, rng
-        self.queue: list[Firing] = []
+        self.inflight: dict[tuple, Firing] = {}  # (request, node, path) -> the member's work, as first offered
 
-    def submit(self, firing: Firing) -> None:
-        self.queue.append(firing)
-
-    def has_work(self) -> bool:
-        return bool(self.queue)
-
-    def step(self) -> list[FiringResult]:
-        n = self.rng.randint(1, len(self.queue))
-        picked = self.rng.sample(range(len(self.queue)), n)
-        batch = [self.queue[i] for i in sorted(picked)]
-        self.queue = [f for i, f in enumerate(self.queue) if i not in picked]
+    def run_groups(self, groups: list[Group], may_yield: bool = False) -> list[list[Result]]:
         out = []
-        for f in batch:
-            result = _forward(self.module, f)
-            out.append(FiringResult(f, error=result) if isinstance(result, str) else FiringResult(f, outputs=result))
+        for group in groups:
+            keys = [(rid, group.node, path) for rid, path in zip(group.request_ids, group.paths, strict=True)]
+            for i, key in enumerate(keys):
+                self.inflight.setdefault(key, _firing(group, i))
+            n = self.rng.randint(1, len(keys)) if may_yield else len(keys)
+            answer = set(self.rng.sample(range(len(keys)), n))
+            out.append([_forward(self.module, self.inflight.pop(key)) if i in answer else LATER
+                        for i, key in enumerate(keys)])
         return out
 
     def release(self, request_id: str) -> None:
-        self.queue = [f for f in self.queue if f.request_id != request_id]
+        self.inflight = {k: f for k, f in self.inflight.items() if k[0] != request_id}
 
 
 def placement_of(graph: WalkGraph, ranks_of: RanksOf) -> Placement:
@@ -136,7 +129,8 @@ class Simulator:
         groups: float = 0.5,
         local_walks: bool = True,
     ):
-        """``groups``: the share of (rank, component) engines that run groups; the rest answer firings."""
+        """``groups``: the share of (rank, component) engines that answer groups whole; the rest a few members
+        per call."""
         self.graph, self.components, self.ranks_of = graph, components, ranks_of
         self.rng = random.Random(seed)
         self.batched, self.groups, self.local_walks = batched, groups, local_walks
@@ -157,7 +151,7 @@ class Simulator:
             engines = {}
             for name, module in self.components.items():
                 grouped = self.rng.random() < self.groups
-                engines[name] = _GroupEngine(name, module) if grouped else _FiringEngine(name, module, self.rng)
+                engines[name] = _GroupEngine(name, module) if grouped else _YieldingEngine(name, module, self.rng)
             ex = self.executors[rank] = Executor(
                 rank, self.graph, engines, concat, self.placement, self.batched, (to_array, to_tensor)
             )
@@ -173,7 +167,7 @@ class Simulator:
     def run(self, max_steps: int = 2_000_000) -> dict[str, ReferenceResult]:
         for _ in range(max_steps):
             live = [k for k, q in self.channels.items() if q]
-            busy = [r for r, ex in self.executors.items() if ex.dirty or any(e.has_work() for e in ex.engines.values())]
+            busy = [r for r, ex in self.executors.items() if ex.dirty]
             if not live and not busy:
                 break
             if busy and (not live or self.rng.random() < 0.4):
@@ -187,13 +181,8 @@ class Simulator:
         return self.results
 
     def _tick(self, rank: int) -> None:
-        """A pass over the rank's cohorts or one engine step, whichever the RNG picks among those with work."""
-        ex = self.executors[rank]
-        can_step = any(e.has_work() for e in ex.engines.values())
-        if ex.dirty and (not can_step or self.rng.random() < 0.5):
-            ex.advance()
-        else:
-            ex.step_engine()
+        """A pass over the rank's cohorts."""
+        self.executors[rank].advance()
         self._flush(rank)
 
     def _flush(self, rank: int) -> None:

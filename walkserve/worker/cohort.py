@@ -5,8 +5,9 @@ scope's instance, a walk's top) and sits at a *unit* of its iteration. A pass
 walks the units in order; at each unit, every member that is there and has
 what the unit needs runs it at once:
 
-    node unit    one Group for all of them (Engine.run_group), or one Firing each
-                 for an engine without groups (the member waits for its result)
+    node unit    one Group for all of them (Engine.run_groups); a member the engine
+                 answers LATER stays and is offered again next pass; a gathering
+                 engine's group waits for its one call after the pass
     child unit   each member starts its child instance (a nested loop, a stream
                  consumer's scope); the child runs in its own cohort, concurrently,
                  and the member's iteration ends only after the child ended
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from walkserve.engines.base import Firing, Group
+from walkserve.engines.base import LATER, Engine, Group
 from walkserve.engines.kv.ops import bind as bind_kv
 from walkserve.graph.stop import resolve_count
 from walkserve.worker import iteration, streams
@@ -66,6 +67,9 @@ class Cohort:
 
     def members(self) -> int:
         return sum(1 for b in (*self.buckets, self.joining) for m in b if m.live)
+
+    def yielded(self) -> int:
+        return sum(1 for b in self.buckets for m in b if m.live and m.yielded)
 
     def _admit(self) -> bool:
         if self.boundary or not any(m.live for b in self.buckets[1:] for m in b):
@@ -159,13 +163,15 @@ class Cohort:
         prepared = self._inputs(unit, ready)
         if prepared is None:
             return
-        engine = self.engines[unit.node.component]
-        if not engine.runs_groups:
-            self._submit(engine, unit, *prepared, stay)
+        members, engine = prepared[0], self.engines[unit.node.component]
+        group = self._group_of(unit, *prepared)
+        if engine.gathers:  # called once after the pass, with every cohort's groups: the members wait for it
+            for m in members:
+                m.busy = 1
+                stay.append(m)
+            self.registry.gather(engine, self, unit, members, group)
             return
-        members = prepared[0]
-        self._store(unit, members, self.engines.call(engine, [self._group_of(unit, *prepared)])[0])
-        for m in members:
+        for m in self._store(unit, members, self.engines.call(engine, [group], may_yield=True)[0], stay):
             if m.live:
                 m.pos = i + 1
                 nxt.append(m)
@@ -179,15 +185,13 @@ class Cohort:
             members, inputs, spans, kv = self._bind(node, members, inputs, spans)
         if not members:
             return None
-        self.fx.counters["firings"] += len(members)
         return members, inputs, spans, kv
 
     def _prepare(self, unit: NodeUnit, ready: list[Member], stay: list[Member], nxt: list[Member], i: int,
                  joined: list[_Prepared]) -> None:
         """A unit of a joined engine call: its group waits for the call's last unit; the members go on to the
         next unit at once (it reads nothing of this one)."""
-        engine = self.engines[unit.node.component]
-        if not engine.runs_groups:
+        if self.engines[unit.node.component].gathers:
             self._run(unit, ready, stay, nxt, i)
             return
         prepared = self._inputs(unit, ready)
@@ -202,11 +206,19 @@ class Cohort:
         """One engine call for the groups of consecutive joined units (``Engine.run_groups``)."""
         engine = self.engines[joined[0][0].node.component]
         for (unit, members, _), results in zip(joined, self.engines.call(engine, [g for _, _, g in joined])):
-            self._store(unit, members, results)
+            self._store(unit, members, results, None)
 
-    def _store(self, unit: NodeUnit, members: list[Member], results: list) -> None:
+    def _store(self, unit: NodeUnit, members: list[Member], results: list, stay: list[Member] | None) -> list[Member]:
+        """The members' results: outputs kept, errors fail their request, a member answered LATER waits in ``stay``
+        for the next pass (offered again). Returns the members that ran."""
         fx, name, done = self.fx, unit.node.name, []
         for m, out in zip(members, results):
+            if out is LATER and stay is not None:
+                m.yielded = True
+                stay.append(m)
+                continue
+            m.yielded = False
+            fx.counters["firings"] += 1
             if not m.live:  # failed by another unit of the same call
                 continue
             if type(out) is dict:
@@ -216,6 +228,7 @@ class Cohort:
             else:
                 fx.fail(m.run, out if isinstance(out, str) else f"node {name!r} returned {type(out).__name__}, not outputs")
         self._produced(unit, done)
+        return done
 
     def _gather(self, unit: NodeUnit, ready: list[Member]) -> tuple[list[Member], list[dict], list[dict] | None]:
         """The inputs (and stream spans) of the members that have them; a missing output fails its request."""
@@ -285,34 +298,14 @@ class Cohort:
             kv=kv, spans=spans,
         )
 
-    def _submit(self, engine: Any, unit: NodeUnit, members: list[Member], inputs: list, spans: list | None,
-                kv: list | None, stay: list) -> None:
-        engines, node = self.engines, unit.node
-        for j, m in enumerate(members):
-            req = m.run.request
-            firing = Firing(
-                engines.next_id(), m.rid, m.run.walk, node.name, node.component, node.op, m.path,
-                inputs[j], node.outputs, req.params, req.sampling_for(node.name), node.params,
-                spans[j] if spans else {}, kv[j] if kv else None,
-            )
-            m.busy = 1
-            stay.append(m)
-            engines.submit(engine, firing, (self, m, unit, m.k))
-
-    def on_result(self, m: Member, unit: NodeUnit, k: int, outputs: dict | None, error: str | None) -> None:
-        """An engine answered a Firing of ``unit`` for ``m`` at iteration ``k``."""
-        if not m.live or m.k != k:
-            return
-        m.busy = 0
-        if error is not None:
-            self.fx.fail(m.run, error)
-            return
-        m.cur[unit.node.name] = outputs or {}
-        m.fired += 1
-        self._produced(unit, [m])
-        if m.live:
-            m.unit_done = True
-            self.fx.touch(self)
+    def answered(self, unit: NodeUnit, members: list[Member], results: list) -> None:
+        """A gathering engine's call after the pass answered the members of ``unit``: they move on next pass."""
+        for m in members:
+            m.busy = 0
+        for m in self._store(unit, members, results, None):
+            if m.live:
+                m.unit_done = True
+        self.fx.touch(self)
 
     def _produced(self, unit: NodeUnit, done: list[Member]) -> None:
         """A node ran for ``done``: consume stream chunks, send what other ranks read, let leaving outputs go."""
@@ -427,6 +420,7 @@ class Cohorts:
     def __init__(self, fx: Effects, engines: EngineSet, batched: bool = True):
         self.fx, self.engines, self.batched = fx, engines, batched
         self.by_key: dict[Any, Cohort] = {}
+        self.gathered: dict[Engine, list[tuple[Cohort, NodeUnit, list[Member], Group]]] = {}  # for after the pass
 
     def add(self, local: LocalLevel, member: Member) -> None:
         key = local if self.batched else (local, member.rid)
@@ -510,7 +504,20 @@ class Cohorts:
         for cohort in again:
             if cohort.advance():
                 fx.dirty[cohort] = None
+        if self.gathered:
+            self._run_gathered()
         return moved
+
+    def gather(self, engine: Engine, cohort: Cohort, unit: NodeUnit, members: list[Member], group: Group) -> None:
+        self.gathered.setdefault(engine, []).append((cohort, unit, members, group))
+
+    def _run_gathered(self) -> None:
+        """One call per gathering engine, with every cohort's groups of the pass (``Engine.gathers``)."""
+        gathered, self.gathered = self.gathered, {}
+        for engine, calls in gathered.items():
+            results = self.engines.call(engine, [group for *_, group in calls])
+            for (cohort, unit, members, _), answers in zip(calls, results):
+                cohort.answered(unit, members, answers)
 
     def drop(self, rid: str) -> None:
         """With loop cohorts off, a released request's cohorts go."""
@@ -520,3 +527,7 @@ class Cohorts:
 
     def members(self) -> int:
         return sum(c.members() for c in self.by_key.values())
+
+    def yielded(self) -> int:
+        """Members whose engine work goes on over passes (answered LATER, not yet done)."""
+        return sum(c.yielded() for c in self.by_key.values())

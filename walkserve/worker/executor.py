@@ -1,12 +1,12 @@
 """The executor: every request's walks on one rank, stepped as cohorts.
 
-The worker's heartbeat (``worker.Worker.run``) drives it: receive -> advance -> step -> send.
+The worker's heartbeat (``worker.Worker.run``) drives it: receive -> advance -> send.
 
     receive   decoded messages: walks to start (StartWalk), rows of other ranks'
               batched messages, releases, stats queries
-    advance   one pass of every cohort that may move (``cohort.Cohorts``); then the
-              walks that ended in it are reported, or their next walk starts here
-    step      one step of one engine with queued firings (engines without run_group)
+    advance   one pass of every cohort that may move (``cohort.Cohorts``), each engine
+              called with groups (``Engine.run_groups``); then the walks that ended in
+              it are reported, or their next walk starts here
     send      what the passes produced waits in ``out`` (``outgoing``) for the worker to send
 
 Calls go down only. What a pass may do to the rank goes through ``effects``;
@@ -287,17 +287,6 @@ class Executor:
             self._walks_done()
         return moved
 
-    def step_engine(self) -> bool:
-        """One step of the next engine (round robin) with queued firings; False if none has any."""
-        answers = self.engine_set.step()
-        if answers is None:
-            return False
-        for (cohort, member, unit, k), outputs, error in answers:
-            cohort.on_result(member, unit, k, outputs, error)
-        if self.fx.done:
-            self._walks_done()
-        return True
-
     # ---- stats ---------------------------------------------------------------------------------
     def stats(self) -> m.RankStats:
         engines, nodes, state, counted = {}, {}, 0, set()
@@ -309,7 +298,7 @@ class Executor:
                     counted.add(id(engine))
             except Exception:
                 engines[name] = {}
-            per_node = getattr(engine, "node_stats", None)
+            per_node = engine.node_stats()
             if per_node:
                 nodes.update({node: dict(s) for node, s in per_node.items()})
             elif self.steps.get(name):
@@ -319,7 +308,7 @@ class Executor:
             walk_states=sum(not run.done for run in runs),
             requests=len(self.requests),
             engine_state=state,
-            inflight=len(self.engine_set.pending),
+            inflight=self.cohorts.yielded(),
             cohort_members=self.cohorts.members(),
             early=sum(len(v) for v in self.early.values()) + sum(len(v) for run in runs for v in run.early.values())
             + sum(len(v) for v in self.held.values()),

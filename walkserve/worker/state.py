@@ -171,7 +171,7 @@ class Member:
     __slots__ = (
         "acc", "ahead", "bound", "busy", "children", "cohort", "cur", "decided", "end", "entry", "exit_in", "fired",
         "held", "k", "live", "local", "others", "outer", "parent", "path", "paused", "pos", "prev", "rid", "run",
-        "started", "unit_done",
+        "started", "unit_done", "yielded",
     )
 
     def __init__(self, run: WalkRun, local: LocalLevel, outer: Path, parent: Member | None, entry: dict, bound: int | None):
@@ -192,6 +192,7 @@ class Member:
         self.started = False  # iteration k passed its gate (stream chunk, backpressure)
         self.busy = 0  # engine firings of the current unit not answered yet
         self.unit_done = False  # the current unit's firings were answered
+        self.yielded = False  # the engine answered LATER: its work goes on, the member is offered again
         self.children = 0  # child instances started this iteration that have not ended
         self.held: list | None = None  # outputs of deeper levels waiting for this member's decision
         self.exit_in: dict | None = None  # exit values children passed up this iteration, by route

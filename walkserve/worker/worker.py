@@ -2,8 +2,8 @@
 
     receive       frames from the conductor and other ranks: decoded, tensors unpacked,
                   applied to the executor (walks to start, rows of batched messages, releases)
-    advance       one step of an engine with queued firings, then one pass of every
-                  cohort that may move (``executor``, ``cohort``)
+    advance       one pass of every cohort that may move, each engine called with its
+                  groups (``executor``, ``cohort``)
     send          what the executor produced, tensors packed for each destination; other
                   ranks' frames first, then the conductor's
     housekeeping  this rank's counters every half second; rows that waited too long dropped
@@ -112,20 +112,10 @@ class Worker:
                 log.warning("rank %d ignores %s", self.rank, type(msg).__name__)
 
     def advance(self) -> None:
-        """One engine step, then one pass of the cohorts; ``busy`` while either may have more to do.
-
-        The engine step goes first so that a firing handed over in the last pass
-        (a stream consumer's chunk, a new request's prefill) waits only for the
-        heartbeat's send and receive, not also for the cohorts' next step (a
-        speech answer's first Code2Wav chunk would wait one more talker and
-        code-predictor step); the cohorts the step's results touch move in the
-        same pass, and what the cohorts' pass produces is sent before the next
-        engine step runs.
-        """
+        """One pass of the cohorts; ``busy`` while the executor may move without a new message."""
         ex = self.executor
-        stepped = ex.step_engine()
         moved = ex.advance()
-        self.busy = moved or stepped or bool(ex.dirty)
+        self.busy = moved or bool(ex.dirty)
 
     def send(self) -> None:
         """Frames for other ranks leave first, then the conductor's: another rank's next step waits on its

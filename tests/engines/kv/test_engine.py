@@ -340,7 +340,7 @@ def test_prompt_logprobs_are_one_prefill_and_match_transformers(tiny_lm, hf_lm):
     assert torch.equal(out["prompt_top_logprob_ids"], top.indices)
 
 
-def test_run_group_steps_a_cohort_in_one_call_and_equals_transformers(tiny_lm, hf_lm):
+def test_run_groups_steps_a_cohort_in_one_call_and_equals_transformers(tiny_lm, hf_lm):
     from walkserve.engines.base import Group
 
     prompts = [_prompt(5 + 3 * i, 30 + i) for i in range(3)]
@@ -354,7 +354,7 @@ def test_run_group_steps_a_cohort_in_one_call_and_equals_transformers(tiny_lm, h
     for k in range(6):
         group = Group("decode", "lm", "lm", "forward", ("token",), {}, [f"g{i}" for i in range(3)],
                       [(k,)] * 3, [{"tokens": torch.tensor(t)} for t in last], [{}] * 3, [GREEDY_ROW] * 3)
-        outs = engine.run_group(group)
+        (outs,) = engine.run_groups([group])
         assert all(isinstance(o, dict) for o in outs), outs
         last = [o["token"].tolist() for o in outs]
         for i, t in enumerate(last):
@@ -423,3 +423,46 @@ def test_prompt_logprobs_survive_a_preemption_in_the_middle_of_their_prefill(tin
     assert engine.stats()["preemptions"] > 0  # "first" decoded into the blocks "p" held
     assert out is not None
     torch.testing.assert_close(out["prompt_logprobs"], _hf_prompt_logprobs(hf_lm, prompt), atol=1e-4, rtol=1e-4)
+
+
+def _group(rid: str, tokens: list[int], path: tuple[int, ...] = ()):
+    from walkserve.engines.base import Group
+
+    return Group("w", "lm", "lm", "forward", ("token",), {}, [rid], [path], [{"tokens": torch.tensor(tokens)}], [{}],
+                 [GREEDY_ROW])
+
+
+def test_a_long_prefill_yields_between_its_chunks_and_others_step_in_between(tiny_lm, hf_lm):
+    """With may_yield, a prefill longer than a step's token budget answers LATER after each chunk; offered again,
+    it goes on (it is not submitted twice) and a decode of another request runs in its own call between chunks."""
+    from walkserve.engines.base import LATER
+
+    engine = _engine(tiny_lm, max_batch_tokens=16)
+    short = _prompt(6, 40)
+    (first,) = engine.run_groups([_group("short", short)], may_yield=True)
+    assert isinstance(first[0], dict)
+    long, answers, decodes = _prompt(50, 41), [], []
+    token = first[0]["token"].tolist()
+    for k in range(8):
+        (answer,) = engine.run_groups([_group("long", long)], may_yield=True)
+        answers.append(answer[0])
+        if answer[0] is not LATER:
+            break
+        (decode,) = engine.run_groups([_group("short", token, (k,))], may_yield=True)
+        assert isinstance(decode[0], dict)  # another request's decode is answered in one call, between the chunks
+        token = decode[0]["token"].tolist()
+        decodes += token
+    # 50 tokens at most 16 a step: the first call answers LATER; the decodes' steps carry on chunks of it too
+    assert answers[0] is LATER and set(answers[:-1]) == {LATER} and isinstance(answers[-1], dict)
+    assert answers[-1]["token"].tolist() == hf_greedy(hf_lm, long, 1)
+    assert first[0]["token"].tolist() + decodes == hf_greedy(hf_lm, short, 1 + len(decodes))
+    stats = engine.stats()
+    assert stats["forward_rows.lm"] == len(short) + len(long) + len(decodes)  # no row ran twice
+    assert stats["forward_steps"] == 1 + 2 * len(decodes)  # one step per call that had work
+
+
+def test_without_may_yield_a_long_prefill_is_answered_in_one_call(tiny_lm, hf_lm):
+    engine = _engine(tiny_lm, max_batch_tokens=16)
+    long = _prompt(50, 41)
+    (answer,) = engine.run_groups([_group("long", long)])
+    assert answer[0]["token"].tolist() == hf_greedy(hf_lm, long, 1) and engine.stats()["forward_steps"] == 4

@@ -17,7 +17,7 @@ import torch
 
 import walkserve.models.builtin  # noqa: F401  (registers the families)
 from walkserve.core.finish import FinishReason
-from walkserve.engines.base import Engine, Firing, FiringResult
+from walkserve.engines.base import Engine, Group
 from walkserve.engines.registry import build_engine
 from walkserve.engines.spec import BuildContext
 from walkserve.models.base import ModelRef
@@ -33,24 +33,19 @@ CPU = BuildContext(rank=0, device="cpu", dtype="float32")
 
 
 class Recording(Engine):
-    """Passes firings through to an engine and records every token it samples, per request."""
+    """Passes groups through to an engine and records every token it samples, per request."""
 
     def __init__(self, inner: Engine):
         self.inner, self.component = inner, inner.component
         self.tokens: dict[str, list[int]] = defaultdict(list)
 
-    def submit(self, firing: Firing) -> None:
-        self.inner.submit(firing)
-
-    def step(self) -> list[FiringResult]:
-        results = self.inner.step()
-        for r in results:
-            if r.outputs and "token" in r.outputs:
-                self.tokens[r.firing.request_id].append(int(r.outputs["token"][0]))
+    def run_groups(self, groups: list[Group], may_yield: bool = False) -> list:
+        results = self.inner.run_groups(groups, may_yield)
+        for group, answers in zip(groups, results, strict=True):
+            for rid, out in zip(group.request_ids, answers, strict=True):
+                if isinstance(out, dict) and "token" in out:
+                    self.tokens[rid].append(int(out["token"][0]))
         return results
-
-    def has_work(self) -> bool:
-        return self.inner.has_work()
 
     def release(self, request_id: str) -> None:
         self.inner.release(request_id)

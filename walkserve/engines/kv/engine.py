@@ -14,7 +14,8 @@ A firing is answered once its chunk has run, with the outputs it names
 the KV). Sampling uses ``firing.sampling`` (greedy when None);
 ``node_params["token_ranges"]`` (a list of ``[lo, hi)`` id ranges, or a
 function of the number of tokens sampled so far returning one) restricts
-which ids may be drawn. ``run_group`` runs a loop cohort's step as one call.
+which ids may be drawn. ``run_groups`` runs a cohort's step as one call (``submit``/``step`` are
+the engine's own, used by it and by tests that drive it by hand).
 
     step():  plan = scheduler.schedule()      which chunks of which contexts, which queries
              outs = runner.execute(chunks)     one forward per model + sampling
@@ -35,7 +36,7 @@ from torch import nn
 from walkserve.core.context import context_fits
 from walkserve.core.errors import ConfigError
 from walkserve.core.options import KVOptions
-from walkserve.engines.base import Engine, Firing, FiringResult, Group
+from walkserve.engines.base import LATER, Engine, Firing, FiringResult, Group, Result
 from walkserve.engines.kv.block_manager import BlockManager, ContextKey
 from walkserve.engines.kv.kv_pool import KVPool, KVPoolShape, pool_blocks
 from walkserve.engines.kv.migrate import ContextMigration
@@ -70,7 +71,6 @@ class KVCacheEngine(Engine):
     replaces the CUDA capturer (tests pass a stand-in that runs on the CPU).
     """
 
-    runs_groups = True
     kv_contexts = True
     migrates = True
 
@@ -111,6 +111,10 @@ class KVCacheEngine(Engine):
         self.forwards = 0  # steps that ran the models (each one batch over every scheduled chunk)
         self._queues: dict[str, deque[list]] = defaultdict(deque)  # request -> [[firing, ops, next op index]]
         self._fans: dict[int, FanJoin] = {}  # id(firing) -> the member outputs of a fanned forward so far
+        self._inflight: dict[tuple[str, str, tuple[int, ...]], int] = {}  # a group member (request, node, path) -> its firing
+        self._owners: dict[int, tuple[str, str, tuple[int, ...]]] = {}  # and back
+        self._answers: dict[int, Any] = {}  # a group member's answer, until the worker takes it
+        self._partial = False  # the last step ran a chunk that did not finish its firing (a prefill goes on)
 
     # ---- Engine contract -------------------------------------------------
     def submit(self, firing: Firing) -> None:
@@ -138,6 +142,7 @@ class KVCacheEngine(Engine):
     def step(self) -> list[FiringResult]:
         results, self._ready = self._ready, []
         plan = self.scheduler.schedule()
+        self._partial = any(c.pending is not None and c.completes is None for c in plan.chunks)
         if not plan.chunks:
             return results
         self.forwards += 1
@@ -165,36 +170,53 @@ class KVCacheEngine(Engine):
             self._start(rid)
         return results + self._take_ready()
 
-    def run_group(self, group: Group) -> list[dict[str, Any] | str]:
-        """Every member as a firing, stepped until all are answered (other firings' results wait for ``step``)."""
-        return self.run_groups([group])[0]
-
-    def run_groups(self, groups: list[Group]) -> list[list[dict[str, Any] | str]]:
+    def run_groups(self, groups: list[Group], may_yield: bool = False) -> list[list[Result]]:
         """Every member of every group submitted first, then stepped until all are answered: the queries of
-        several nodes (a CFG step's passes) and of every member share the steps' forwards."""
-        ids: list[list[int]] = []
-        for group in groups:
-            ids.append([])
-            for i, rid in enumerate(group.request_ids):
-                firing = Firing(next(_group_ids), rid, group.walk, group.node, group.component, group.op,
-                                group.paths[i], group.inputs[i], group.outputs, group.params[i], group.sampling[i],
-                                group.node_params, kv=group.kv[i] if group.kv else None)
-                ids[-1].append(firing.id)
-                self.submit(firing)
+        several nodes (a CFG step's passes) and of every member share the steps' forwards.
+
+        With ``may_yield`` it returns (``LATER`` for the members not answered yet) after a step that ran a
+        prefill chunk short of its firing's end: those members stay in flight here, and the worker offers
+        them again in a later pass, which goes on from there (``_inflight``); a long prefill runs one chunk
+        per pass and the other cohorts' steps run between its chunks."""
+        ids = [[self._firing_for(group, i) for i in range(len(group.request_ids))] for group in groups]
         wanted = {fid for part in ids for fid in part}
-        answers: dict[int, dict[str, Any] | str] = {}
-        others: list[FiringResult] = []
-        while len(answers) < len(wanted):
+        answers, others = self._answers, []
+        while not wanted <= answers.keys():
             stepped = self.step()
             for r in stepped:
-                if r.firing.id in answers or r.firing.id not in wanted:
-                    others.append(r)
+                if r.firing.id in self._owners:
+                    answers[r.firing.id] = r.answer()
                 else:
-                    answers[r.firing.id] = r.outputs if r.error is None else r.error
-            if not stepped and not self.has_work():
+                    others.append(r)
+            if (not stepped and not self.has_work()) or (may_yield and self._partial):
                 break
         self._ready = others + self._ready
-        return [[answers.get(fid, f"{self.component}: the firing was never answered") for fid in part] for part in ids]
+        later = may_yield and not wanted <= answers.keys()
+        return [[self._answer(fid, later) for fid in part] for part in ids]
+
+    def _firing_for(self, group: Group, i: int) -> int:
+        """The id of member ``i``'s firing: the one in flight for it, else a new one, submitted."""
+        rid, path = group.request_ids[i], group.paths[i]
+        key = (rid, group.node, path)
+        fid = self._inflight.get(key)
+        if fid is not None:
+            return fid
+        firing = Firing(next(_group_ids), rid, group.walk, group.node, group.component, group.op, path,
+                        group.inputs[i], group.outputs, group.params[i], group.sampling[i], group.node_params,
+                        kv=group.kv[i] if group.kv else None)
+        self._inflight[key] = firing.id
+        self._owners[firing.id] = key
+        self.submit(firing)
+        return firing.id
+
+    def _answer(self, fid: int, later: bool) -> Result:
+        answer = self._answers.pop(fid, None)
+        if answer is None:
+            if later:
+                return LATER
+            answer = f"{self.component}: the firing was never answered"
+        del self._inflight[self._owners.pop(fid)]
+        return answer
 
     def export_contexts(self, request_id: str, names: list[str]) -> list[Any]:
         return self.migration.export_contexts(request_id, names)
@@ -207,6 +229,10 @@ class KVCacheEngine(Engine):
                 or any(c.has_work for c in self.scheduler.contexts.values()))
 
     def release(self, request_id: str) -> None:
+        for key in [k for k in self._inflight if k[0] == request_id]:
+            fid = self._inflight.pop(key)
+            del self._owners[fid]
+            self._answers.pop(fid, None)
         self._queues.pop(request_id, None)
         self._fans = {k: j for k, j in self._fans.items() if j.firing.request_id != request_id}
         self.scheduler.drop_request(request_id)
