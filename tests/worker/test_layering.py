@@ -101,3 +101,54 @@ def test_the_checks_find_a_back_call():
     assert _cycle(graph) is not None
     tree = ast.parse("from walkserve.worker.executor import Executor\ndef f(ex: Executor) -> None: ...")
     assert "executor" in _imports(tree) and "Executor" in _names(tree)
+
+
+STATE_CLASSES = ("RequestState", "WalkRun", "Member", "StreamIn")
+MUTATORS = frozenset({"append", "extend", "pop", "popitem", "setdefault", "clear", "update", "add", "discard", "remove"})
+
+
+def _state_fields() -> set[str]:
+    tree = _modules()["state"]
+    fields = set()
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name in STATE_CLASSES):
+        for node in cls.body:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets):
+                fields |= {e.value for e in node.value.elts}
+    return fields
+
+
+def _foreign_writes(tree: ast.Module, fields: set[str]) -> list[str]:
+    """Writes to a state field through something other than ``self``: ``x.f = ...``, ``x.f[k] = ...``,
+    ``x.f += ...``, ``x.f.append(...)`` (and the other mutating calls)."""
+
+    def field_of(node: ast.AST) -> str | None:
+        while isinstance(node, ast.Subscript):
+            node = node.value
+        if isinstance(node, ast.Attribute) and node.attr in fields:
+            if not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+                return node.attr
+        return None
+
+    found = []
+    for node in ast.walk(tree):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = [e for t in node.targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
+            targets = [node.func.value]
+        found += [f"{ast.unparse(t)} (line {t.lineno})" for t in targets if field_of(t)]
+    return found
+
+
+def test_state_fields_are_written_only_by_their_own_class():
+    """In every module that handles the state objects (it imports ``state``)."""
+    fields, mods, graph = _state_fields(), _modules(), _graph()
+    assert {"phase", "cur", "members", "pausing", "failed"} <= fields
+    users = [name for name in mods if "state" in graph[name]]
+    assert {"cohort", "iteration", "executor", "streams", "effects"} <= set(users)
+    writes = {name: w for name in users if (w := _foreign_writes(mods[name], fields))}
+    assert writes == {}, writes
+    caught = _foreign_writes(ast.parse("m.k = 1\nm.cur['a'] = {}\nrun.members.pop(key)\nself.k = 2"), fields)
+    assert caught == ["m.k (line 1)", "m.cur['a'] (line 2)", "run.members (line 3)"]  # the check itself

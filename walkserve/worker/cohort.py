@@ -32,15 +32,15 @@ from __future__ import annotations
 from typing import Any
 
 from walkserve.engines.base import LATER, Engine, Group
-from walkserve.engines.kv.ops import bind as bind_kv
 from walkserve.graph.stop import resolve_count
 from walkserve.worker import iteration, streams
 from walkserve.worker.effects import Effects
 from walkserve.worker.engine_set import EngineSet
+from walkserve.worker.group import build_group
 from walkserve.worker.local import ChildUnit, LocalLevel, NodeUnit
-from walkserve.worker.program import CARRY, CHUNK, CUR, NodeProgram
+from walkserve.worker.program import CARRY, CUR, LevelKind, NodeProgram
 from walkserve.worker.rows import DecisionRow, EndRow, ItemRow, Row, ValueRow
-from walkserve.worker.state import Member, WalkRun
+from walkserve.worker.state import ANSWERED, ENDED, GATED, WAITING, YIELDED, Member, WalkRun
 
 _MISSING = object()
 _Prepared = tuple[NodeUnit, list[Member], Group]  # a unit of a joined engine call, its members and their group
@@ -58,8 +58,8 @@ class Cohort:
         self.again = False  # the last pass only ended iterations: pass again now
 
     def add(self, m: Member) -> None:
-        m.cohort = self
-        if self.local.level.kind == "root":
+        m.joined(self)
+        if self.local.level.kind is LevelKind.ROOT:
             self.buckets[0].append(m)
         else:
             self.joining.append(m)
@@ -69,7 +69,7 @@ class Cohort:
         return sum(1 for b in (*self.buckets, self.joining) for m in b if m.live)
 
     def yielded(self) -> int:
-        return sum(1 for b in self.buckets for m in b if m.live and m.yielded)
+        return sum(1 for b in self.buckets for m in b if m.phase is YIELDED)
 
     def _admit(self) -> bool:
         if self.boundary or not any(m.live for b in self.buckets[1:] for m in b):
@@ -98,17 +98,18 @@ class Cohort:
             ready, stay, nxt = [], [], buckets[i + 1]
             waits = unit.waits
             for m in bucket:
-                if not m.live:
+                phase = m.phase
+                if phase is ENDED:
                     continue
-                if m.busy:
+                if phase is WAITING:
                     stay.append(m)
-                elif m.unit_done:
-                    m.unit_done, m.pos = False, i + 1
+                elif phase is ANSWERED:
+                    m.move_to(i + 1)
                     nxt.append(m)
                     moved = True
-                elif i == 0 and not m.started:
+                elif phase is GATED:  # at the first unit
                     if not gated:
-                        m.started = True
+                        m.open()
                     elif not iteration.gate(fx, m):
                         if m.live:
                             stay.append(m)
@@ -144,9 +145,9 @@ class Cohort:
             return all(k[0] in cur and k[1] in cur[k[0]] for k in unit.waits)
         for r in unit.waits:
             kind = r.kind
-            if kind == CUR:
+            if kind is CUR:
                 values = m.cur.get(r.node)
-            elif kind == CARRY:
+            elif kind is CARRY:
                 if not m.k:
                     continue
                 values = m.prev.get(r.node)
@@ -160,46 +161,36 @@ class Cohort:
 
     # ---- node units ----------------------------------------------------------------------------
     def _run(self, unit: NodeUnit, ready: list[Member], stay: list[Member], nxt: list[Member], i: int) -> None:
-        prepared = self._inputs(unit, ready)
-        if prepared is None:
+        engine = self.engines[unit.node.component]
+        built = build_group(self.fx, unit, ready, engine.kv_contexts)
+        if built is None:
             return
-        members, engine = prepared[0], self.engines[unit.node.component]
-        group = self._group_of(unit, *prepared)
+        members, group = built
         if engine.gathers:  # called once after the pass, with every cohort's groups: the members wait for it
             for m in members:
-                m.busy = 1
+                m.wait()
                 stay.append(m)
             self.registry.gather(engine, self, unit, members, group)
             return
         for m in self._store(unit, members, self.engines.call(engine, [group], may_yield=True)[0], stay):
             if m.live:
-                m.pos = i + 1
+                m.move_to(i + 1)
                 nxt.append(m)
-
-    def _inputs(self, unit: NodeUnit, ready: list[Member]) -> tuple[list, list, list | None, list | None] | None:
-        """(members, inputs, spans, context operations) of the ready members that have their inputs."""
-        node = unit.node
-        members, inputs, spans = self._gather(unit, ready)
-        kv = None
-        if members and self.engines[node.component].kv_contexts:
-            members, inputs, spans, kv = self._bind(node, members, inputs, spans)
-        if not members:
-            return None
-        return members, inputs, spans, kv
 
     def _prepare(self, unit: NodeUnit, ready: list[Member], stay: list[Member], nxt: list[Member], i: int,
                  joined: list[_Prepared]) -> None:
         """A unit of a joined engine call: its group waits for the call's last unit; the members go on to the
         next unit at once (it reads nothing of this one)."""
-        if self.engines[unit.node.component].gathers:
+        engine = self.engines[unit.node.component]
+        if engine.gathers:
             self._run(unit, ready, stay, nxt, i)
             return
-        prepared = self._inputs(unit, ready)
-        if prepared is None:
+        built = build_group(self.fx, unit, ready, engine.kv_contexts)
+        if built is None:
             return
-        joined.append((unit, prepared[0], self._group_of(unit, *prepared)))
-        for m in prepared[0]:
-            m.pos = i + 1
+        joined.append((unit, *built))
+        for m in built[0]:
+            m.move_to(i + 1)
             nxt.append(m)
 
     def _run_joined(self, joined: list[_Prepared]) -> None:
@@ -214,97 +205,26 @@ class Cohort:
         fx, name, done = self.fx, unit.node.name, []
         for m, out in zip(members, results):
             if out is LATER and stay is not None:
-                m.yielded = True
-                stay.append(m)
+                if m.live:
+                    m.later()
+                    stay.append(m)
                 continue
-            m.yielded = False
             fx.counters["firings"] += 1
             if not m.live:  # failed by another unit of the same call
                 continue
             if type(out) is dict:
-                m.cur[name] = out
-                m.fired += 1
+                m.ran(name, out)
                 done.append(m)
             else:
                 fx.fail(m.run, out if isinstance(out, str) else f"node {name!r} returned {type(out).__name__}, not outputs")
         self._produced(unit, done)
         return done
 
-    def _gather(self, unit: NodeUnit, ready: list[Member]) -> tuple[list[Member], list[dict], list[dict] | None]:
-        """The inputs (and stream spans) of the members that have them; a missing output fails its request."""
-        members, inputs = [], []
-        entry_reads, cur_reads, carry_reads = unit.entry_reads, unit.cur_reads, unit.carry_reads
-        spans: list[dict] | None = [] if unit.chunks else None
-        for m in ready:
-            inp: dict[str, Any] = {}
-            entry = m.entry
-            try:
-                for slot, key in entry_reads:
-                    inp[slot] = entry[key]
-                if cur_reads:
-                    cur = m.cur
-                    for slot, node, output in cur_reads:
-                        inp[slot] = cur[node][output]
-                if carry_reads:
-                    if m.k:
-                        prev = m.prev
-                        for slot, node, output, _ in carry_reads:
-                            inp[slot] = prev[node][output]
-                    else:
-                        for slot, _, _, key in carry_reads:
-                            inp[slot] = entry[key]
-            except KeyError:
-                missing = next(r for r in unit.node.reads if r.slot not in inp)
-                self.fx.fail(m.run, f"node {missing.node!r} returned no output {missing.output!r}, which node {unit.node.name!r} reads")
-                continue
-            if spans is not None:
-                spans.append(self._chunks(m, unit.node.reads, inp))
-            members.append(m)
-            inputs.append(inp)
-        return members, inputs, spans
-
-    def _chunks(self, m: Member, reads: tuple, inp: dict) -> dict:
-        sp = {}
-        for r in reads:
-            if r.kind == CHUNK:
-                s = m.run.stream_in(r.stream, m.outer)
-                chunk = s.buffer.chunk(m.k)
-                inp[r.slot] = self.fx.concat(list(chunk.items), s.template)
-                sp[r.slot] = chunk.span
-        return sp
-
-    def _bind(self, node: NodeProgram, members: list, inputs: list, spans: list | None) -> tuple[list, list, list | None, list]:
-        """Each member's context operations bound to its inputs (a member whose inputs do not fit fails)."""
-        kept, kept_inputs, kept_spans, kv = [], [], [] if spans is not None else None, []
-        for j, m in enumerate(members):
-            try:
-                kv.append(bind_kv(node.name, node.params, inputs[j]))
-            except ValueError as e:
-                self.fx.fail(m.run, f"{node.component}: {e}")
-                continue
-            kept.append(m)
-            kept_inputs.append(inputs[j])
-            if spans is not None:
-                kept_spans.append(spans[j])
-        return kept, kept_inputs, kept_spans, kv
-
-    def _group_of(self, unit: NodeUnit, members: list[Member], inputs: list, spans: list | None,
-                  kv: list | None) -> Group:
-        node = unit.node
-        return Group(
-            members[0].run.walk, node.name, node.component, node.op, node.outputs, node.params,
-            [m.rid for m in members], [m.path for m in members], inputs,
-            [m.run.request.params for m in members], [m.run.request.sampling_for(node.name) for m in members],
-            kv=kv, spans=spans,
-        )
-
     def answered(self, unit: NodeUnit, members: list[Member], results: list) -> None:
         """A gathering engine's call after the pass answered the members of ``unit``: they move on next pass."""
-        for m in members:
-            m.busy = 0
         for m in self._store(unit, members, results, None):
             if m.live:
-                m.unit_done = True
+                m.answered()
         self.fx.touch(self)
 
     def _produced(self, unit: NodeUnit, done: list[Member]) -> None:
@@ -392,7 +312,7 @@ class Cohort:
                 if end is None or m.k < end:
                     iteration.expose(fx, m)
                 else:
-                    m.held = None
+                    m.take_held()  # not exposed: what waited for it is dropped
         first = self.buckets[0]
         for m, end in decided:
             if not m.live:
@@ -409,7 +329,7 @@ class Cohort:
     def _start_children(self, unit: ChildUnit, ready: list[Member], nxt: list[Member], i: int) -> None:
         for m in ready:
             if self.registry.join(m, unit):
-                m.pos = i + 1
+                m.move_to(i + 1)
                 nxt.append(m)
 
 
@@ -451,10 +371,10 @@ class Cohorts:
                 return False
         path = pm.path
         member = Member(run, child, path, pm, entry, bound)
-        run.members[(level.id, path)] = member
-        pm.children += 1
+        run.add(member)
+        pm.child_started()
         self.add(child, member)
-        for row in run.early.pop((level.id, path), ()):
+        for row in run.take_early((level.id, path)):
             self.apply(run, row)
         return True
 

@@ -71,8 +71,9 @@ class Executor:
 
     @property
     def dirty(self) -> dict:
-        """Cohorts that may move, or walks that ended and wait to be handled: the next ``advance`` has work."""
+        """The cohorts that may move: the next ``advance`` has work."""
         return self.fx.dirty
+
 
     # ---- messages ------------------------------------------------------------------------------
     def receive(self, msg: Any) -> None:
@@ -94,7 +95,7 @@ class Executor:
         if req is None:
             req = self.requests[rid] = RequestState(rid, msg.params, msg.sampling, msg.node_sampling)
         if msg.spec is not None:
-            req.spec, req.sticky = msg.spec, dict(msg.sticky)
+            req.may_pick(msg.spec, msg.sticky)
         self.start(req, msg.walk, msg.ranks, msg.inputs)
 
     def on_values(self, msg: m.Values) -> None:
@@ -135,8 +136,7 @@ class Executor:
             if member is None:
                 self._row(rid, walk, DecisionRow(scope, outer, k, end))
             elif end < 0:  # the common case, inline: iteration k continues
-                if k > member.decided:
-                    member.decided = k
+                member.continue_to(k)
                 self.fx.dirty[member.cohort] = None
             else:
                 iteration.decision(self.fx, member, k, end)
@@ -220,14 +220,13 @@ class Executor:
     # ---- walks and members ---------------------------------------------------------------------
     def start(self, req: RequestState, walk: str, ranks: Mapping[str, int], inputs: Mapping[str, Any]) -> WalkRun:
         program = self.programs[walk]
-        run = req.walks[walk] = WalkRun(req, program, ranks, self.rank)
-        run.keep = req.spec is not None and run.all_local and self.placement is not None
+        run = req.start(program, ranks, self.rank)
+        if req.spec is not None and run.all_local and self.placement is not None:
+            # the conductor holds the walk outputs itself for the walks it starts, not for ours
+            run.keep_here({output: inputs[name] for name, output in program.handed_on})
         local = local_level(program, ROOT, run.local_sets[ROOT])
         root = Member(run, local, (), None, {(INPUT, name): v for name, v in inputs.items()}, None)
-        run.members[(ROOT, ())] = root
-        if run.keep:  # the conductor holds these itself for the walks it starts, not for ours
-            for name, output in program.handed_on:
-                run.outputs[output] = inputs[name]
+        run.add(root)
         self.cohorts.add(local, root)
         for _, row in self.early.pop((req.id, walk), ()):
             if root.run.request.failed:

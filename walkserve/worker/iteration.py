@@ -27,7 +27,8 @@ from walkserve.protocol import messages as msg
 from walkserve.streaming.buffer import EXHAUSTED
 from walkserve.worker import streams
 from walkserve.worker.effects import Effects
-from walkserve.worker.program import ExitRoute
+from walkserve.worker.local import ChildUnit
+from walkserve.worker.program import ExitRoute, LevelKind
 from walkserve.worker.state import Member, WalkRun
 
 WAIT = object()
@@ -46,7 +47,7 @@ def gate(fx: Effects, m: Member) -> bool:
         if chunk is EXHAUSTED:
             claim_end(fx, m, m.k)
             return False
-    m.started = True
+    m.open()
     return True
 
 
@@ -68,9 +69,7 @@ def client(fx: Effects, m: Member, node: str, out: str, modality: str, path: tup
     a = m.parent
     while a.local.level.id != hold:
         a = a.parent
-    if a.held is None:
-        a.held = []
-    a.held.append((node, out, modality, path, value))
+    a.hold((node, out, modality, path, value))
 
 
 # ---- ending an iteration -------------------------------------------------------------------------
@@ -78,13 +77,13 @@ def decide(fx: Effects, m: Member) -> Any:
     """Iteration k of ``m`` ran here: None (k+1 follows), the exposed count if the instance ends, or WAIT."""
     local = m.local
     kind, k = local.level.kind, m.k
-    if kind == "root":
+    if kind is LevelKind.ROOT:
         return 1
     if local.stop_local:
         return _stop_rule(fx, m)
-    if kind == "loop":
+    if kind is LevelKind.LOOP:
         return k + 1 if k + 1 >= m.bound else None
-    if kind == "stream":  # a chunk that ran counts; the next one decides (here, or on the consumer's rank)
+    if kind is LevelKind.STREAM:  # a chunk that ran counts; the next one decides (here, or on the consumer's rank)
         return m.end if m.end is not None and m.end <= k + 1 else None
     if m.end is not None:
         return m.end
@@ -110,7 +109,7 @@ def _stop_rule(fx: Effects, m: Member) -> int | None:
         end = k + 1 if rule.include_stopping else k
     elif k + 1 >= m.bound:
         end = k + 1
-        run.hit_bound = True
+        run.bound_hit()
     for rank in m.others:
         fx.out.loop(rank, run.walk, level.id, m.rid, m.outer, k, -1 if end is None else end)
     return end
@@ -118,38 +117,30 @@ def _stop_rule(fx: Effects, m: Member) -> int | None:
 
 def expose(fx: Effects, m: Member) -> None:
     """Iteration k counts: outputs held for it move on, exit values gather."""
-    held, m.held = m.held, None
+    held = m.take_held()
     if held:
         for node, out, modality, path, value in held:
             client(fx, m, node, out, modality, path, value)
     exits = m.local.exits
     if not exits:
         return
-    acc = m.acc
-    if acc is None:
-        acc = m.acc = {}
     for route, i in exits:
         if i == 0:
             values = m.cur.get(route.node)
             value = values.get(route.output, _MISSING) if values is not None else _MISSING
         else:
             value = (m.exit_in or {}).get(route, _MISSING)
-        if value is _MISSING:
-            continue
-        if route.last[i]:
-            acc[route] = [value]
-        else:
-            acc.setdefault(route, []).append(value)
+        if value is not _MISSING:
+            m.gather(route, value, route.last[i])
 
 
 # ---- ending an instance --------------------------------------------------------------------------
 def end_member(fx: Effects, m: Member, n: int) -> None:
     """``m`` ran its last iteration, of which ``n`` are exposed."""
-    m.live = False
+    m.stop()
     run, local = m.run, m.local
     level = local.level
-    run.firings += m.fired
-    run.members.pop((level.id, m.outer), None)
+    run.remove(m)
     for _, _, info in local.produces:
         streams.end(fx, run, info, m.outer, n)
     pm = m.parent
@@ -163,15 +154,13 @@ def end_member(fx: Effects, m: Member, n: int) -> None:
         else:
             value = fx.concat(list(values), None)
         if i + 1 < len(route.levels):
-            if pm.exit_in is None:
-                pm.exit_in = {}
-            pm.exit_in[route] = value
+            pm.pass_up(route, value)
         else:
             land(fx, pm, route, value)
     if pm is None:
         fx.walk_done(run)
     else:
-        pm.children -= 1
+        pm.child_ended()
         fx.touch(pm.cohort)
 
 
@@ -191,22 +180,20 @@ def land(fx: Effects, pm: Member, route: ExitRoute, value: Any) -> None:
 def walk_output(fx: Effects, run: WalkRun, name: str, value: Any) -> None:
     """A walk output: kept when this rank may start the next walk itself, else sent to the conductor."""
     if run.keep:
-        run.outputs[name] = value
+        run.output(name, value)
     else:
         fx.out.conductor(msg.WalkOut(run.request.id, run.walk, name, value))
 
 
 def kill(fx: Effects, m: Member) -> None:
     """Drop ``m`` and everything it started in its current iteration, sending nothing."""
-    m.live = False
+    m.stop()
     run = m.run
-    run.firings += m.fired
-    run.members.pop((m.local.level.id, m.outer), None)
+    run.remove(m)
     path = m.path
     for unit in m.local.units:
-        child_level = getattr(unit, "child", None)
-        if child_level is not None:
-            child = run.members.get((child_level.level.id, path))
+        if type(unit) is ChildUnit:
+            child = run.members.get((unit.child.level.id, path))
             if child is not None:
                 kill(fx, child)
 
@@ -214,15 +201,13 @@ def kill(fx: Effects, m: Member) -> None:
 def decision(fx: Effects, m: Member, k: int, end: int) -> None:
     """Another rank decided iteration ``k`` of ``m``: it continues (``end`` < 0) or ``end`` are exposed."""
     if end < 0:
-        if k > m.decided:
-            m.decided = k
+        m.continue_to(k)
     else:
-        m.end = end
+        m.ends_at(end)
         if m.k >= end:  # the current iteration is not exposed: drop what it started, and end
             path = m.path
             for unit in m.local.units:
-                child_level = getattr(unit, "child", None)
-                if child_level is not None and (child := m.run.members.get((child_level.level.id, path))):
+                if type(unit) is ChildUnit and (child := m.run.members.get((unit.child.level.id, path))):
                     kill(fx, child)
             end_member(fx, m, end)
             return

@@ -22,8 +22,12 @@ from walkserve.worker.program import (
     CHUNK,
     CUR,
     ENTRY,
+    CarryRead,
+    CurRead,
+    EntryRead,
     ExitRoute,
     Key,
+    LevelKind,
     NodeProgram,
     Read,
     WalkProgram,
@@ -40,10 +44,10 @@ class NodeUnit:
     sends: tuple[tuple[str, tuple[str, ...]], ...]  # (output, readers) read on other ranks too
     chunks: tuple[int, ...]  # streams whose chunk it consumes
     leaves: bool  # it has outputs that leave the iteration, and they go out as soon as it ran
-    # its reads by kind, for the gather loop: (slot, key) | (slot, node, output) | (slot, node, output, initial key)
-    entry_reads: tuple[tuple[str, Key], ...]
-    cur_reads: tuple[tuple[str, str, str], ...]
-    carry_reads: tuple[tuple[str, str, str, Key], ...]
+    # its reads by kind, for the gather loop
+    entry_reads: tuple[EntryRead, ...]
+    cur_reads: tuple[CurRead, ...]
+    carry_reads: tuple[CarryRead, ...]
     joins_next: bool = False  # the next unit runs in the same engine call (see the module doc)
 
 
@@ -100,14 +104,15 @@ def _compile(program: WalkProgram, lid: str, local: frozenset[str]) -> LocalLeve
     direct = [program.nodes[n] for n in level.nodes if n in local]
     stop_local = level.stop is not None and level.stop[0] in local
     gate = tuple(s for s in level.fed if s.consumer in local)
-    decides = level.kind in ("root", "loop") or stop_local or (level.kind == "stream" and bool(gate))
+    kind = level.kind
+    decides = kind is LevelKind.ROOT or kind is LevelKind.LOOP or stop_local or (kind is LevelKind.STREAM and bool(gate))
     return LocalLevel(
         program=program,
         level=level,
         local=local,
         units=tuple(units),
         decides=decides,
-        awaits=level.kind == "dynamic" and not stop_local,
+        awaits=kind is LevelKind.DYNAMIC and not stop_local,
         stop_local=stop_local,
         gate=gate,
         produces=tuple((n.name, out, program.streams[s]) for n in direct for out, s in n.streams),
@@ -121,14 +126,14 @@ def _compile(program: WalkProgram, lid: str, local: frozenset[str]) -> LocalLeve
 def _node_unit(node: NodeProgram, here: set[str], local: frozenset[str], now: bool) -> NodeUnit:
     waits = []
     for r in node.reads:
-        if r.kind == CHUNK or (r.kind == CUR and r.node not in here) or (r.kind == CARRY and r.node not in local):
+        if r.kind is CHUNK or (r.kind is CUR and r.node not in here) or (r.kind is CARRY and r.node not in local):
             waits.append(r)
     sends = tuple((out, readers) for out, readers in node.readers.items() if not set(readers) <= local)
-    chunks = tuple(r.stream for r in node.reads if r.kind == CHUNK)
+    chunks = tuple(r.stream for r in node.reads if r.kind is CHUNK)
     leaves = now and bool(node.client or node.streams or node.walk_outputs)
-    entry_reads = tuple((r.slot, r.key) for r in node.reads if r.kind == ENTRY)
-    cur_reads = tuple((r.slot, r.node, r.output) for r in node.reads if r.kind == CUR)
-    carry_reads = tuple((r.slot, r.node, r.output, r.initial.key) for r in node.reads if r.kind == CARRY)
+    entry_reads = tuple(EntryRead(r.slot, r.key) for r in node.reads if r.kind is ENTRY)
+    cur_reads = tuple(CurRead(r.slot, r.node, r.output) for r in node.reads if r.kind is CUR)
+    carry_reads = tuple(CarryRead(r.slot, r.node, r.output, r.initial.key) for r in node.reads if r.kind is CARRY)
     return NodeUnit(node, tuple(waits), sends, chunks, leaves, entry_reads, cur_reads, carry_reads)
 
 
@@ -140,7 +145,7 @@ def _join_stages(units: list[NodeUnit | ChildUnit]) -> list[NodeUnit | ChildUnit
         if type(unit) is NodeUnit:
             run.add(unit.node.name)
             if type(nxt) is NodeUnit and nxt.node.component == unit.node.component \
-                    and not any(r.kind == CUR and r.node in run for r in nxt.node.reads):
+                    and not any(r.kind is CUR and r.node in run for r in nxt.node.reads):
                 unit = replace(unit, joins_next=True)
             else:
                 run = set()
@@ -153,7 +158,7 @@ def _child_unit(program: WalkProgram, child: LevelProgram, local: frozenset[str]
     for n in local:
         for r in program.nodes[n].reads:
             for read in (r, r.initial):
-                if read is not None and read.kind == ENTRY and program.levels[read.landing].depth < child.depth:
+                if read is not None and read.kind is ENTRY and program.levels[read.landing].depth < child.depth:
                     keys.add((read.key, read.landing))
     entry_cur = tuple(sorted(k for k, landing in keys if landing == child.parent and k[0] != INPUT))
     entry_up = tuple(sorted(k for k, _ in keys if k not in entry_cur))

@@ -26,7 +26,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from enum import Enum
+from typing import Any, NamedTuple
 
 from walkserve.core.errors import GraphError
 from walkserve.graph.compose import LAST, DynamicLoop
@@ -46,8 +47,52 @@ from walkserve.graph.plan import (
 from walkserve.graph.stop import Count, StopRule
 
 ROOT = ""
-CUR, CARRY, ENTRY, CHUNK = 0, 1, 2, 3
 Key = tuple[str, str]  # (node or "input", output)
+
+
+class ReadKind(Enum):
+    """How an input slot finds its value (see the module doc)."""
+
+    CUR = "cur"
+    CARRY = "carry"
+    ENTRY = "entry"
+    CHUNK = "chunk"
+
+
+CUR, CARRY, ENTRY, CHUNK = ReadKind.CUR, ReadKind.CARRY, ReadKind.ENTRY, ReadKind.CHUNK
+
+
+class LevelKind(Enum):
+    """What a level is: the walk's top, a Loop, a DynamicLoop, or a stream consumer's per-chunk scope."""
+
+    ROOT = "root"
+    LOOP = "loop"
+    DYNAMIC = "dynamic"
+    STREAM = "stream"
+
+
+class EntryRead(NamedTuple):
+    """A slot's value captured from outside the level when the member joined."""
+
+    slot: str
+    key: Key
+
+
+class CurRead(NamedTuple):
+    """A slot's value from this iteration's output of a node of the level."""
+
+    slot: str
+    node: str
+    output: str
+
+
+class CarryRead(NamedTuple):
+    """A slot's value from the previous iteration's output; at iteration 0 the entry ``initial``."""
+
+    slot: str
+    node: str
+    output: str
+    initial: Key
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +100,7 @@ class Read:
     """Where one input slot's value comes from (see the module doc)."""
 
     slot: str
-    kind: int
+    kind: ReadKind
     node: str = ""
     output: str = ""
     stream: int = -1  # CHUNK
@@ -99,7 +144,7 @@ class NodeProgram:
 @dataclass(frozen=True, slots=True)
 class LevelProgram:
     id: str  # ROOT or the scope id
-    kind: str  # "root" | "loop" | "dynamic" | "stream"
+    kind: LevelKind
     depth: int  # enclosing scopes of its nodes, itself included (a member's path length)
     parent: str | None
     chain: tuple[str, ...]  # its scopes, outermost first (ROOT: ())
@@ -116,7 +161,7 @@ class LevelProgram:
 
     @property
     def loop_like(self) -> bool:
-        return self.kind in ("loop", "dynamic")
+        return self.kind is LevelKind.LOOP or self.kind is LevelKind.DYNAMIC
 
 
 @dataclass(frozen=True)
@@ -202,14 +247,14 @@ class _Compiler:
     def level(self, lid: str) -> LevelProgram:
         plan, chain = self.plan, self.chain_of[lid]
         scope = plan.scopes.get(lid)
-        kind = "root" if scope is None else scope.kind
+        kind = LevelKind.ROOT if scope is None else LevelKind(scope.kind)
         loop = scope.loop if scope is not None else None
         stop = None
         if isinstance(loop, DynamicLoop):
             stop_node, stop_out = loop.stop.output.split(".")
             stop = (stop_node, stop_out, loop.stop)
         fed = tuple(s for s in plan.streams if s.consumer_scope == lid)
-        droppable = kind == "dynamic" and (not stop[2].include_stopping or bool(fed))
+        droppable = kind is LevelKind.DYNAMIC and (not stop[2].include_stopping or bool(fed))
         units = tuple(iter_units(plan, chain))
         parent = self.parent(lid)
         return LevelProgram(

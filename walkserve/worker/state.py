@@ -7,12 +7,20 @@
                    or the walk's top): its iteration, this iteration's values, carries
         StreamIn   one stream's buffer at its consumer, with the items' reorder window
 
+A field is written only by its own class's methods (``tests/worker/test_layering.py``
+checks it). Where a member is in its iteration is one ``Phase``:
+
+    GATED ──▶ RUNNING ──▶ WAITING ──▶ ANSWERED ──▶ RUNNING ...   (a gathering engine's call)
+      ▲          │ ──▶ YIELDED ──▶ RUNNING                       (an engine answered LATER)
+      └──────────┘ next iteration          any ──▶ ENDED         (ended, failed, released)
+
 Bookkeeping only: values are opaque (tensors in practice), no torch here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from walkserve.streaming.buffer import StreamBuffer
@@ -24,6 +32,26 @@ if TYPE_CHECKING:
     from walkserve.worker.program import WalkProgram
 
 Path = tuple[int, ...]
+
+
+class Phase(Enum):
+    GATED = "gated"  # at the start of iteration k, its gate not passed yet (stream chunk, backpressure)
+    RUNNING = "running"  # in iteration k, at unit ``pos``
+    WAITING = "waiting"  # its unit's group waits for a gathering engine's call after the pass
+    ANSWERED = "answered"  # that call answered: it moves on at the next pass
+    YIELDED = "yielded"  # the engine answered LATER: the unit is offered again at the next pass
+    ENDED = "ended"  # ended, failed or released: its cohort drops it
+
+
+GATED, RUNNING, WAITING, ANSWERED, YIELDED, ENDED = Phase
+_LEGAL: dict[Phase, frozenset[Phase]] = {
+    GATED: frozenset({RUNNING, ENDED}),
+    RUNNING: frozenset({WAITING, YIELDED, GATED, ENDED}),
+    WAITING: frozenset({ANSWERED, ENDED}),
+    ANSWERED: frozenset({RUNNING, ENDED}),
+    YIELDED: frozenset({RUNNING, ENDED}),
+    ENDED: frozenset(),
+}
 
 
 class RequestState:
@@ -47,6 +75,14 @@ class RequestState:
         """The node's own sampling for this request, else the request's."""
         own = self.node_sampling
         return own.get(node, self.sampling) if own else self.sampling
+
+    def may_pick(self, spec: RequestSpec, sticky: Mapping[str, int]) -> None:
+        """This rank may pick the request's next walk itself: the request, and where it sticks."""
+        self.spec, self.sticky = spec, dict(sticky)
+
+    def start(self, program: WalkProgram, ranks: Mapping[str, int], rank: int) -> WalkRun:
+        run = self.walks[program.walk] = WalkRun(self, program, ranks, rank)
+        return run
 
     def fail(self) -> None:
         """The request cannot go on here: every member of every walk stops."""
@@ -111,6 +147,29 @@ class WalkRun:
             ranks = self.level_ranks[level] = tuple(sorted({self.ranks[n] for n in sub} - {self.rank}))
         return ranks
 
+    def keep_here(self, handed_on: Mapping[str, Any]) -> None:
+        """This rank may start the next walk: walk outputs stay here (the inputs handed on among them)."""
+        self.keep = True
+        self.outputs.update(handed_on)
+
+    def output(self, name: str, value: Any) -> None:
+        self.outputs[name] = value
+
+    def bound_hit(self) -> None:
+        self.hit_bound = True
+
+    def add(self, member: Member) -> None:
+        self.members[(member.local.level.id, member.outer)] = member
+
+    def remove(self, member: Member) -> None:
+        """``member`` ended: its firings count, it is no longer looked up."""
+        self.firings += member.fired
+        self.members.pop((member.local.level.id, member.outer), None)
+
+    def take_early(self, key: tuple[str, Path]) -> list[Any]:
+        """The rows that waited for the member at ``key``, which joins now."""
+        return self.early.pop(key, [])
+
     def stash(self, key: tuple[str, Path], row: Any) -> None:
         """A row for a member that has not joined here yet (it takes them when it joins)."""
         self.early.setdefault(key, []).append(row)
@@ -144,6 +203,13 @@ class StreamIn:
         self.template: Any = None  # the first item: an empty chunk takes its dtype and trailing shape
         self.pausing = False  # the producer was asked to pause
 
+    def ask_pause(self, pause: bool) -> bool:
+        """Whether the producer must be told: True when ``pause`` changes what it was asked."""
+        if self.pausing == pause:
+            return False
+        self.pausing = pause
+        return True
+
     def push(self, index: int, value: Any) -> None:
         buf = self.buffer
         if index != buf.n_items:
@@ -169,9 +235,8 @@ class Member:
     """
 
     __slots__ = (
-        "acc", "ahead", "bound", "busy", "children", "cohort", "cur", "decided", "end", "entry", "exit_in", "fired",
-        "held", "k", "live", "local", "others", "outer", "parent", "path", "paused", "pos", "prev", "rid", "run",
-        "started", "unit_done", "yielded",
+        "acc", "ahead", "bound", "children", "cohort", "cur", "decided", "end", "entry", "exit_in", "fired",
+        "held", "k", "local", "others", "outer", "parent", "path", "paused", "phase", "pos", "prev", "rid", "run",
     )
 
     def __init__(self, run: WalkRun, local: LocalLevel, outer: Path, parent: Member | None, entry: dict, bound: int | None):
@@ -189,17 +254,102 @@ class Member:
         self.ahead: dict[int, dict[str, dict[str, Any]]] | None = None
         self.end: int | None = None  # exposed iterations, once known
         self.decided = -1  # iterations <= decided continue (decisions from another rank)
-        self.started = False  # iteration k passed its gate (stream chunk, backpressure)
-        self.busy = 0  # engine firings of the current unit not answered yet
-        self.unit_done = False  # the current unit's firings were answered
-        self.yielded = False  # the engine answered LATER: its work goes on, the member is offered again
+        self.phase = GATED
         self.children = 0  # child instances started this iteration that have not ended
         self.held: list | None = None  # outputs of deeper levels waiting for this member's decision
         self.exit_in: dict | None = None  # exit values children passed up this iteration, by route
         self.acc: dict | None = None  # exit route -> values of the exposed iterations so far
         self.paused = False  # a consumer of a stream it produces is full
-        self.live = True
         self.cohort: Any = None  # the cohort stepping it
+
+    # ---- its phase -----------------------------------------------------------------------------
+    @property
+    def live(self) -> bool:
+        return self.phase is not ENDED
+
+    def _to(self, phase: Phase) -> None:
+        assert phase in _LEGAL[self.phase], f"member {self.rid} {self.path}: {self.phase.name} -> {phase.name}"
+        self.phase = phase
+
+    def joined(self, cohort: Any) -> None:
+        self.cohort = cohort
+
+    def open(self) -> None:
+        """Iteration k passed its gate."""
+        self._to(RUNNING)
+
+    def wait(self) -> None:
+        """Its unit's group waits for a gathering engine's call."""
+        self._to(WAITING)
+
+    def answered(self) -> None:
+        self._to(ANSWERED)
+
+    def later(self) -> None:
+        """The engine answered LATER: the member is offered the unit again."""
+        if self.phase is not YIELDED:
+            self._to(YIELDED)
+
+    def ran(self, node: str, outputs: dict[str, Any]) -> None:
+        """``node`` ran for this iteration: its outputs."""
+        self.cur[node] = outputs
+        self.fired += 1
+        if self.phase is YIELDED:
+            self._to(RUNNING)
+
+    def move_to(self, pos: int) -> None:
+        """On to unit ``pos`` of the iteration."""
+        if self.phase is not RUNNING:
+            self._to(RUNNING)
+        self.pos = pos
+
+    def stop(self) -> None:
+        self.phase = ENDED
+
+    # ---- its iteration's bookkeeping -------------------------------------------------------------
+    def child_started(self) -> None:
+        self.children += 1
+
+    def child_ended(self) -> None:
+        self.children -= 1
+
+    def continue_to(self, k: int) -> None:
+        """Another rank decided that iterations up to ``k`` continue."""
+        if k > self.decided:
+            self.decided = k
+
+    def ends_at(self, end: int) -> None:
+        """Another rank decided: ``end`` iterations are exposed."""
+        self.end = end
+
+    def pause(self, pause: bool) -> None:
+        self.paused = pause
+
+    def hold(self, item: tuple) -> None:
+        """A deeper level's client output waits for this member's decision."""
+        if self.held is None:
+            self.held = []
+        self.held.append(item)
+
+    def take_held(self) -> list | None:
+        held, self.held = self.held, None
+        return held
+
+    def gather(self, route: Any, value: Any, last: bool) -> None:
+        """An exposed iteration's exit value: kept as the last, or accumulated."""
+        acc = self.acc
+        if acc is None:
+            acc = self.acc = {}
+        if last:
+            acc[route] = [value]
+        else:
+            acc.setdefault(route, []).append(value)
+
+    def pass_up(self, route: Any, value: Any) -> None:
+        """A child's combined exit value on its way out through this level too."""
+        if self.exit_in is None:
+            self.exit_in = {}
+        self.exit_in[route] = value
 
     def put(self, k: int, node: str, output: str, value: Any) -> None:
         """A value for iteration ``k`` from another rank (or a child's exit).
@@ -223,12 +373,10 @@ class Member:
         else:
             node_values[output] = value
 
-    def stop(self) -> None:
-        self.live = False
-
     def next_iteration(self) -> None:
         k = self.k = self.k + 1
         self.prev, self.path = self.cur, (*self.outer, k)
         ahead = self.ahead
         self.cur = ahead.pop(k, {}) if ahead else {}
-        self.pos, self.started, self.exit_in = 0, False, None
+        self.pos, self.exit_in = 0, None
+        self._to(GATED)

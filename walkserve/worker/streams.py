@@ -41,8 +41,7 @@ def push(fx: Effects, run: WalkRun, stream: int, prefix: Path, index: int, value
         fx.fail(run, str(e))
         return
     info = run.program.streams[stream]
-    if s.buffer.full and not s.pausing:
-        s.pausing = True
+    if s.buffer.full and s.ask_pause(True):
         flow(fx, run, info, prefix, True)
     _wake_consumer(fx, run, info, prefix)
 
@@ -69,8 +68,7 @@ def consumed(fx: Effects, run: WalkRun, stream: int, prefix: Path, k: int) -> No
     """The consumer ran chunk ``k``: release what later chunks no longer need, resume a paused producer."""
     s = run.stream_in(stream, prefix)
     s.buffer.consumed(k)
-    if s.pausing and not s.buffer.full:
-        s.pausing = False
+    if s.pausing and not s.buffer.full and s.ask_pause(False):
         flow(fx, run, run.program.streams[stream], prefix, False)
 
 
@@ -88,7 +86,7 @@ def paused(fx: Effects, run: WalkRun, stream: int, prefix: Path, pause: bool) ->
     if m is None:
         fx.stash(run, (info.producer_scope, prefix), FlowRow(stream, prefix, pause))
         return
-    m.paused = pause
+    m.pause(pause)
     if not pause:
         fx.touch(m.cohort)
 

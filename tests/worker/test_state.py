@@ -1,0 +1,43 @@
+"""A member's phase in its iteration is one state with legal transitions (``state.Phase``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.worker.test_cohort import _executor, _start
+from walkserve.worker.program import ROOT
+
+
+def _root():
+    ex, _, _ = _executor()
+    _start(ex, "r", 0, 1, steps=2)
+    return ex.requests["r"].walks["w"].members[(ROOT, ())]
+
+
+def test_a_member_goes_through_the_legal_phases():
+    m = _root()
+    seen = [m.phase]
+    for step in (m.open, m.wait, m.answered, lambda: m.move_to(1), m.later, lambda: m.ran("a", {}),
+                 m.next_iteration, m.stop):
+        step()
+        seen.append(m.phase)
+    assert [p.name for p in seen] == ["GATED", "RUNNING", "WAITING", "ANSWERED", "RUNNING", "YIELDED", "RUNNING",
+                                      "GATED", "ENDED"]
+    assert not m.live and m.k == 1 and m.fired == 1 and m.cur == {}  # the next iteration starts empty
+
+
+@pytest.mark.parametrize("path", [
+    ("wait",),  # a gated member has no unit to wait on
+    ("open", "wait", "move_to"),  # a waiting member moves on only once answered
+    ("open", "later", "wait"),  # a yielded member is offered the same unit again, not a gathered one
+    ("stop", "open"),  # an ended member stays ended
+])
+def test_an_illegal_phase_transition_is_refused(path):
+    m = _root()
+    *before, last = path
+    for name in before:
+        getattr(m, name)()
+    phase = m.phase
+    with pytest.raises(AssertionError, match="->"):
+        m.move_to(1) if last == "move_to" else getattr(m, last)()
+    assert m.phase is phase  # a refused transition changes nothing
