@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tests.worker.test_cohort import _executor, _start
 from walkserve.worker.program import ROOT
+from walkserve.worker.state import Member
 
 
-def _root():
+def _root(gated: bool = True) -> Member:
+    """The walk's top member, or (``gated``) one like it of a level with a gate (a stream-fed one)."""
     ex, _, _ = _executor()
     _start(ex, "r", 0, 1, steps=2)
-    return ex.requests["r"].walks["w"].members[(ROOT, ())]
+    root = ex.requests["r"].walks["w"].members[(ROOT, ())]
+    if not gated:
+        return root
+    return Member(root.run, replace(root.local, gated=True), (), None, dict(root.entry), None)
+
+
+def test_a_level_without_a_gate_starts_its_iterations_at_once():
+    m = _root(gated=False)
+    assert m.phase.name == "RUNNING"
+    m.next_iteration()
+    assert m.phase.name == "RUNNING" and m.k == 1
+    with pytest.raises(AssertionError, match="->"):
+        m.open()
 
 
 def test_a_member_goes_through_the_legal_phases():

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from walkserve.engines.base import LATER, Engine, Group
+from walkserve.engines.base import Engine, Group
 from walkserve.graph.stop import resolve_count
 from walkserve.worker import iteration, streams
 from walkserve.worker.effects import Effects
@@ -40,7 +40,16 @@ from walkserve.worker.group import build_group
 from walkserve.worker.local import ChildUnit, LocalLevel, NodeUnit
 from walkserve.worker.program import CARRY, CUR, LevelKind, NodeProgram
 from walkserve.worker.rows import DecisionRow, EndRow, ItemRow, Row, ValueRow
-from walkserve.worker.state import ANSWERED, ENDED, GATED, WAITING, YIELDED, Member, WalkRun
+from walkserve.worker.state import (
+    ANSWERED,
+    ENDED,
+    GATED,
+    RUNNING,
+    WAITING,
+    YIELDED,
+    Member,
+    WalkRun,
+)
 
 _MISSING = object()
 _Prepared = tuple[NodeUnit, list[Member], Group]  # a unit of a joined engine call, its members and their group
@@ -86,7 +95,6 @@ class Cohort:
         moved, ran = bool(self.joining) and self._admit(), False
         self.boundary = False
         buckets, fx = self.buckets, self.fx
-        gated = bool(self.local.gate) or bool(self.local.level.produces)
         joined: list[_Prepared] = []  # node units of one engine call, run when the call's last unit is reached
         for i, unit in enumerate(self.units):
             if joined and not self.units[i - 1].joins_next:
@@ -99,29 +107,21 @@ class Cohort:
             waits = unit.waits
             for m in bucket:
                 phase = m.phase
-                if phase is ENDED:
-                    continue
-                if phase is WAITING:
-                    stay.append(m)
+                if phase is RUNNING or phase is YIELDED:
+                    (stay if waits and not self._has(m, unit) else ready).append(m)
+                elif phase is GATED:  # at the first unit of a gated level
+                    if not iteration.gate(fx, m):
+                        if m.live:
+                            stay.append(m)
+                        continue
+                    (stay if waits and not self._has(m, unit) else ready).append(m)
                 elif phase is ANSWERED:
                     m.move_to(i + 1)
                     nxt.append(m)
                     moved = True
-                elif phase is GATED:  # at the first unit
-                    if not gated:
-                        m.open()
-                    elif not iteration.gate(fx, m):
-                        if m.live:
-                            stay.append(m)
-                        continue
-                    if waits and not self._has(m, unit):
-                        stay.append(m)
-                    else:
-                        ready.append(m)
-                elif waits and not self._has(m, unit):
+                elif phase is WAITING:
                     stay.append(m)
-                else:
-                    ready.append(m)
+                # ENDED: dropped
             buckets[i] = stay
             if ready:
                 moved = ran = True
@@ -172,10 +172,8 @@ class Cohort:
                 stay.append(m)
             self.registry.gather(engine, self, unit, members, group)
             return
-        for m in self._store(unit, members, self.engines.call(engine, [group], may_yield=True)[0], stay):
-            if m.live:
-                m.move_to(i + 1)
-                nxt.append(m)
+        Member.move_all(self._store(unit, members, self.engines.call(engine, [group], may_yield=True)[0], stay),
+                        i + 1, nxt)
 
     def _prepare(self, unit: NodeUnit, ready: list[Member], stay: list[Member], nxt: list[Member], i: int,
                  joined: list[_Prepared]) -> None:
@@ -189,9 +187,7 @@ class Cohort:
         if built is None:
             return
         joined.append((unit, *built))
-        for m in built[0]:
-            m.move_to(i + 1)
-            nxt.append(m)
+        Member.move_all(built[0], i + 1, nxt)
 
     def _run_joined(self, joined: list[_Prepared]) -> None:
         """One engine call for the groups of consecutive joined units (``Engine.run_groups``)."""
@@ -202,21 +198,14 @@ class Cohort:
     def _store(self, unit: NodeUnit, members: list[Member], results: list, stay: list[Member] | None) -> list[Member]:
         """The members' results: outputs kept, errors fail their request, a member answered LATER waits in ``stay``
         for the next pass (offered again). Returns the members that ran."""
-        fx, name, done = self.fx, unit.node.name, []
-        for m, out in zip(members, results):
-            if out is LATER and stay is not None:
-                if m.live:
-                    m.later()
-                    stay.append(m)
-                continue
-            fx.counters["firings"] += 1
-            if not m.live:  # failed by another unit of the same call
-                continue
-            if type(out) is dict:
-                m.ran(name, out)
-                done.append(m)
-            else:
-                fx.fail(m.run, out if isinstance(out, str) else f"node {name!r} returned {type(out).__name__}, not outputs")
+        fx, name = self.fx, unit.node.name
+        done, later, failed = Member.take(members, name, results, stay is not None)
+        fx.counters["firings"] += len(members) - len(later)
+        if later:  # their work goes on in the engine: answered when offered again
+            self.engines.unanswered(unit.node.component, len(later))
+            stay.extend(later)
+        for m, out in failed:
+            fx.fail(m.run, out if isinstance(out, str) else f"node {name!r} returned {type(out).__name__}, not outputs")
         self._produced(unit, done)
         return done
 
@@ -290,7 +279,7 @@ class Cohort:
         decided, stay = [], []
         told = local.awaits  # another rank decides: wait here until its decision came
         for m in self.buckets[-1]:
-            if not m.live:
+            if m.phase is ENDED:
                 continue
             if m.children or (told and m.end is None and m.decided < m.k):
                 stay.append(m)
@@ -298,7 +287,7 @@ class Cohort:
             end = iteration.decide(fx, m)
             if end is iteration.WAIT:
                 stay.append(m)
-            elif m.live:
+            elif m.phase is not ENDED:
                 decided.append((m, end))
         self.buckets[-1] = stay
         if not decided:
@@ -315,7 +304,7 @@ class Cohort:
                     m.take_held()  # not exposed: what waited for it is dropped
         first = self.buckets[0]
         for m, end in decided:
-            if not m.live:
+            if m.phase is ENDED:
                 continue
             if end is not None and end <= m.k + 1:
                 iteration.end_member(fx, m, end)

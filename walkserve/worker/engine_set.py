@@ -4,8 +4,8 @@
               its members' results (an engine that raises or miscounts fails the members)
     release   a request ended: every engine frees its state
 
-Busy seconds, calls and items (members answered) per component feed the rank's
-stats. This module knows engines and groups, nothing of cohorts.
+Busy seconds, calls and items (members answered; one answered LATER counts when it
+is answered) per component feed the rank's stats. This module knows engines and groups, nothing of cohorts.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping
 
-from walkserve.engines.base import LATER, Engine, Group
+from walkserve.engines.base import Engine, Group
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +47,12 @@ class EngineSet:
         out = [r if len(r) == len(g.request_ids) else
                [f"engine {component!r} returned {len(r)} results for {len(g.request_ids)} firings"] * len(g.request_ids)
                for g, r in zip(groups, results)]
-        self.items[component] += sum(1 for r in out for x in r if x is not LATER)
+        self.items[component] += sum(len(r) for r in out)
         return out
+
+    def unanswered(self, component: str, n: int) -> None:
+        """``n`` members of the last call were answered LATER: they count when they are answered."""
+        self.items[component] -= n
 
     def release(self, rid: str) -> None:
         """The request ended: every engine frees its state."""

@@ -33,6 +33,7 @@ from walkserve.worker.state import Member, WalkRun
 
 WAIT = object()
 _MISSING = object()
+_ROOT, _LOOP, _STREAM = LevelKind.ROOT, LevelKind.LOOP, LevelKind.STREAM
 
 
 # ---- starting an iteration -----------------------------------------------------------------------
@@ -77,13 +78,13 @@ def decide(fx: Effects, m: Member) -> Any:
     """Iteration k of ``m`` ran here: None (k+1 follows), the exposed count if the instance ends, or WAIT."""
     local = m.local
     kind, k = local.level.kind, m.k
-    if kind is LevelKind.ROOT:
+    if kind is _ROOT:
         return 1
     if local.stop_local:
         return _stop_rule(fx, m)
-    if kind is LevelKind.LOOP:
+    if kind is _LOOP:
         return k + 1 if k + 1 >= m.bound else None
-    if kind is LevelKind.STREAM:  # a chunk that ran counts; the next one decides (here, or on the consumer's rank)
+    if kind is _STREAM:  # a chunk that ran counts; the next one decides (here, or on the consumer's rank)
         return m.end if m.end is not None and m.end <= k + 1 else None
     if m.end is not None:
         return m.end
@@ -117,7 +118,7 @@ def _stop_rule(fx: Effects, m: Member) -> int | None:
 
 def expose(fx: Effects, m: Member) -> None:
     """Iteration k counts: outputs held for it move on, exit values gather."""
-    held = m.take_held()
+    held = m.take_held() if m.held is not None else None
     if held:
         for node, out, modality, path, value in held:
             client(fx, m, node, out, modality, path, value)

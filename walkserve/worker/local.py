@@ -74,6 +74,7 @@ class LocalLevel:
     walk_outputs: tuple[tuple[str, str, str], ...]  # (node, output, walk output), top level
     leaving: tuple[NodeProgram, ...]  # local direct nodes with outputs that leave the iteration
     exits: tuple[tuple[ExitRoute, int], ...]  # exit routes whose values gather here (their producer is local)
+    gated: bool  # an iteration starts once its gate is open (a chunk it reads, no backpressure on what it feeds)
 
     @property
     def at_finish(self) -> bool:
@@ -120,6 +121,7 @@ def _compile(program: WalkProgram, lid: str, local: frozenset[str]) -> LocalLeve
         walk_outputs=tuple((n.name, out, name) for n in direct for out, name in n.walk_outputs),
         leaving=tuple(n for n in direct if n.client or n.streams or n.walk_outputs),
         exits=tuple((r, i) for r, i in level.exits if r.node in local),
+        gated=bool(gate) or bool(level.produces),
     )
 
 

@@ -14,6 +14,8 @@ checks it). Where a member is in its iteration is one ``Phase``:
       ▲          │ ──▶ YIELDED ──▶ RUNNING                       (an engine answered LATER)
       └──────────┘ next iteration          any ──▶ ENDED         (ended, failed, released)
 
+(a level without a gate, ``LocalLevel.gated``, skips GATED: its iterations start at once).
+
 Bookkeeping only: values are opaque (tensors in practice), no torch here.
 """
 
@@ -23,6 +25,7 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from walkserve.engines.base import LATER
 from walkserve.streaming.buffer import StreamBuffer
 
 if TYPE_CHECKING:
@@ -254,7 +257,7 @@ class Member:
         self.ahead: dict[int, dict[str, dict[str, Any]]] | None = None
         self.end: int | None = None  # exposed iterations, once known
         self.decided = -1  # iterations <= decided continue (decisions from another rank)
-        self.phase = GATED
+        self.phase = GATED if local.gated else RUNNING  # a level without a gate starts its iterations at once
         self.children = 0  # child instances started this iteration that have not ended
         self.held: list | None = None  # outputs of deeper levels waiting for this member's decision
         self.exit_in: dict | None = None  # exit values children passed up this iteration, by route
@@ -276,7 +279,8 @@ class Member:
 
     def open(self) -> None:
         """Iteration k passed its gate."""
-        self._to(RUNNING)
+        assert self.phase is GATED, f"member {self.rid} {self.path}: {self.phase.name} -> RUNNING"
+        self.phase = RUNNING
 
     def wait(self) -> None:
         """Its unit's group waits for a gathering engine's call."""
@@ -296,6 +300,41 @@ class Member:
         self.fired += 1
         if self.phase is YIELDED:
             self._to(RUNNING)
+
+    @staticmethod
+    def take(members: list[Member], node: str, results: list, may_wait: bool) -> tuple[list, list, list]:
+        """The results of one engine call for ``node``, per member: (the members that ran, with their outputs
+        kept; those answered LATER, offered again; (member, result) of those that failed). Ended members are
+        left out. One call for a group: ``ran`` and ``later`` for each member, in one loop."""
+        ran, later, failed = [], [], []
+        for m, out in zip(members, results):
+            phase = m.phase
+            if phase is ENDED:  # failed by another unit of the same call
+                continue
+            if type(out) is dict:
+                m.cur[node] = out
+                m.fired += 1
+                if phase is YIELDED:
+                    m.phase = RUNNING
+                ran.append(m)
+            elif out is LATER and may_wait:
+                if phase is not YIELDED:
+                    m._to(YIELDED)
+                later.append(m)
+            else:
+                failed.append((m, out))
+        return ran, later, failed
+
+    @staticmethod
+    def move_all(members: list[Member], pos: int, into: list[Member]) -> None:
+        """``move_to`` for each member still live, appended to ``into`` (the bucket of unit ``pos``)."""
+        for m in members:
+            phase = m.phase
+            if phase is not ENDED:
+                if phase is not RUNNING:
+                    m._to(RUNNING)
+                m.pos = pos
+                into.append(m)
 
     def move_to(self, pos: int) -> None:
         """On to unit ``pos`` of the iteration."""
@@ -378,5 +417,7 @@ class Member:
         self.prev, self.path = self.cur, (*self.outer, k)
         ahead = self.ahead
         self.cur = ahead.pop(k, {}) if ahead else {}
+        assert self.phase is RUNNING, f"member {self.rid} {self.path}: {self.phase.name} -> the next iteration"
         self.pos, self.exit_in = 0, None
-        self._to(GATED)
+        if self.local.gated:
+            self.phase = GATED
