@@ -29,7 +29,7 @@ for all members at once.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from walkserve.engines.base import Engine, Group
 from walkserve.graph.stop import resolve_count
@@ -52,7 +52,15 @@ from walkserve.worker.state import (
 )
 
 _MISSING = object()
-_Prepared = tuple[NodeUnit, list[Member], Group]  # a unit of a joined engine call, its members and their group
+
+
+class Call(NamedTuple):
+    """One unit's part of an engine call: its members and their group (and, gathered, the cohort it is from)."""
+
+    unit: NodeUnit
+    members: list[Member]
+    group: Group
+    cohort: Cohort | None = None
 
 
 class Cohort:
@@ -95,7 +103,7 @@ class Cohort:
         moved, ran = bool(self.joining) and self._admit(), False
         self.boundary = False
         buckets, fx = self.buckets, self.fx
-        joined: list[_Prepared] = []  # node units of one engine call, run when the call's last unit is reached
+        joined: list[Call] = []  # node units of one engine call, run when the call's last unit is reached
         for i, unit in enumerate(self.units):
             if joined and not self.units[i - 1].joins_next:
                 self._run_joined(joined)
@@ -170,13 +178,13 @@ class Cohort:
             for m in members:
                 m.wait()
                 stay.append(m)
-            self.registry.gather(engine, self, unit, members, group)
+            self.registry.gather(engine, Call(unit, members, group, self))
             return
         Member.move_all(self._store(unit, members, self.engines.call(engine, [group], may_yield=True)[0], stay),
                         i + 1, nxt)
 
     def _prepare(self, unit: NodeUnit, ready: list[Member], stay: list[Member], nxt: list[Member], i: int,
-                 joined: list[_Prepared]) -> None:
+                 joined: list[Call]) -> None:
         """A unit of a joined engine call: its group waits for the call's last unit; the members go on to the
         next unit at once (it reads nothing of this one)."""
         engine = self.engines[unit.node.component]
@@ -186,14 +194,14 @@ class Cohort:
         built = build_group(self.fx, unit, ready, engine.kv_contexts)
         if built is None:
             return
-        joined.append((unit, *built))
+        joined.append(Call(unit, *built))
         Member.move_all(built[0], i + 1, nxt)
 
-    def _run_joined(self, joined: list[_Prepared]) -> None:
+    def _run_joined(self, joined: list[Call]) -> None:
         """One engine call for the groups of consecutive joined units (``Engine.run_groups``)."""
-        engine = self.engines[joined[0][0].node.component]
-        for (unit, members, _), results in zip(joined, self.engines.call(engine, [g for _, _, g in joined])):
-            self._store(unit, members, results, None)
+        engine = self.engines[joined[0].unit.node.component]
+        for call, results in zip(joined, self.engines.call(engine, [c.group for c in joined])):
+            self._store(call.unit, call.members, results, None)
 
     def _store(self, unit: NodeUnit, members: list[Member], results: list, stay: list[Member] | None) -> list[Member]:
         """The members' results: outputs kept, errors fail their request, a member answered LATER waits in ``stay``
@@ -329,7 +337,7 @@ class Cohorts:
     def __init__(self, fx: Effects, engines: EngineSet, batched: bool = True):
         self.fx, self.engines, self.batched = fx, engines, batched
         self.by_key: dict[Any, Cohort] = {}
-        self.gathered: dict[Engine, list[tuple[Cohort, NodeUnit, list[Member], Group]]] = {}  # for after the pass
+        self.gathered: dict[Engine, list[Call]] = {}  # the gathering engines' calls, for after the pass
 
     def add(self, local: LocalLevel, member: Member) -> None:
         key = local if self.batched else (local, member.rid)
@@ -417,16 +425,16 @@ class Cohorts:
             self._run_gathered()
         return moved
 
-    def gather(self, engine: Engine, cohort: Cohort, unit: NodeUnit, members: list[Member], group: Group) -> None:
-        self.gathered.setdefault(engine, []).append((cohort, unit, members, group))
+    def gather(self, engine: Engine, call: Call) -> None:
+        self.gathered.setdefault(engine, []).append(call)
 
     def _run_gathered(self) -> None:
         """One call per gathering engine, with every cohort's groups of the pass (``Engine.gathers``)."""
         gathered, self.gathered = self.gathered, {}
         for engine, calls in gathered.items():
-            results = self.engines.call(engine, [group for *_, group in calls])
-            for (cohort, unit, members, _), answers in zip(calls, results):
-                cohort.answered(unit, members, answers)
+            results = self.engines.call(engine, [c.group for c in calls])
+            for call, answers in zip(calls, results):
+                call.cohort.answered(call.unit, call.members, answers)
 
     def drop(self, rid: str) -> None:
         """With loop cohorts off, a released request's cohorts go."""
