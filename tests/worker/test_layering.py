@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 import pathlib
 
+import pytest
+
 import walkserve.worker
 
 PACKAGE = "walkserve.worker"
@@ -103,14 +105,15 @@ def test_the_checks_find_a_back_call():
     assert "executor" in _imports(tree) and "Executor" in _names(tree)
 
 
-STATE_CLASSES = ("RequestState", "WalkRun", "Member", "StreamIn")
+OWNED = {"state": ("RequestState", "WalkRun", "Member", "StreamIn"), "effects": ("Effects",)}  # module -> classes
 MUTATORS = frozenset({"append", "extend", "pop", "popitem", "setdefault", "clear", "update", "add", "discard", "remove"})
 
 
-def _state_fields() -> set[str]:
-    tree = _modules()["state"]
+def _fields(module: str) -> set[str]:
+    """The slots of the classes ``module`` owns (OWNED)."""
+    tree = _modules()[module]
     fields = set()
-    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name in STATE_CLASSES):
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name in OWNED[module]):
         for node in cls.body:
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets):
                 fields |= {e.value for e in node.value.elts}
@@ -142,13 +145,14 @@ def _foreign_writes(tree: ast.Module, fields: set[str]) -> list[str]:
     return found
 
 
-def test_state_fields_are_written_only_by_their_own_class():
-    """In every module that handles the state objects (it imports ``state``)."""
-    fields, mods, graph = _state_fields(), _modules(), _graph()
-    assert {"phase", "cur", "members", "pausing", "failed"} <= fields
-    users = [name for name in mods if "state" in graph[name]]
-    assert {"cohort", "iteration", "executor", "streams", "effects"} <= set(users)
+@pytest.mark.parametrize("owner", sorted(OWNED))
+def test_state_fields_are_written_only_by_their_own_class(owner):
+    """In every other module that handles the objects (it imports their module)."""
+    fields, mods, graph = _fields(owner), _modules(), _graph()
+    assert {"state": {"phase", "cur", "members", "pausing", "failed"}, "effects": {"dirty", "done", "counters"}}[owner] <= fields
+    users = [name for name in mods if owner in graph[name]]
+    assert {"cohort", "iteration", "executor"} <= set(users)
     writes = {name: w for name in users if (w := _foreign_writes(mods[name], fields))}
     assert writes == {}, writes
-    caught = _foreign_writes(ast.parse("m.k = 1\nm.cur['a'] = {}\nrun.members.pop(key)\nself.k = 2"), fields)
+    caught = _foreign_writes(ast.parse("m.k = 1\nm.cur['a'] = {}\nrun.members.pop(key)\nself.k = 2"), _fields("state"))
     assert caught == ["m.k (line 1)", "m.cur['a'] (line 2)", "run.members (line 3)"]  # the check itself

@@ -208,7 +208,7 @@ class Cohort:
         for the next pass (offered again). Returns the members that ran."""
         fx, name = self.fx, unit.node.name
         done, later, failed = Member.take(members, name, results, stay is not None)
-        fx.counters["firings"] += len(members) - len(later)
+        fx.count("firings", len(members) - len(later))
         if later:  # their work goes on in the engine: answered when offered again
             self.engines.unanswered(unit.node.component, len(later))
             stay.extend(later)
@@ -410,17 +410,17 @@ class Cohorts:
         fx = self.fx
         if not fx.dirty:
             return False
-        dirty, fx.dirty = fx.dirty, {}
+        dirty = fx.take_dirty()
         moved, again = False, []
         for cohort in dirty:
             if cohort.advance():
                 moved = True
-                fx.dirty[cohort] = None
+                fx.touch(cohort)
                 if cohort.again:
                     again.append(cohort)
         for cohort in again:
             if cohort.advance():
-                fx.dirty[cohort] = None
+                fx.touch(cohort)
         if self.gathered:
             self._run_gathered()
         return moved
@@ -440,7 +440,7 @@ class Cohorts:
         """With loop cohorts off, a released request's cohorts go."""
         if not self.batched:
             for key in [k for k in self.by_key if k[1] == rid]:
-                self.fx.dirty.pop(self.by_key.pop(key), None)
+                self.fx.forget(self.by_key.pop(key))
 
     def members(self) -> int:
         return sum(c.members() for c in self.by_key.values())

@@ -37,8 +37,20 @@ class Effects:
         self.done: list[WalkRun] = []  # walks that ended here, for the executor
         self.counters: dict[str, int] = defaultdict(int)
 
+    def count(self, name: str, n: int = 1) -> None:
+        self.counters[name] += n
+
     def touch(self, cohort: Any) -> None:
         self.dirty[cohort] = None
+
+    def take_dirty(self) -> dict[Any, None]:
+        """The cohorts touched so far, in order, for a pass; touches from now on are for the next one."""
+        dirty, self.dirty = self.dirty, {}
+        return dirty
+
+    def forget(self, cohort: Any) -> None:
+        """A cohort that is gone (its request released, with loop cohorts off)."""
+        self.dirty.pop(cohort, None)
 
     def fail(self, run: WalkRun, error: str) -> None:
         """The request cannot go on: report it once; its members stop (the conductor releases it)."""

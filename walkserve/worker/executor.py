@@ -117,7 +117,7 @@ class Executor:
                 run.stash((lid, outer), ValueRow(node, out, path, value))
             else:
                 member.put(k, node, out, value)
-                self.fx.dirty[member.cohort] = None
+                self.fx.touch(member.cohort)
 
     def on_items(self, msg: m.StreamItems) -> None:
         for rid, prefix, index, value in zip(msg.request_ids, msg.prefixes, msg.indices, msg.values, strict=True):
@@ -137,7 +137,7 @@ class Executor:
                 self._row(rid, walk, DecisionRow(scope, outer, k, end))
             elif end < 0:  # the common case, inline: iteration k continues
                 member.continue_to(k)
-                self.fx.dirty[member.cohort] = None
+                self.fx.touch(member.cohort)
             else:
                 iteration.decision(self.fx, member, k, end)
 
@@ -163,7 +163,7 @@ class Executor:
             except ValueError as e:
                 self.out.conductor(m.Failed(rid, f"the contexts {msg.contexts} could not move: {e}"))
                 return
-        self.counters["contexts_moved_out"] += len(states)
+        self.fx.count("contexts_moved_out", len(states))
         self.out.to(msg.to_rank, m.Contexts(rid, self.rank, states))
 
     def on_contexts(self, msg: m.Contexts) -> None:
@@ -183,7 +183,7 @@ class Executor:
                 log.exception("engine %s failed to take the contexts of %s", engine.component, rid)
                 self.out.conductor(m.Failed(rid, f"the contexts from rank {msg.from_rank} could not move here: {e}"))
                 return
-        self.counters["contexts_moved_in"] += len(msg.contexts)
+        self.fx.count("contexts_moved_in", len(msg.contexts))
         self.arrived.setdefault(rid, set()).add(msg.from_rank)
         for start in self.held.pop(rid, ()):
             self.on_start(start)
@@ -249,7 +249,7 @@ class Executor:
             if start is not None:
                 walk, ranks, inputs = start
                 self.out.conductor(m.WalkStarted(req.id, run.walk, run.firings, run.hit_bound, walk, ranks))
-                self.counters["walks_started_here"] += 1
+                self.fx.count("walks_started_here")
                 self.start(req, walk, ranks, inputs)
                 return
             for name, value in run.outputs.items():
