@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import sys
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,23 +29,33 @@ from walkserve.models.vjepa2.config import ACPredictorConfig, EncoderConfig, VJE
 from walkserve.models.vjepa2.tiny import random_tensors
 
 
-def install_timm_stub() -> None:
-    """Make ``from timm.models.layers import drop_path`` resolve (inference only: identity)."""
-    if "timm.models.layers" in sys.modules:
+@contextmanager
+def timm_stub() -> Iterator[None]:
+    """``from timm.models.layers import drop_path`` resolves (inference only: identity) while the upstream modules
+    import, and the stub leaves ``sys.modules`` afterwards: a module without ``__spec__`` left behind makes
+    ``importlib.util.find_spec("timm")`` raise in every later importer (diffusers asks it)."""
+    if "timm" in sys.modules:
+        yield
         return
 
     def drop_path(x, drop_prob=0.0, training=False, scale_by_keep=True):
         assert drop_prob == 0.0 or not training, "the timm stub supports inference only"
         return x
 
-    timm, models, layers = (types.ModuleType(n) for n in ("timm", "timm.models", "timm.models.layers"))
+    names = ("timm", "timm.models", "timm.models.layers")
+    timm, models, layers = (types.ModuleType(n) for n in names)
     layers.drop_path, models.layers, timm.models = drop_path, layers, models
-    sys.modules.update({"timm": timm, "timm.models": models, "timm.models.layers": layers})
+    sys.modules.update(dict(zip(names, (timm, models, layers))))
+    try:
+        yield
+    finally:
+        for name in names:
+            sys.modules.pop(name, None)
 
 
 def upstream_encoder(config: EncoderConfig) -> nn.Module:
-    install_timm_stub()
-    from vjepa2.models.vision_transformer import VisionTransformer
+    with timm_stub():
+        from vjepa2.models.vision_transformer import VisionTransformer
 
     v = config.vit
     return VisionTransformer(
@@ -56,8 +68,8 @@ def upstream_encoder(config: EncoderConfig) -> nn.Module:
 
 
 def upstream_ac_predictor(config: ACPredictorConfig, encoder: EncoderConfig) -> nn.Module:
-    install_timm_stub()
-    from vjepa2.models.ac_predictor import vit_ac_predictor
+    with timm_stub():
+        from vjepa2.models.ac_predictor import vit_ac_predictor
 
     return vit_ac_predictor(
         img_size=(encoder.crop_size, encoder.crop_size), patch_size=encoder.patch_size,
