@@ -1,38 +1,24 @@
-"""Property-based fuzzing of every route from /openapi.json: no 5xx, every error in the one envelope.
+"""Property-based fuzzing of every route from /openapi.json on the fake engine: no 5xx, every error in the one
+envelope (``tests/api/fuzzing.py`` judges each request; ``test_fuzz_families.py`` does the same on every family).
 
 Schemathesis generates schema-conforming (positive) and schema-violating
 (negative) requests per operation; a bounded number of each keeps the file
-well under a minute.
+well under a minute (``WALKSERVE_FUZZ_EXAMPLES`` raises it).
 """
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
-import schemathesis
-from hypothesis import HealthCheck, given, settings
 from schemathesis.generation.modes import GenerationMode
 
-EXAMPLES = {GenerationMode.POSITIVE: 20, GenerationMode.NEGATIVE: 20}
+from tests.api import fuzzing
+
+EXAMPLES = max(20, fuzzing.EXAMPLES)
 
 
 @pytest.fixture(scope="module")
 def operations(base_url: str) -> list:
-    schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
-    return [result.ok() for result in schema.get_all_operations()]
-
-
-def check(case, statuses: Counter) -> None:
-    if case.path == "/v1/chat/completions" and isinstance(case.body, dict):
-        case.body.setdefault("max_tokens", 4)  # keep generated chats short-running
-    response = case.call(timeout=20)
-    statuses[response.status_code // 100] += 1
-    assert response.status_code < 500, (case.method, case.path, case.body, response.status_code, response.text[:500])
-    if response.status_code >= 400:
-        body = response.json()
-        assert set(body["error"]) == {"message", "type", "param", "code"}, body
-        assert "Traceback" not in body["error"]["message"]
+    return fuzzing.operations(base_url)
 
 
 def test_schema_lists_every_route(operations: list) -> None:
@@ -45,19 +31,9 @@ def test_schema_lists_every_route(operations: list) -> None:
     assert all(op.body for op in operations if op.method.upper() == "POST"), "every POST route documents its body"
 
 
-@pytest.mark.parametrize("mode", list(EXAMPLES), ids=str)
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=str)
 def test_fuzz_every_operation(operations: list, mode: GenerationMode) -> None:
-    statuses: Counter = Counter()
-    for operation in operations:
-        if mode == GenerationMode.NEGATIVE and operation.method.upper() == "GET":
-            continue  # the GET routes take no input a schema could forbid (a path string is any string)
-
-        @given(case=operation.as_strategy(generation_mode=mode))
-        @settings(max_examples=EXAMPLES[mode], deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None)
-        def run(case) -> None:
-            check(case, statuses)
-
-        run()
+    statuses = fuzzing.fuzz_operations(operations, mode, EXAMPLES)
     assert statuses[4] > 20, statuses  # the fuzzer did reach the validators
     if mode == GenerationMode.POSITIVE:
         assert statuses[2] > 20, statuses

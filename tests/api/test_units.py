@@ -97,7 +97,7 @@ def test_audio_format_probe() -> None:
 def test_server_config_validation() -> None:
     assert ServerConfig().host == "127.0.0.1"
     for bad in ({"max_n": 0}, {"port": 70000}, {"api_key": " "}, {"media_allowlist": ("example.com",)}, {"max_body_bytes": -1},
-                {"default_max_tokens": 0}, {"default_max_tokens": 2.5}, {"default_max_tokens": True}):
+                {"max_ws_message_bytes": 0}, {"default_max_tokens": 0}, {"default_max_tokens": 2.5}, {"default_max_tokens": True}):
         with pytest.raises(ConfigError):
             ServerConfig(**bad)
 

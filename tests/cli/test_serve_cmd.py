@@ -155,6 +155,8 @@ def test_flags_map_onto_the_configs(monkeypatch):
     assert runtime.engine_options == {"kv": {"num_blocks": 64}} and runtime.start_timeout_s == 9
     assert runtime.ray_address == "10.0.0.7:6379" and runtime_config(build_parser().parse_args(["serve"])).ray_address is None
     assert server_config(build_parser().parse_args(["serve", "--api-key", "k"])).api_key == "k"
+    ws = server_config(build_parser().parse_args(["serve", "--max-ws-message-bytes", "4096"]))
+    assert ws.max_ws_message_bytes == 4096
 
 
 def _run_serve(argv: list[str], capsys) -> tuple[int, str]:

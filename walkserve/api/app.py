@@ -10,6 +10,7 @@ from walkserve.api.config import ServerConfig
 from walkserve.api.drain import DrainMiddleware
 from walkserve.api.handlers import install_error_handlers, install_fallback_handler
 from walkserve.api.http_metrics import HttpMetricsMiddleware
+from walkserve.api.openapi_doc import openapi_document
 from walkserve.api.route import StrictRoute
 from walkserve.api.routes import (
     audio,
@@ -41,6 +42,7 @@ def build_app(engine: EngineClient, config: ServerConfig | None = None) -> FastA
     app.state.walkserve = state
     for module in (system, text, audio, transcriptions, images, native, embeddings, openpi, playground):
         app.include_router(module.routes)
+    app.openapi = lambda: openapi_document(app, state)  # type: ignore[method-assign]
     install_error_handlers(app)
     install_fallback_handler(app)
     app.add_middleware(BodyLimitMiddleware, limit=config.max_body_bytes)

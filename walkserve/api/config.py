@@ -26,6 +26,7 @@ class ServerConfig:
     port: int = 8000
     api_key: str | None = None
     max_body_bytes: int = 32 * MIB
+    max_ws_message_bytes: int = 16 * MIB
     max_media_parts: int = 8
     max_image_pixels: int = 4096 * 4096
     max_audio_seconds: float = 300.0
@@ -40,7 +41,8 @@ class ServerConfig:
     log_level: str = "info"
 
     def __post_init__(self) -> None:
-        self._positive("max_body_bytes", "max_media_parts", "max_image_pixels", "max_n", "max_speech_chars")
+        self._positive("max_body_bytes", "max_media_parts", "max_image_pixels", "max_n", "max_speech_chars",
+                       "max_ws_message_bytes")
         self._positive("max_audio_seconds", "media_fetch_timeout_s", "max_stop_strings")
         n = self.default_max_tokens
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):

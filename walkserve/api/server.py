@@ -19,6 +19,7 @@ from walkserve.entrypoint.interface import EngineClient
 log = logging.getLogger(__name__)
 DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 GRACE_AFTER_DRAIN_S = 3  # uvicorn's own wait for connections once the drain is over (or timed out)
+WS_SLACK_BYTES = 1024 * 1024  # a message a little over the limit gets an error frame; a far larger one, close 1009
 
 
 class DrainingServer(uvicorn.Server):
@@ -89,6 +90,7 @@ async def serve_async(
             log_level=config.log_level,
             timeout_graceful_shutdown=GRACE_AFTER_DRAIN_S,
             access_log=False,
+            ws_max_size=config.max_ws_message_bytes + WS_SLACK_BYTES,
         )
         server = DrainingServer(uv_config, app.state.walkserve, config.drain_timeout_s, on_started)
         await server.serve(list(sockets) if sockets else None)

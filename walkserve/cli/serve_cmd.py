@@ -32,6 +32,7 @@ log = logging.getLogger("walkserve.serve")
 # (flag, ServerConfig field, type, help) for the server's limits; defaults come from ServerConfig
 LIMIT_FLAGS = (
     ("--max-body-bytes", "max_body_bytes", int, "request body cap in bytes"),
+    ("--max-ws-message-bytes", "max_ws_message_bytes", int, "websocket message cap in bytes (openpi's route)"),
     ("--max-media-parts", "max_media_parts", int, "images + audio clips per request"),
     ("--max-image-pixels", "max_image_pixels", int, "pixels per input image and per requested image size"),
     ("--max-audio-seconds", "max_audio_seconds", float, "length of one input audio clip"),

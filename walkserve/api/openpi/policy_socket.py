@@ -7,7 +7,8 @@
     infer    ── binary: observation dict ─▶  the model's processor maps and checks it (task "act"), the request runs
                                              through the same AsyncEngine path as POST /v1/generate
              ◀─ binary: {"actions": [H, A] float32, "server_timing": {"infer_ms": ...}}
-             ◀─ text: {"error": {message, type, param, code}}   for a bad observation (param names its key), a full
+             ◀─ text: {"error": {message, type, param, code}}   for a bad observation (param names its key), a text
+                                                                 frame, a frame over max_ws_message_bytes, a full
                                                                  server, or a failed request; the connection stays open
 
 Frames are decoded with ``codec`` (no pickle). One connection runs one
@@ -65,6 +66,9 @@ async def serve_policy(websocket: WebSocket, state: AppState) -> None:
             if frame is None:
                 await _send_error(websocket, bad_request("send observations as binary msgpack-numpy frames", "frame"))
                 continue
+            if len(frame) > state.config.max_ws_message_bytes:
+                await _send_error(websocket, too_large(len(frame), state.config.max_ws_message_bytes))
+                continue
             try:
                 await websocket.send_bytes(encode(await infer(state, frame)))
             except (ApiError, FrameError) as e:
@@ -94,6 +98,11 @@ async def infer(state: AppState, frame: bytes) -> dict[str, Any]:
         if event.modality == "action" and isinstance(event.data, ArrayData):
             actions = np.frombuffer(event.data.data, dtype=event.data.dtype).reshape(event.data.shape)
     return {"actions": actions, "server_timing": {"infer_ms": (time.monotonic() - t0) * 1000.0}}
+
+
+def too_large(size: int, limit: int) -> ApiError:
+    return ApiError(413, f"a frame of {size} bytes is over this server's limit of {limit} bytes", "frame",
+                    "frame_too_large")
 
 
 async def _send_error(websocket: WebSocket, error: ApiError) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import File, Form, UploadFile
 from starlette.requests import Request
@@ -20,10 +20,19 @@ from walkserve.api.openai.images import (
 )
 from walkserve.api.routes.common import ERRORS, collect, router
 from walkserve.api.schemas.common import FormSeed
-from walkserve.api.schemas.images import SIZE_PATTERN, ImageGenerationRequest
+from walkserve.api.schemas.images import (
+    MAX_SCALE,
+    MAX_SHIFT,
+    MAX_TIMESTEPS,
+    SIZE_PATTERN,
+    ImageGenerationRequest,
+    RenormType,
+)
 from walkserve.api.state import app_state
 
 routes = router()
+# "start,end" or "[start, end]": two plain decimals (form_extensions reads them)
+INTERVAL_PATTERN = r"^\[? *[0-9.eE+-]+ *, *[0-9.eE+-]+ *\]?$"
 
 
 @routes.post(ROUTE_GENERATIONS, responses=ERRORS, summary="Text to image")
@@ -47,18 +56,19 @@ async def edits(
     model: Annotated[str | None, Form(max_length=256)] = None,
     n: Annotated[int, Form(ge=1, le=128)] = 1,
     size: Annotated[str | None, Form(pattern=SIZE_PATTERN)] = None,
-    response_format: Annotated[str | None, Form(max_length=16)] = None,
-    output_format: Annotated[str, Form(pattern="^(png|jpeg|webp)$")] = "png",
+    response_format: Annotated[Literal["b64_json", "url"] | None, Form()] = None,
+    output_format: Annotated[Literal["png", "jpeg", "webp"], Form()] = "png",
     seed: Annotated[FormSeed | None, Form()] = None,
-    num_timesteps: Annotated[int | None, Form()] = None,
-    cfg_text_scale: Annotated[float | None, Form(allow_inf_nan=False)] = None,
-    cfg_img_scale: Annotated[float | None, Form(allow_inf_nan=False)] = None,
-    cfg_interval: Annotated[str | None, Form(max_length=64, description="start,end")] = None,
+    num_timesteps: Annotated[int | None, Form(ge=2, le=MAX_TIMESTEPS)] = None,
+    cfg_text_scale: Annotated[float | None, Form(ge=0.0, le=MAX_SCALE, allow_inf_nan=False)] = None,
+    cfg_img_scale: Annotated[float | None, Form(ge=0.0, le=MAX_SCALE, allow_inf_nan=False)] = None,
+    cfg_interval: Annotated[str | None, Form(max_length=64, pattern=INTERVAL_PATTERN,
+                                             description="start,end: two numbers in [0, 1], start <= end")] = None,
     cfg_interval_items: Annotated[list[str] | None, Form(alias="cfg_interval[]", max_length=2,
                                                          description="start and end as two fields (the openai package's form of a list)")] = None,
-    cfg_renorm_type: Annotated[str | None, Form(max_length=32)] = None,
-    cfg_renorm_min: Annotated[float | None, Form(allow_inf_nan=False)] = None,
-    timestep_shift: Annotated[float | None, Form(allow_inf_nan=False)] = None,
+    cfg_renorm_type: Annotated[RenormType | None, Form()] = None,
+    cfg_renorm_min: Annotated[float | None, Form(ge=0.0, le=1.0, allow_inf_nan=False)] = None,
+    timestep_shift: Annotated[float | None, Form(gt=0.0, le=MAX_SHIFT, allow_inf_nan=False)] = None,
     think: Annotated[bool | None, Form()] = None,
 ) -> Response:
     state = app_state(request)

@@ -6,22 +6,33 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from walkserve.api.schemas.common import ApiModel, Float, Seed, model_field
+from walkserve.api.schemas.common import ApiModel, Seed, model_field
 
 SIZE_PATTERN = r"^(auto|[1-9][0-9]{0,4}x[1-9][0-9]{0,4})$"
 # A model's own generation parameters (BAGEL's flow and guidance), passed on when set; the model checks them.
 EXTENSION_FIELDS = ("num_timesteps", "cfg_text_scale", "cfg_img_scale", "cfg_interval", "cfg_renorm_type",
                     "cfg_renorm_min", "timestep_shift", "think")
+# Their ranges (BAGEL's, ``walkserve/models/bagel/params.py``; a test keeps the two in step), declared here so
+# /openapi.json shows them and both image routes refuse an out-of-range value at the edge.
+MAX_TIMESTEPS = 1000
+MAX_SCALE = 20.0
+MAX_SHIFT = 100.0
+RENORM_TYPES = ("global", "channel", "text_channel")
+RenormType = Literal["global", "channel", "text_channel"]
+Scale = Annotated[float, Field(strict=True, ge=0.0, le=MAX_SCALE)]
+Unit = Annotated[float, Field(strict=True, ge=0.0, le=1.0)]
+Shift = Annotated[float, Field(strict=True, gt=0.0, le=MAX_SHIFT)]
+Timesteps = Annotated[int, Field(strict=True, ge=2, le=MAX_TIMESTEPS)]
 
 
 class ImageExtensions(ApiModel):
-    num_timesteps: Annotated[int, Field(strict=True, ge=-(2**31), le=2**31 - 1)] | None = None
-    cfg_text_scale: Float | None = None
-    cfg_img_scale: Float | None = None
-    cfg_interval: Annotated[list[Float], Field(min_length=2, max_length=2)] | None = None
-    cfg_renorm_type: Annotated[str, Field(max_length=32)] | None = None
-    cfg_renorm_min: Float | None = None
-    timestep_shift: Float | None = None
+    num_timesteps: Timesteps | None = None
+    cfg_text_scale: Scale | None = None
+    cfg_img_scale: Scale | None = None
+    cfg_interval: Annotated[list[Unit], Field(min_length=2, max_length=2, description="[start, end], start <= end")] | None = None
+    cfg_renorm_type: RenormType | None = None
+    cfg_renorm_min: Unit | None = None
+    timestep_shift: Shift | None = None
     think: bool | None = None
 
     def extensions(self) -> dict:
@@ -41,4 +52,4 @@ class ImageGenerationRequest(ImageExtensions):
     background: str | None = None
     user: str | None = None
     seed: Seed | None = None
-    steps: Annotated[int, Field(strict=True, ge=1, le=1000)] | None = None
+    steps: Annotated[int, Field(strict=True, ge=1, le=MAX_TIMESTEPS - 1)] | None = None
