@@ -121,6 +121,8 @@ def test_the_server_limits_and_names_are_in_the_schema():
     for name in ("CompletionRequest", "ChatCompletionRequest", "ImageGenerationRequest", EDITS):
         assert schemas[name]["properties"]["n"]["maximum"] == 3, name
         assert schemas[name]["properties"]["model"]["anyOf"][0]["enum"] == ["fake-tiny", "house-model"], name
+    [parameter] = doc["paths"]["/v1/models/{model}"]["get"]["parameters"]
+    assert parameter["schema"]["enum"] == ["fake-tiny", "house-model"]
     speech = schemas["SpeechRequest"]["properties"]
     assert speech["input"]["maxLength"] == 100
     assert speech["response_format"]["anyOf"][0]["enum"] == state.audio.names

@@ -40,6 +40,7 @@ def openapi_document(app: FastAPI, state: AppState) -> dict[str, Any]:
         document = get_openapi(title=app.title, version=app.version, description=description, routes=app.routes)
         _drop_validation_error(document)
         _apply_limits(document["components"]["schemas"], state)
+        _model_path_parameter(document, state)
         document["x-websocket-routes"] = WEBSOCKET_ROUTES
         app.openapi_schema = document
     return app.openapi_schema
@@ -51,6 +52,13 @@ def _drop_validation_error(document: dict[str, Any]) -> None:
             operation.get("responses", {}).pop("422", None)
     for name in ("HTTPValidationError", "ValidationError"):
         document["components"]["schemas"].pop(name, None)
+
+
+def _model_path_parameter(document: dict[str, Any], state: AppState) -> None:
+    for operation in document["paths"].get("/v1/models/{model}", {}).values():
+        for parameter in operation.get("parameters", []):
+            if parameter["name"] == "model":
+                parameter["schema"]["enum"] = list(state.model_names)
 
 
 def _apply_limits(schemas: dict[str, Any], state: AppState) -> None:
