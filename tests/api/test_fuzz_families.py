@@ -81,21 +81,6 @@ LIMITS = {"max_image_pixels": 64 * 64, "max_n": 2, "default_max_tokens": 8, "max
           "max_audio_seconds": 2.0, "max_speech_chars": 256, "max_ws_message_bytes": 64 * 1024}
 
 
-def known_defect(case) -> str | None:
-    """Requests that hit a defect being fixed on another branch; each exclusion goes when its fix lands."""
-    body = case.body if isinstance(case.body, dict) else {}
-    params = body.get("params") if isinstance(body.get("params"), dict) else {}
-    modalities = body.get("modalities") if isinstance(body.get("modalities"), list) else []
-    unsized_image = (case.path == "/v1/images/generations" and body.get("size") in (None, "auto")) or (
-        case.path == "/v1/generate" and (body.get("task") == "image" or "image" in modalities)
-        and params.get("size") in (None, "auto"))
-    if unsized_image:
-        # known defect: BAGEL text-to-image without size (or size "auto") on a tiny checkpoint answers 500
-        # (IndexError in latent_init)
-        return "bagel-unsized-image"
-    return None
-
-
 @pytest.fixture(scope="module", params=FAMILY_TABLE, ids=lambda f: f.name)
 def served(request, tmp_path_factory):
     family: Family = request.param
@@ -114,7 +99,7 @@ def ops(served) -> list:
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=str)
 def test_fuzz_every_operation(served, ops, mode):
-    statuses = fuzz_operations(ops, mode, skip=known_defect)
+    statuses = fuzz_operations(ops, mode)
     assert statuses[4] > 0, statuses  # the fuzzer did reach the validators
     if mode == GenerationMode.POSITIVE:
         assert statuses[2] > 0, statuses
