@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import base64
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -51,6 +51,8 @@ def _array(a: np.ndarray) -> dict:
 TEXT = ("/v1/completions", {"prompt": "The river", "max_tokens": 3})
 CHAT = ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
 RNG = np.random.default_rng(0)
+ENCODE = ("/v1/generate", {"task": "encode", "stream": False, "inputs": {
+    "video": _array(RNG.integers(0, 256, (4, 64, 64, 3), dtype=np.uint8))}})
 PI_INPUTS = {"base_0_rgb": _array(RNG.integers(0, 256, (28, 28, 3), dtype=np.uint8)), "state": [0.0] * 8,
              "prompt": "fold the towel"}
 
@@ -61,7 +63,6 @@ class Family:
 
     name: str  # as ``walkserve tiny`` names it
     normal: tuple[str, dict[str, Any]]
-    server: dict[str, Any] = field(default_factory=dict)
 
 
 FAMILY_TABLE = (
@@ -71,8 +72,8 @@ FAMILY_TABLE = (
     Family("orpheus", ("/v1/audio/speech", {"input": "hello", "voice": "tara", "response_format": "wav"})),
     Family("qwen3-omni", CHAT),
     Family("bagel", ("/v1/images/generations", {"prompt": "a red square", "size": "32x32", "steps": 2})),
-    Family("vjepa2-ac", ("/v1/generate", {"task": "encode", "stream": False, "inputs": {
-        "video": _array(RNG.integers(0, 256, (4, 64, 64, 3), dtype=np.uint8))}})),
+    Family("vjepa2", ENCODE),
+    Family("vjepa2-ac", ENCODE),
     Family("pi0", ("/v1/generate", {"task": "act", "stream": False, "inputs": PI_INPUTS})),
     Family("pi05", ("/v1/generate", {"task": "act", "stream": False, "inputs": PI_INPUTS})),
 )
@@ -87,8 +88,7 @@ def served(request, tmp_path_factory):
     tiny = FAMILIES[family.name]
     out = tmp_path_factory.mktemp("fuzz") / f"tiny-{family.name}"
     path = tiny.writer(argparse.Namespace(out_dir=out, seed=0, preset="tiny", snac="tiny"))
-    with in_thread_server(tiny.serve_as or family.name, path, RuntimeConfig(max_running=8), **LIMITS,
-                          **family.server) as server:
+    with in_thread_server(tiny.serve_as or family.name, path, RuntimeConfig(max_running=8), **LIMITS) as server:
         yield family, server
 
 
