@@ -71,6 +71,8 @@ async def serve_policy(websocket: WebSocket, state: AppState) -> None:
                 continue
             try:
                 await websocket.send_bytes(encode(await infer(state, frame)))
+            except WebSocketDisconnect:
+                return  # the client left while its observation ran: nobody to answer, nothing went wrong
             except (ApiError, FrameError) as e:
                 error = bad_request(str(e), e.where or "observation", "invalid_frame") if isinstance(e, FrameError) else e
                 await _send_error(websocket, error)
