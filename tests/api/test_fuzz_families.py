@@ -98,14 +98,6 @@ def ops(served) -> list:
     return operations(served[1].url)
 
 
-@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=str)
-def test_fuzz_every_operation(served, ops, mode):
-    statuses = fuzz_operations(ops, mode)
-    assert statuses[4] > 0, statuses  # the fuzzer did reach the validators
-    if mode == GenerationMode.POSITIVE:
-        assert statuses[2] > 0, statuses
-
-
 @pytest.fixture
 def server_errors(caplog):
     """ERROR records of the server (uvicorn's own logger does not propagate to the root, so it is watched too)."""
@@ -115,6 +107,15 @@ def server_errors(caplog):
         yield lambda: [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     finally:
         uvicorn_log.removeHandler(caplog.handler)
+
+
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=str)
+def test_fuzz_every_operation(served, ops, mode, server_errors):
+    statuses = fuzz_operations(ops, mode)
+    assert server_errors() == []  # no request left a traceback in the server's log either
+    assert statuses[4] > 0, statuses  # the fuzzer did reach the validators
+    if mode == GenerationMode.POSITIVE:
+        assert statuses[2] > 0, statuses
 
 
 def test_openpi_socket(served, server_errors):
