@@ -306,9 +306,8 @@ async def _compute_totals(engine) -> tuple[int, float]:
     await engine.refresh_status()
     await asyncio.sleep(0.6)  # a worker reports every 0.5 s; let a fresh report reach the status
     await engine.refresh_status()
-    workers = (engine.status.stats.get("workers") or {}).values()
-    return (int(sum(sum(w.get("steps", {}).values()) for w in workers)),
-            float(sum(sum(w.get("busy_s", {}).values()) for w in workers)))
+    workers = engine.status.stats.workers.values()
+    return (sum(sum(w.steps.values()) for w in workers), float(sum(sum(w.busy_s.values()) for w in workers)))
 
 
 class _CpuClock:
@@ -321,8 +320,7 @@ class _CpuClock:
     """
 
     def __init__(self, engine):
-        workers = (engine.status.stats.get("pids") or {}).values()
-        self.pids = {"conductor": engine.process.pid, "workers": [int(p) for p in workers]}
+        self.pids = {"conductor": engine.process.pid, "workers": list(engine.status.stats.pids.values())}
         self.start = self._now()
 
     def _now(self) -> dict[str, float]:

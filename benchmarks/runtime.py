@@ -89,7 +89,7 @@ def null_overhead(
     runs = []
     with Engine.start(family, placement=_placement(workers, assign), config=config) as engine:
         pids = {
-            "workers": [int(p) for p in engine.status.stats["pids"].values()],
+            "workers": list(engine.status.stats.pids.values()),
             "conductor": [engine.engine.process.pid],
             "frontend": [os.getpid()],
         }

@@ -73,9 +73,9 @@ def transfer_rate(address: str, payload: int, steps: int, threads: int, repeat: 
             _run(engine, 1, max(2, steps // 4))  # warm up
             runs = [payload * steps / _run(engine, 1, steps) for _ in range(repeat)]
             engine.stats()
-            sent = {int(k): w for k, w in engine.status.stats["workers"].items()}[0]
+            sent = engine.status.stats.workers[0]
         rates[label] = statistics.median(runs)
-        via = "shm" if sent.get("shm_to") else "inline"
+        via = "shm" if sent.shm_to else "inline"
         rows.append((label, via, rates[label] / 2**20, min(runs) / 2**20, max(runs) / 2**20))
     base = rates["1 Ray node (shm)"]
     return [(*row, row[2] * 2**20 / base) for row in rows]

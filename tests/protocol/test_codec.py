@@ -20,7 +20,7 @@ ONE_OF_EACH = [
     m.Abort("r1"), m.Abort("r1", "stop"), m.Shutdown(2.5), m.StatusQuery(4),
     m.Events("decode", "lm", "text", "token", ["r1", "r2"], [(1,), (2,)], [0, 1], stacked=TENSOR),
     m.Finished("r1", "stop", None, {"firings": 3}, {"total_s": 0.5}), m.Rejected("r2", "full", 2.0, invalid=False),
-    m.Status("ready", "serving", {0: True}, {"running": 1}, 4),
+    m.Status("ready", "serving", {0: True}, m.RuntimeSnapshot(running=1, workers={0: m.RankStats(walk_states=2)}), 4),
     m.StartWalk("r1", "prefill", {"lm": 0}, {"prompt": TENSOR}, {"eos_at": 3}, SamplingParams(max_tokens=3)),
     m.Release("r1"), m.Stop(), m.StatsQuery(), m.MoveContexts("r1", {"lm": ["main"]}, 1),
     m.Contexts("r1", 0, [m.ContextState("main", "lm", [1, 2], [2], [m.SegmentState(0, 2, "causal", 0, 0, None, None, None, {}, 1)],
@@ -30,7 +30,7 @@ ONE_OF_EACH = [
     m.LoopEvents("w", "loop", ["r1", "r2"], [(), ()], [2, 4], [3, -1]), m.Flows("w", 0, ["r1"], [()], [True]),
     m.ClientOuts("w", "lm", "text", "token", ["r1"], [(1,)], values=[7]), m.WalkOut("r1", "w", "state", [1, 2]),
     m.NodeDone("r1", "w", ["lm"], 4, True), m.WalkStarted("r1", "prefill", 1, False, "decode", {"lm": 0}),
-    m.Failed("r1", "boom"), m.Ready(0, 123, "ipc:///x", "up"),
+    m.Failed("r1", "boom"), m.RankFailed(1, "rank 1 could not start: OSError: no device"), m.Ready(0, 123, "ipc:///x", "up"),
     m.WorkerStats(0, m.RankStats(counters={"firings": 3})), m.Peers({0: "ipc:///a", 1: "tcp://127.0.0.1:5"}),
 ]
 
@@ -39,6 +39,17 @@ def test_every_message_kind_is_covered_and_round_trips():
     kinds = set(m.Message.__args__)
     assert {type(x) for x in ONE_OF_EACH} == kinds
     assert decode(encode("tok", ONE_OF_EACH), "tok") == ONE_OF_EACH
+
+
+def test_status_stats_decode_typed_and_keyed_by_int_rank():
+    snapshot = m.RuntimeSnapshot(counters={"finished": 2}, workers={1: m.RankStats(shm_to={0: 3})}, pids={1: 42},
+                                 restarts={0: 0, 1: 1}, zygote_pid=7)
+    [status] = decode(encode("t", [m.Status("ready", "", {1: True}, snapshot)]), "t")
+    assert type(status.stats.workers[1]) is m.RankStats and status.stats.workers[1].shm_to == {0: 3}
+    assert (status.stats.pids, status.stats.restarts, status.stats.zygote_pid) == ({1: 42}, {0: 0, 1: 1}, 7)
+    bad = ["Status", "ready", "", {}, {"workers": {1: {"walk_states": "many"}}}, 0]
+    with pytest.raises(BadMessage, match=r"Expected `int`, got `str` - at .*\.workers\[\.\.\.\]\.walk_states"):
+        decode(msgspec.msgpack.encode(["t", [bad]]), "t")
 
 
 def test_an_abort_is_an_abort_unless_it_says_stop():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.polling import alive, wait_for
+from walkserve.protocol.messages import RuntimeSnapshot
 from walkserve.testing.ray_cluster import OBJECT_STORE, private_cluster, ray_env  # noqa: F401  (used by the tests)
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'walkserve[ray]')")
@@ -43,10 +44,10 @@ def placement_group_state(pg_id: str) -> str:
     return placement_group_table().get(pg_id, {}).get("state", "REMOVED")
 
 
-def leaves_nothing_behind(engine_stats: dict, run_id: str, timeout: float = 10) -> None:
+def leaves_nothing_behind(engine_stats: RuntimeSnapshot, run_id: str, timeout: float = 10) -> None:
     """After an engine stopped: its placement group removed, no actor of its run alive, none of its pids alive."""
-    info = engine_stats.get("ray", {})
-    pids = [int(p) for p in engine_stats.get("pids", {}).values()] + [int(p) for p in info.get("actor_pids", {}).values()]
+    info = engine_stats.ray
+    pids = [*engine_stats.pids.values()] + [int(p) for p in info.get("actor_pids", {}).values()]
     assert wait_for(lambda: not any(alive(p) for p in pids), timeout=timeout), [p for p in pids if alive(p)]
     assert wait_for(lambda: not named_actors(run_id), timeout=timeout), named_actors(run_id)
     if info.get("placement_group"):

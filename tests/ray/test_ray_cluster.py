@@ -45,6 +45,7 @@ from walkserve.core.config import RuntimeConfig
 from walkserve.core.errors import WalkserveError
 from walkserve.core.finish import FinishReason
 from walkserve.entrypoint.sync import Engine
+from walkserve.protocol.messages import RuntimeSnapshot
 from walkserve.testing.fixtures.requests import fixture_request
 from walkserve.transport import shm
 
@@ -66,7 +67,7 @@ def four_ranks() -> list[dict]:
     return [*cpu_ranks(3), {"id": 3, "device": "cpu", "node_labels": {"zone": "b"}}]
 
 
-def stats_of(engine: Engine) -> dict:
+def stats_of(engine: Engine) -> RuntimeSnapshot:
     engine.stats()
     return engine.status.stats
 
@@ -154,7 +155,7 @@ def serve_and_close(cluster, model: str, place: dict, requests: list, **kw) -> t
         engine.close(drain_s=5)
     leaves_nothing_behind(stats, engine.engine.spec.run_id)
     second = place["ranks"][1]["host"]
-    assert by_rank(stats["hosts"]) == {0: HEAD, 1: second}
+    assert stats.hosts == {0: HEAD, 1: second}
     return results, stats
 
 
@@ -250,15 +251,15 @@ def served(engine: Engine, seed: int) -> None:
 
 def test_each_rank_runs_on_its_host_and_binds_that_address(four):
     stats = stats_of(four)
-    hosts, workers, info = by_rank(stats["hosts"]), by_rank(stats["workers"]), stats["ray"]
+    hosts, workers, info = stats.hosts, stats.workers, stats.ray
     assert hosts == {0: HEAD, 1: NODE_A, 2: NODE_B, 3: NODE_B}
     assert info["conductor_address"].startswith(f"tcp://{HEAD}:")
     for rank, host in hosts.items():
-        assert workers[rank]["address"].startswith(f"tcp://{host}:"), workers[rank]["address"]
-        assert workers[rank]["host"] == host
-    nodes = by_rank(stats["nodes"])
+        assert workers[rank].address.startswith(f"tcp://{host}:"), workers[rank].address
+        assert workers[rank].host == host
+    nodes = stats.nodes
     assert nodes[2] == nodes[3] and len({nodes[0], nodes[1], nodes[2]}) == 3
-    pids, actors = by_rank(stats["pids"]), by_rank(info["actor_pids"])
+    pids, actors = stats.pids, by_rank(info["actor_pids"])
     for rank, pid in pids.items():  # the worker is the child of its rank's actor, under that node's raylet
         with open(f"/proc/{pid}/stat") as f:
             assert int(f.read().rpartition(")")[2].split()[1]) == actors[rank]
@@ -274,13 +275,13 @@ def test_a_frame_without_the_run_token_is_dropped_by_a_remote_rank(four):
     from walkserve.protocol import messages as m
     from walkserve.transport.ipc import Outbox
 
-    address = by_rank(stats_of(four)["workers"])[2]["address"]
+    address = stats_of(four).workers[2].address
     ctx = zmq.Context()
     out = Outbox(ctx, "not-the-run-token")
     try:
         out.connect("rank2", address)
         out.send_now("rank2", m.Stop())
-        assert wait_for(lambda: by_rank(stats_of(four)["workers"])[2]["bad_frames"] == 1, timeout=10)
+        assert wait_for(lambda: stats_of(four).workers[2].bad_frames == 1, timeout=10)
     finally:
         out.close()
         ctx.term()
@@ -294,14 +295,14 @@ def test_outputs_match_and_tensors_go_inline_between_nodes_and_through_shm_withi
     for req, res in zip(reqs, four.run(reqs, timeout=120), strict=True):
         assert comparable_events(res.events) == comparable_reference(ref.run(req))
     stats = stats_of(four)
-    workers, nodes = by_rank(stats["workers"]), by_rank(stats["nodes"])
+    workers, nodes = stats.workers, stats.nodes
     for rank, w in workers.items():
-        for peer, n in by_rank(w["shm_to"]).items():
+        for peer, n in w.shm_to.items():
             assert nodes[peer] == nodes[rank], f"rank {rank} sent {n} tensors through shm to rank {peer} on another node"
-    assert by_rank(workers[3]["shm_to"]).get(2, 0) > 0  # uncond -> combine, both on 127.0.0.4
-    assert by_rank(workers[2]["shm_to"]).get(3, 0) > 0  # the carried latent back
-    assert by_rank(workers[1]["inline_to"]).get(2, 0) > 0 and by_rank(workers[2]["inline_to"]).get(1, 0) > 0
-    assert by_rank(workers[0]["inline_to"]).get(2, 0) > 0 and by_rank(workers[2]["inline_to"]).get(0, 0) > 0
+    assert workers[3].shm_to.get(2, 0) > 0  # uncond -> combine, both on 127.0.0.4
+    assert workers[2].shm_to.get(3, 0) > 0  # the carried latent back
+    assert workers[1].inline_to.get(2, 0) > 0 and workers[2].inline_to.get(1, 0) > 0
+    assert workers[0].inline_to.get(2, 0) > 0 and workers[2].inline_to.get(0, 0) > 0
 
 
 def kill_and_time(engine: Engine, pid: int, n: int, seed: int) -> tuple[float, list]:
@@ -313,7 +314,7 @@ def kill_and_time(engine: Engine, pid: int, n: int, seed: int) -> tuple[float, l
 
 
 def test_sigkill_of_a_remote_worker_fails_its_requests_within_1s_then_it_restarts(four):
-    pid = by_rank(stats_of(four)["pids"])[2]
+    pid = stats_of(four).pids[2]
     elapsed, results = kill_and_time(four, pid, 3, 700)
     print(f"figure: SIGKILL of rank 2's worker on {NODE_B} -> its requests ended in {elapsed * 1000:.0f} ms")
     assert elapsed < 1.0, elapsed
@@ -322,14 +323,14 @@ def test_sigkill_of_a_remote_worker_fails_its_requests_within_1s_then_it_restart
         assert f"worker rank 2 died (pid {pid} on {NODE_B} killed by signal 9 (SIGKILL))" in r.finished.error
     assert wait_for(lambda: four.health().ok, timeout=START_S)
     stats = stats_of(four)
-    assert by_rank(stats["restarts"]) == {0: 0, 1: 0, 2: 1, 3: 0}
-    assert by_rank(stats["hosts"])[2] == NODE_B and by_rank(stats["pids"])[2] != pid
+    assert stats.restarts == {0: 0, 1: 0, 2: 1, 3: 0}
+    assert stats.hosts[2] == NODE_B and stats.pids[2] != pid
     served(four, 501)
 
 
 def test_sigkill_of_a_remote_ranks_actor_fails_its_requests_within_1s_then_a_new_actor_serves(four):
     stats = stats_of(four)
-    actor, worker = by_rank(stats["ray"]["actor_pids"])[1], by_rank(stats["pids"])[1]
+    actor, worker = by_rank(stats.ray["actor_pids"])[1], stats.pids[1]
     elapsed, results = kill_and_time(four, actor, 3, 710)
     print(f"figure: SIGKILL of rank 1's actor on {NODE_A} -> its requests ended in {elapsed * 1000:.0f} ms")
     assert elapsed < 1.0, elapsed
@@ -339,8 +340,8 @@ def test_sigkill_of_a_remote_ranks_actor_fails_its_requests_within_1s_then_a_new
     assert wait_for(lambda: not alive(worker), timeout=5)  # the worker followed its actor
     assert wait_for(lambda: four.health().ok, timeout=START_S)
     stats = stats_of(four)
-    assert by_rank(stats["restarts"])[1] == 1 and by_rank(stats["ray"]["actor_pids"])[1] != actor
-    assert by_rank(stats["hosts"])[1] == NODE_A
+    assert stats.restarts[1] == 1 and by_rank(stats.ray["actor_pids"])[1] != actor
+    assert stats.hosts[1] == NODE_A
     served(four, 502)
 
 
@@ -375,7 +376,7 @@ def test_a_lost_node_fails_its_requests_within_5s_and_leaves_the_server_degraded
 
 def test_killing_the_conductor_takes_every_actor_and_worker_down(four):
     stats = stats_of(four)
-    pids = list(by_rank(stats["pids"]).values()) + list(by_rank(stats["ray"]["actor_pids"]).values())
+    pids = list(stats.pids.values()) + list(by_rank(stats.ray["actor_pids"]).values())
     assert len(pids) == 8 and all(alive(p) for p in pids)
     killed = time.monotonic()
     os.kill(four.engine.process.pid, signal.SIGKILL)

@@ -157,11 +157,11 @@ def test_two_namespaces_each_rank_on_its_host_outputs_tensors_and_a_killed_rank(
         # (a) each rank on its host, bound to that host's address, in that host's namespaces
         engine.stats()
         stats = engine.status.stats
-        hosts, workers, pids = by_rank(stats["hosts"]), by_rank(stats["workers"]), by_rank(stats["pids"])
+        hosts, workers, pids = stats.hosts, stats.workers, stats.pids
         assert hosts == {0: IP_A, 1: IP_B, 2: IP_B}
-        assert stats["ray"]["conductor_address"].startswith(f"tcp://{IP_A}:")
+        assert stats.ray["conductor_address"].startswith(f"tcp://{IP_A}:")
         for rank, host in hosts.items():
-            assert workers[rank]["address"].startswith(f"tcp://{host}:")
+            assert workers[rank].address.startswith(f"tcp://{host}:")
         ns_a, ns_b = two_hosts
         assert [os.stat(f"/proc/{pids[r]}/ns/net").st_ino for r in (0, 1, 2)] == [ns_a, ns_b, ns_b]
         host_shm = os.stat("/dev/shm").st_dev
@@ -174,10 +174,10 @@ def test_two_namespaces_each_rank_on_its_host_outputs_tensors_and_a_killed_rank(
             assert comparable_events(res.events) == comparable_reference(ref.run(req))
         # (c) inline across the veth, shared memory inside B
         engine.stats()
-        workers = by_rank(engine.status.stats["workers"])
-        assert by_rank(workers[1]["shm_to"]).get(2, 0) > 0 and by_rank(workers[2]["shm_to"]).get(1, 0) > 0
-        assert not workers[0]["shm_to"] and 0 not in by_rank(workers[1]["shm_to"]) | by_rank(workers[2]["shm_to"])
-        assert by_rank(workers[0]["inline_to"]).get(1, 0) > 0 and by_rank(workers[2]["inline_to"]).get(0, 0) > 0
+        workers = engine.status.stats.workers
+        assert workers[1].shm_to.get(2, 0) > 0 and workers[2].shm_to.get(1, 0) > 0
+        assert not workers[0].shm_to and 0 not in workers[1].shm_to | workers[2].shm_to
+        assert workers[0].inline_to.get(1, 0) > 0 and workers[2].inline_to.get(0, 0) > 0
         # (d) SIGKILL of rank 2 on B: its requests end within 1 s, it restarts, the next request is served
         long = [fixture_request("fixture-image", 600 + i) for i in range(2)]
         for r in long:
@@ -200,6 +200,6 @@ def test_two_namespaces_each_rank_on_its_host_outputs_tensors_and_a_killed_rank(
         print(f"figure: netns SIGKILL of a rank on host B -> its requests ended in {elapsed * 1000:.0f} ms")
     finally:
         engine.close(drain_s=5)
-    every = [*pids.values(), *by_rank(stats["ray"]["actor_pids"]).values()]
+    every = [*pids.values(), *by_rank(stats.ray["actor_pids"]).values()]
     assert wait_for(lambda: not any(alive(p) for p in every), timeout=10)
     assert set(shm.segments()) <= before

@@ -98,7 +98,7 @@ def test_transports_carry_tensors(transport, monkeypatch):
             assert comparable_events(res.events) == comparable_reference(ref.run(req))
         def sent():
             engine.stats()
-            return sum(w.get("shm_sent", 0) for w in engine.status.stats["workers"].values())
+            return sum(w.shm_sent for w in engine.status.stats.workers.values())
 
         if transport == "ipc":
             assert wait_until(lambda: sent() > 0)

@@ -90,15 +90,14 @@ def test_loop_cohort_members_fail_alone_and_their_state_is_released():
                 break  # leaving the loop aborts the request mid-cohort
         stats = wait_until(lambda: (s := engine.stats()).running == 0 and s.requests_with_state == 0 and s)
         assert stats and stats.aborted >= 1 and stats.failed >= 1
-        worker = engine.status.stats["workers"]
-        counters = (worker.get(0) or worker.get("0"))
-        assert counters["cohort_members"] == 0 and counters["counters"]["firings"] > 0
+        worker = engine.status.stats.workers[0]
+        assert worker.cohort_members == 0 and worker.counters["firings"] > 0
 
 
 def test_killed_worker_fails_its_requests_fast_and_comes_back():
     engine = start("fixture-tts", placement(2, {"lm": 0, "codec": 1}))
     try:
-        pids = engine.status.stats["pids"]
+        pids = engine.status.stats.pids
         long = [fixture_request("fixture-tts", i) for i in range(3)]
         for r in long:
             r.sampling = type(r.sampling)(max_tokens=300, stop_token_ids=(0,))
@@ -110,7 +109,7 @@ def test_killed_worker_fails_its_requests_fast_and_comes_back():
         runner.start()
         time.sleep(1.0)
         killed_at = time.monotonic()
-        os.kill(int(pids["1"] if "1" in pids else pids[1]), signal.SIGKILL)
+        os.kill(pids[1], signal.SIGKILL)
         runner.join(timeout=10)
         elapsed = time.monotonic() - killed_at
         results = box["results"]
@@ -121,7 +120,7 @@ def test_killed_worker_fails_its_requests_fast_and_comes_back():
         assert wait_until(lambda: engine.health().ok, timeout=30)
         again = engine.run([fixture_request("fixture-tts", 9)])[0]
         assert again.finished.reason == FinishReason.STOP and again.events
-        assert engine.status.stats["restarts"] in ({"1": 1, "0": 0}, {1: 1, 0: 0})
+        assert engine.status.stats.restarts == {1: 1, 0: 0}
     finally:
         engine.close(drain_s=0)
 
@@ -136,7 +135,7 @@ def test_killing_the_parent_leaves_no_orphans(tmp_path):
             e = Engine.start("fixture-lm", placement={"ranks": [{"id": 0, "device": "cpu"}, {"id": 1, "device": "cpu"}],
                                                       "nodes": [{"nodes": ["lm"], "ranks": [0, 1]}]})
             s = e.status.stats
-            pids = [int(p) for p in s["pids"].values()] + [s["zygote_pid"]]
+            pids = [*s.pids.values(), s.zygote_pid]
             print(json.dumps(pids), flush=True)
             time.sleep(600)
             """

@@ -50,8 +50,8 @@ def test_prefill_on_rank_0_decode_on_rank_1_matches_transformers(tiny_llama, tra
 
         def counters(rank: int) -> dict:
             engine.stats()
-            workers = engine.status.stats["workers"]
-            return (workers.get(rank) or workers.get(str(rank)) or {}).get("counters", {})
+            worker = engine.status.stats.workers.get(rank)
+            return worker.counters if worker else {}
 
         assert wait_until(lambda: counters(1).get("contexts_moved_in") == len(requests))
         assert counters(0)["contexts_moved_out"] == len(requests)

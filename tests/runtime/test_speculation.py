@@ -28,8 +28,9 @@ def test_stop_at_k_yields_k_outputs_and_runs_k_plus_one_steps(cohorts):
             assert 0 not in [int(e.data.item()) for e in r.events]  # the EOS iteration is never exposed
 
         def counters():
-            workers = engine.stats() and engine.status.stats["workers"]
-            return (workers.get(0) or workers.get("0") or {}).get("counters", {})
+            engine.stats()
+            worker = engine.status.stats.workers.get(0)
+            return worker.counters if worker else {}
 
         want = len(requests) + sum(k + 1 for k in range(12))  # one prefill each, then k + 1 decode steps
         assert wait_until(lambda: counters().get("firings", 0) >= want)

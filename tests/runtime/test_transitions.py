@@ -18,7 +18,7 @@ from walkserve.testing.fixtures.requests import fixture_request
 
 def _counters(engine) -> dict:
     engine.stats()
-    return engine.status.stats["counters"]
+    return engine.status.stats.counters
 
 
 def test_prefill_then_decode_on_one_rank_sends_one_start_walk_per_request():

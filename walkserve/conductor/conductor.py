@@ -12,7 +12,6 @@ import time
 from collections import defaultdict
 from typing import Any
 
-import msgspec
 import zmq
 
 from walkserve.conductor.admission import Admission
@@ -55,7 +54,7 @@ class Conductor:
         self.load: dict[int, int] = defaultdict(int)
         self.state, self.detail = "starting", "starting workers"
         self.counters: dict[str, int] = defaultdict(int)
-        self.worker_stats: dict[int, dict[str, Any]] = {}
+        self.worker_stats: dict[int, m.RankStats] = {}
         self.started_once = False
         self.draining_until: float | None = None
         self.stopping = False
@@ -249,11 +248,11 @@ class Conductor:
         else:
             self.send_walk(run, messages)
 
+    def on_rank_failed(self, msg: m.RankFailed) -> None:
+        self.state, self.detail = "failed", msg.reason
+        self.publish_status(force=True)
+
     def on_failed(self, msg: m.Failed) -> None:
-        if msg.request_id.startswith("rank:"):
-            self.state, self.detail = "failed", msg.error
-            self.publish_status(force=True)
-            return
         run = self.runs.get(msg.request_id)
         if run is not None:
             self.finish(run, FinishReason.ERROR, msg.error)
@@ -341,7 +340,7 @@ class Conductor:
         return "; ".join(self.down[r] for r in sorted(self.down))
 
     def on_worker_stats(self, msg: m.WorkerStats) -> None:
-        self.worker_stats[msg.rank] = msgspec.to_builtins(msg.stats)  # the frontend's Status view stays plain
+        self.worker_stats[msg.rank] = msg.stats
         if self.stats_wait is not None:
             self.stats_wait[0].discard(msg.rank)
 
@@ -372,20 +371,19 @@ class Conductor:
         if not force and now - self._last_status < self.spec.config.status_interval_s:
             return
         self._last_status = now
-        stats = {
-            "running": len(self.runs),
-            "waiting": len(self.admission.queue),
-            "counters": dict(self.counters),
-            "workers": self.worker_stats,
-            "restarts": dict(self.supervisor.restarts),
-            "pids": self.supervisor.pids(),
-            "zygote_pid": self.supervisor.zygote.popen.pid if self.supervisor.zygote else None,
-            "hosts": dict(self.hosts),
-            "nodes": dict(self.nodes),
-            "launcher": self.placement.launcher,
-        }
-        if self.placement.launcher == "ray":
-            stats["ray"] = self.supervisor.describe()
+        stats = m.RuntimeSnapshot(
+            running=len(self.runs),
+            waiting=len(self.admission.queue),
+            counters=dict(self.counters),
+            workers=dict(self.worker_stats),
+            restarts=dict(self.supervisor.restarts),
+            pids=self.supervisor.pids(),
+            zygote_pid=self.supervisor.zygote.popen.pid if self.supervisor.zygote else None,
+            hosts=dict(self.hosts),
+            nodes=dict(self.nodes),
+            launcher=self.placement.launcher,
+            ray=self.supervisor.describe(),
+        )
         alive = {r: bool(self.ready.get(r)) for r in self.placement.ranks}
         self.outbox.put(FRONTEND, m.Status(self.state, self.detail, alive, stats, query_id))
 
@@ -399,6 +397,7 @@ class Conductor:
         m.NodeDone: on_node_done,
         m.WalkStarted: on_walk_started,
         m.Failed: on_failed,
+        m.RankFailed: on_rank_failed,
         m.Ready: on_ready,
         m.WorkerStats: on_worker_stats,
     }

@@ -158,7 +158,7 @@ class AsyncEngine(EngineClient):
         self.outbox.setsockopt(zmq.LINGER, 1000)
         self.outbox.connect(spec.conductor_address)
         self.streams: dict[str, _Channel] = {}
-        self.status = m.Status("starting", "starting the conductor", {}, {})
+        self.status = m.Status("starting", "starting the conductor", {}, m.RuntimeSnapshot())
         self.status_changed = asyncio.Event()
         self.closed = False
         self._tasks: list[asyncio.Task] = []

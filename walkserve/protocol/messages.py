@@ -4,7 +4,7 @@ Who fills what: the frontend (F) sends Submit/Abort/Shutdown to the
 conductor (C); C sends StartWalk/MoveContexts/Release/Stop to workers (W);
 workers send each other Values/StreamItems/StreamEnds/LoopEvents/Flows and,
 between walks, a request's moved KV contexts (Contexts); workers report
-ClientOuts/WalkOut/NodeDone/WalkStarted/Failed/Ready/WorkerStats to C; C
+ClientOuts/WalkOut/NodeDone/WalkStarted/Failed/RankFailed/Ready/WorkerStats to C; C
 reports Events/Finished/Rejected/Status to F. Messages that carry rows carry
 one per request of a step: a step's outputs of one node output are one
 ClientOuts (C passes them on as one Events), its values for one other rank
@@ -98,7 +98,7 @@ class Status(msgspec.Struct, tag=True, array_like=True):
     state: str  # starting | ready | degraded | draining | stopped
     detail: str
     workers: dict[int, bool]
-    stats: dict[str, Any]
+    stats: RuntimeSnapshot
     query_id: int = 0  # the StatusQuery this answers (0 for periodic updates)
 
 
@@ -362,6 +362,29 @@ class RankStats(msgspec.Struct, kw_only=True):
     bad_frames: int = 0
 
 
+class RuntimeSnapshot(msgspec.Struct, kw_only=True):
+    """The conductor's view of the run (filled by C, carried in Status): its queue, counters and every rank's report."""
+
+    running: int = 0
+    waiting: int = 0
+    counters: dict[str, int] = {}
+    workers: dict[int, RankStats] = {}  # rank -> its latest WorkerStats
+    restarts: dict[int, int] = {}
+    pids: dict[int, int] = {}
+    zygote_pid: int | None = None
+    hosts: dict[int, str] = {}  # rank -> its node's IP (from Ready)
+    nodes: dict[int, str] = {}  # rank -> its node (from Ready)
+    launcher: str = "local"
+    ray: dict[str, Any] = {}  # RaySupervisor.describe() for a ``launcher: ray`` run
+
+
+class RankFailed(msgspec.Struct, tag=True, array_like=True):
+    """A worker could not start its rank (W -> C); the run fails with ``reason``."""
+
+    rank: int
+    reason: str
+
+
 class WorkerStats(msgspec.Struct, tag=True, array_like=True):
     rank: int
     stats: RankStats
@@ -403,6 +426,7 @@ Message = (
     | WalkOut
     | NodeDone
     | Failed
+    | RankFailed
     | Ready
     | WorkerStats
     | Peers

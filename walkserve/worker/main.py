@@ -132,10 +132,7 @@ def _report_start_failure(site: RankSite, spec: RunSpec, rank: int, e: Exception
     ctx = zmq.Context()
     out = Outbox(ctx, spec.token)
     out.connect("conductor", site.conductor)
-    out.send_now(
-        "conductor",
-        m.Failed(f"rank:{rank}", f"rank {rank} could not start: {type(e).__name__}: {e}"),
-    )
+    out.send_now("conductor", m.RankFailed(rank, f"rank {rank} could not start: {type(e).__name__}: {e}"))
     out.close(
         linger_ms=2000
     )  # closing at once would drop the report before it reaches the conductor
