@@ -145,7 +145,7 @@ def spread(family: str, second: str) -> dict:
     return ray_placement(two_ranks(second), nodes)
 
 
-def serve_and_close(cluster, model: str, place: dict, requests: list, **kw) -> tuple[list, dict]:
+def serve_and_close(cluster, model: str, place: dict, requests: list, **kw) -> tuple[list, RuntimeSnapshot]:
     """Results of ``requests`` on an engine over the cluster; after its clean shutdown nothing of it is left."""
     engine = Engine.start(model, placement=place, config=config(cluster, cohorts=model != "fixture-lm"), **kw)
     try:
