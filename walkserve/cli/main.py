@@ -1,4 +1,4 @@
-"""``walkserve``: serve, graph, tiny, convert, env."""
+"""``walkserve``: serve, graph, tiny, convert, env, plan, profile."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     graph_cmd.add_parser(sub)
     env_cmd.add_parser(sub)
-    for module in ("serve_cmd", "tiny_cmd", "convert_cmd"):
+    for module in ("serve_cmd", "tiny_cmd", "convert_cmd", "plan_cmd"):
         try:
             mod = __import__(f"walkserve.cli.{module}", fromlist=["add_parser"])
         except ImportError:

@@ -1,0 +1,117 @@
+"""``walkserve plan`` and ``walkserve profile``: placements chosen from measured node costs, memory and the workload.
+
+    walkserve profile orpheus --model-path DIR                     # measure node costs once (cached)
+    walkserve plan orpheus --model-path DIR --devices cpu:0,cpu:1 -o placement.yaml
+    walkserve plan orpheus --model-path DIR --explain my-placement.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from walkserve.core.errors import ConfigError
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", metavar="MODEL", help="model family (orpheus, qwen3-omni, ...) or auto")
+    p.add_argument("--model-path", metavar="DIR", help="checkpoint directory")
+    p.add_argument("--snac-path", metavar="DIR", help="orpheus: the SNAC codec directory")
+    p.add_argument("--workload", metavar="FILE", help="request mix (YAML: kinds with weights; default: the family's)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype (default: the model's)")
+    p.add_argument("--profile-cache", metavar="DIR", type=Path, help="where profiles are cached "
+                   "(default: $WALKSERVE_CACHE_DIR/profiles)")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="choose a placement from measured node costs, memory and the workload",
+                       description="Enumerate the placements that fit the devices, score each with the measured node "
+                       "costs and the workload, and write the best; or score a placement file (--explain).")
+    _model_args(p)
+    p.add_argument("--devices", metavar="SPEC", help="cpu:0,cpu:1 | cuda:0-7 | cuda:0-2@141GiB | a YAML file of "
+                   "{device, memory, host}")
+    p.add_argument("--objective", choices=["throughput", "ttfa"], default="throughput")
+    p.add_argument("--slo", action="append", metavar="NAME=VALUE", help="ttfa=SECONDS or throughput=REQ_PER_S (repeatable)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the winning placement here")
+    p.add_argument("--explain", metavar="PLACEMENT", help="score this placement file instead of searching")
+    p.add_argument("--top", type=int, default=5, metavar="N", help="candidates to print (default: %(default)s)")
+    p.add_argument("--no-profile", action="store_true", help="fail when no cached profile exists instead of profiling")
+    p.set_defaults(func=run_plan)
+    q = sub.add_parser("profile", help="measure each node's step cost (cached for walkserve plan)")
+    _model_args(q)
+    q.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="device kind to profile on")
+    q.add_argument("--repeats", type=int, default=2, metavar="N", help="runs per concurrency (default: %(default)s)")
+    q.set_defaults(func=run_profile)
+
+
+def _load(args: argparse.Namespace):
+    from walkserve.cli.serve_target import resolve_target
+    from walkserve.models.registry import load_model
+    from walkserve.planner.workload import default_workload, load_workload
+
+    target = resolve_target(args.model, args.model_path, args.snac_path)
+    model = load_model(target.ref())
+    workload = load_workload(args.workload) if args.workload else default_workload(model.ref.family)
+    return model, workload
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    from walkserve.planner.planning import costs_for
+
+    model, workload = _load(args)
+    table = costs_for(model, workload, args.device, args.dtype, args.profile_cache, True, _progress, args.repeats)
+    for node, cost in sorted(table.nodes.items()):
+        fits = ", ".join(f"{t} thread(s): {f * 1e3:.2f} ms + {p * 1e3:.3f} ms/item"
+                         for t in sorted(cost.samples) for f, p in [cost.fit(t)])
+        print(f"{node}: {table.items_per_request.get(node, 0):.1f} items/request; {fits}")
+    return 0
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from walkserve.planner import planning
+    from walkserve.planner.devices import parse_devices
+
+    model, workload = _load(args)
+    if args.explain:
+        return _explain(args, model, workload)
+    if not args.devices:
+        raise ConfigError("walkserve plan needs --devices (e.g. cpu:0,cpu:1 or cuda:0-7), or --explain FILE")
+    devices = parse_devices(args.devices)
+    kinds = {d.kind for d in devices}
+    table = planning.costs_for(model, workload, min(kinds), args.dtype, args.profile_cache, not args.no_profile, _progress)
+    result = planning.plan(model, devices, table, workload, args.objective, planning.parse_slo(args.slo))
+    print(f"{result.considered} placements fit {args.devices} (workload {workload.name}, {workload.concurrency} "
+          f"requests at once); predicted from the measured node costs, best for {args.objective} first:")
+    for i, c in enumerate(result.ranked[: args.top]):
+        print(f"  {i + 1}. {planning.summary(c)}")
+    print(f"winner: {result.winner.name}\nwhy: {result.why}")
+    if args.output:
+        header = [f"walkserve plan {model.ref.family} --devices {args.devices} --objective {args.objective}",
+                  f"workload {workload.name}; why: {result.why}"]
+        Path(args.output).write_text(planning.placement_yaml(result.winner, header))
+        print(f"wrote {args.output}")
+    return 0
+
+
+def _explain(args: argparse.Namespace, model, workload) -> int:
+    import yaml
+
+    from walkserve.cli.placement_arg import placement_path
+    from walkserve.planner import planning
+
+    path = placement_path(args.explain)
+    data = yaml.safe_load(path.read_text())
+    kinds = {"cpu" if r.get("device") == "cpu" else "cuda" for r in data.get("ranks") or [] if isinstance(r, dict)}
+    table = planning.costs_for(model, workload, min(kinds or {"cpu"}), args.dtype, args.profile_cache,
+                               not args.no_profile, _progress)
+    c = planning.explain(model, data, str(path), table, workload.concurrency)
+    print(f"{path} (workload {workload.name}, {workload.concurrency} requests at once), predicted: {planning.summary(c)}")
+    for rank, busy in sorted(c.score.rank_busy.items()):
+        parts = ", ".join(f"{u} {s * 1000:.1f} ms" for u, s in sorted(c.score.unit_busy.get(rank, {}).items()))
+        print(f"  rank {rank}: {busy * 1000:.1f} ms/request busy ({parts or 'idle'})")
+    return 0

@@ -1,0 +1,164 @@
+"""Measured node costs: what one engine step of a node costs at a batch size and a thread count, cached on disk.
+
+A profile (``planner.profile``) runs the model on one rank and reads the
+runtime's per-node counters (steps, items, busy seconds); each run at one
+concurrency and one thread count gives one sample per node: the mean batch
+size and the mean seconds per step. ``NodeCost`` fits ``seconds(batch) =
+fixed + per_item * batch`` through the samples of one thread count and, for a
+thread count never measured, scales the nearest measured one by the ratio of
+threads (a CPU step's compute divides over its threads; the fixed part too:
+on a tiny model it is mostly the same kernels' launch overhead).
+
+The cache file is keyed by model (family and a fingerprint of the
+checkpoint's config files), device kind and dtype, so planning after one
+profile is instant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from walkserve.core import env
+from walkserve.core.errors import ConfigError
+
+FORMAT = 1
+
+
+@dataclass
+class NodeCost:
+    """One node's step cost samples: threads -> [(requests at once, mean batch, seconds per step)]."""
+
+    samples: dict[int, list[tuple[float, float, float]]] = field(default_factory=dict)
+
+    def add(self, threads: int, concurrency: float, batch: float, seconds: float) -> None:
+        self.samples.setdefault(threads, []).append((concurrency, batch, seconds))
+
+    def _nearest(self, threads: int) -> int:
+        return min(self.samples, key=lambda t: (abs(t - threads), -t))
+
+    def batch_at(self, concurrency: float, threads: int) -> float:
+        """The mean batch the node ran at ``concurrency`` requests at once: interpolated between the profiled
+        concurrencies, and in proportion to the concurrency beyond them."""
+        if not self.samples:
+            return 1.0
+        by: dict[float, list[float]] = {}
+        for c, b, _ in self.samples[self._nearest(threads)]:
+            by.setdefault(c, []).append(b)
+        pts = sorted((c, sum(bs) / len(bs)) for c, bs in by.items())
+        if concurrency <= pts[0][0]:
+            return max(1.0, pts[0][1] * concurrency / pts[0][0])
+        for (c0, b0), (c1, b1) in zip(pts, pts[1:], strict=False):
+            if concurrency <= c1:
+                return max(1.0, b0 + (b1 - b0) * (concurrency - c0) / (c1 - c0))
+        return max(1.0, pts[-1][1] * concurrency / pts[-1][0])
+
+    def fit(self, threads: int) -> tuple[float, float]:
+        """(fixed seconds, seconds per item) at ``threads``, least squares over that count's samples."""
+        pts = [(b, s) for _, b, s in self.samples[threads]]
+        if len({b for b, _ in pts}) < 2:
+            return sum(s for _, s in pts) / len(pts), 0.0  # one batch size seen: the step cost does not depend on the batch as far as we know
+        n = len(pts)
+        mb, ms = sum(b for b, _ in pts) / n, sum(s for _, s in pts) / n
+        var = sum((b - mb) ** 2 for b, _ in pts)
+        slope = max(0.0, sum((b - mb) * (s - ms) for b, s in pts) / var)
+        fixed = max(0.0, ms - slope * mb)
+        if fixed == 0.0:  # the line crossed below zero: all of the cost is per item
+            slope = ms / mb
+        return fixed, slope
+
+    def step_seconds(self, batch: float, threads: int) -> float:
+        """Seconds one step of ``batch`` items takes on a rank with ``threads`` threads."""
+        if not self.samples:
+            return 0.0
+        measured = self._nearest(threads)
+        fixed, per_item = self.fit(measured)
+        return (fixed + per_item * batch) * measured / max(1, threads)
+
+
+@dataclass
+class CostTable:
+    """Every profiled node of one model on one device kind and dtype.
+
+    ``items_per_request[node]``: how many items (firings) of the node one
+    request of the workload makes, on average (a decode node fires once per
+    token, a codec once per window). ``first_output_s``: the measured time to
+    the first client output of one request alone, ``threads`` -> seconds (TTFA
+    on an idle rank). ``hop_s``: seconds one cross-rank message costs its
+    sender and its receiver.
+    """
+
+    key: str
+    nodes: dict[str, NodeCost] = field(default_factory=dict)
+    items_per_request: dict[str, float] = field(default_factory=dict)
+    first_output_s: dict[int, float] = field(default_factory=dict)
+    hop_s: float = 2e-4
+    workload: str = ""
+
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT, "key": self.key, "hop_s": self.hop_s, "workload": self.workload,
+            "items_per_request": self.items_per_request,
+            "first_output_s": {str(t): s for t, s in self.first_output_s.items()},
+            "nodes": {n: {str(t): [list(p) for p in pts] for t, pts in c.samples.items()} for n, c in self.nodes.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict, source: str = "<costs>") -> CostTable:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ConfigError(f"{source}: not a walkserve profile (format {FORMAT}); profile again")
+        try:
+            nodes = {n: NodeCost({int(t): [(float(c), float(b), float(s)) for c, b, s in pts] for t, pts in per.items()})
+                     for n, per in data["nodes"].items()}
+            return cls(data["key"], nodes, {k: float(v) for k, v in data["items_per_request"].items()},
+                       {int(t): float(s) for t, s in data.get("first_output_s", {}).items()},
+                       float(data.get("hop_s", 2e-4)), str(data.get("workload", "")))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ConfigError(f"{source}: a damaged profile ({type(e).__name__}: {e}); profile again") from None
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1, sort_keys=True))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> CostTable:
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read profile: {e.strerror}") from None
+        except ValueError as e:
+            raise ConfigError(f"{path}: not JSON: {e}") from None
+        return cls.from_json(data, str(path))
+
+    def threads_profiled(self) -> list[int]:
+        return sorted({t for c in self.nodes.values() for t in c.samples})
+
+
+def model_fingerprint(path: str | None, options: dict | None = None) -> str:
+    """A short hash of a checkpoint's config files (and the model options): another checkpoint, another profile."""
+    h = hashlib.sha256(json.dumps(options or {}, sort_keys=True, default=str).encode())
+    if path:
+        root = Path(path)
+        for f in sorted(root.rglob("*.json")):
+            if f.stat().st_size < 1 << 20:
+                h.update(str(f.relative_to(root)).encode())
+                h.update(f.read_bytes())
+        for f in sorted(root.rglob("*.safetensors")):
+            h.update(f"{f.relative_to(root)}:{f.stat().st_size}".encode())
+    return h.hexdigest()[:16]
+
+
+def cache_key(family: str, path: str | None, device_kind: str, dtype: str, options: dict | None = None,
+              workload: str = "default") -> str:
+    """The profile's cache key: model, device kind, dtype, workload."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in f"{family}-{workload}")
+    return f"{safe}-{model_fingerprint(path, options)}-{device_kind}-{dtype}"
+
+
+def cache_path(key: str, cache_dir: Path | None = None) -> Path:
+    root = cache_dir if cache_dir is not None else env.WALKSERVE_CACHE_DIR.get() / "profiles"
+    return Path(root) / f"{key}.json"

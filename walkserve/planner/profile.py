@@ -1,0 +1,116 @@
+"""``walkserve profile``: measure each node's step cost by serving the workload with every node on one rank.
+
+The model runs through the real runtime (``AsyncEngine``) on one rank of the
+device kind, so the costs include what the engines and the executor really do
+per step. For each thread count (a CPU rank's share of the host's cores) and
+each concurrency, the workload's requests run at once and the runtime's
+per-node counters (steps, items, busy seconds) give one sample per node: the
+mean batch and the seconds per step (``costs.NodeCost``). A lone request's
+time to its first output is kept as the idle TTFA. Node counters are keyed
+by node for stateless engines and by component for KV engines (the runtime's
+own keys); the planner maps both onto the placement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from walkserve.core.outputs import OutputEvent, RequestFinished
+from walkserve.models.base import Model
+from walkserve.planner.costs import CostTable
+from walkserve.planner.workload import Workload
+
+Progress = Callable[[str], None]
+
+
+def one_rank_placement(model: Model, device: str) -> dict:
+    """Every node of the model on one rank of ``device``."""
+    return {"ranks": [{"id": 0, "device": device}], "nodes": [{"nodes": model.graph().node_names(), "ranks": [0]}]}
+
+
+def default_threads() -> tuple[int, ...]:
+    """The thread counts a CPU rank can get here: all the cores, and the share of each of two to four ranks."""
+    cores = os.cpu_count() or 1
+    return tuple(sorted({max(1, cores // n) for n in (1, 2, 3, 4)}, reverse=True))
+
+
+def profile(model: Model, workload: Workload, key: str, device: str = "cpu", dtype: str | None = None,
+            threads: Sequence[int] | None = None, concurrencies: Sequence[int] | None = None, repeats: int = 2,
+            progress: Progress | None = None) -> CostTable:
+    """Measure ``model``'s node costs on one rank of ``device`` under ``workload``; returns the cost table."""
+    table = CostTable(key, workload=workload.name)
+    counts = threads or (default_threads() if device == "cpu" else (1,))
+    levels = concurrencies or tuple(sorted({1, max(1, workload.concurrency // 2), workload.concurrency,
+                                            2 * workload.concurrency}))
+    for t in counts:
+        asyncio.run(_profile_threads(model, workload, table, device, dtype, t, levels, repeats, progress))
+    return table
+
+
+async def _profile_threads(model: Model, workload: Workload, table: CostTable, device: str, dtype: str | None,
+                           threads: int, levels: Sequence[int], repeats: int, progress: Progress | None) -> None:
+    from walkserve.core.config import RuntimeConfig
+    from walkserve.entrypoint.engine import AsyncEngine
+
+    config = RuntimeConfig(worker_threads=threads, status_interval_s=0.05, dtype=dtype)
+    if progress:
+        progress(f"profile: starting {model.ref.family} on one {device} rank, {threads} thread(s)")
+    engine = await AsyncEngine.start(model, placement=one_rank_placement(model, device), config=config)
+    items: dict[str, list[float]] = {}
+    try:
+        await _run(engine, workload.specs(engine.processor, 1))  # warm-up: first-call costs stay out of the samples
+        for level in levels:
+            for r in range(repeats):
+                if progress:
+                    progress(f"profile: {threads} thread(s), {level} request(s) at once, run {r + 1}/{repeats}")
+                before = await _nodes(engine)
+                first = await _run(engine, workload.specs(engine.processor, level))
+                after = await _nodes(engine)
+                if level == 1:
+                    table.first_output_s[threads] = min(first, table.first_output_s.get(threads, first))
+                _add_samples(table, threads, level, before, after, items)
+    finally:
+        await engine.shutdown(drain_s=0)
+    for name, per in items.items():
+        table.items_per_request[name] = sum(per) / len(per)
+
+
+def _add_samples(table: CostTable, threads: int, requests: int, before: dict, after: dict,
+                 items: dict[str, list[float]]) -> None:
+    from walkserve.planner.costs import NodeCost
+
+    for name, s in after.items():
+        b = before.get(name, {})
+        steps = s.get("batches", 0.0) - b.get("batches", 0.0)
+        n = s.get("items", 0.0) - b.get("items", 0.0)
+        busy = s.get("busy_s", 0.0) - b.get("busy_s", 0.0)
+        if steps <= 0:
+            continue
+        table.nodes.setdefault(name, NodeCost()).add(threads, requests, n / steps, busy / steps)
+        items.setdefault(name, []).append(n / requests)
+
+
+async def _nodes(engine: Any) -> dict[str, dict[str, float]]:
+    await asyncio.sleep(0.1)  # the workers' last counters reach the conductor
+    await engine.refresh_status()
+    return {k: dict(v) for k, v in engine.stats().nodes.items()}
+
+
+async def _run(engine: Any, specs: list) -> float:
+    """Run the requests at once; the seconds to the first request's first output."""
+    t0 = time.perf_counter()
+    firsts: list[float] = []
+
+    async def one(spec: Any) -> None:
+        async for out in engine.generate(spec):
+            if isinstance(out, OutputEvent) and not firsts:
+                firsts.append(time.perf_counter() - t0)
+            if isinstance(out, RequestFinished) and out.error:
+                raise RuntimeError(f"profiling request failed: {out.error}")
+
+    await asyncio.gather(*(one(s) for s in specs))
+    return firsts[0] if firsts else time.perf_counter() - t0

@@ -1,0 +1,137 @@
+"""Score a placement from measured node costs: each rank's busy seconds per request, the bottleneck, TTFA.
+
+The cost model (docs/placement.md, "How the planner scores"):
+
+- every profiled unit (a stateless node, or a KV component with all its
+  nodes: the runtime's own counter keys) makes ``items_per_request`` items
+  per request; on a rank with ``t`` threads it runs them in steps of the batch
+  the profile saw at the concurrency that replica carries (the workload's
+  concurrency divided over its replicas), each step costing
+  ``NodeCost.step_seconds(batch, t)``;
+- a CPU rank's threads are the host's cores divided over the placement's
+  ranks (what the worker does with ``worker_threads = 0``); a GPU rank keeps
+  the profiled cost;
+- each cross-rank edge costs ``hop_s`` per message to its sender and to its
+  receiver, one message per producer step;
+- a rank's busy seconds per request are the sum of the above over what it
+  hosts; the busiest rank bounds the throughput: requests/s = 1 / its busy
+  seconds (ranks work in parallel, streamed edges overlap them);
+- TTFA: the profiled time to the first output of a lone request, at the
+  threads of the slowest rank the request crosses, plus one hop per cross-rank
+  edge; the idle figure, not the loaded one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from walkserve.graph.routes import ToCarry, ToNode, ToStream
+from walkserve.graph.walk import WalkGraph
+from walkserve.placement.plan import Placement
+from walkserve.planner.costs import CostTable
+
+
+@dataclass
+class Score:
+    """A placement's predicted figures."""
+
+    throughput: float  # requests per second
+    ttfa_s: float
+    rank_busy: dict[int, float]  # rank -> busy seconds per request
+    unit_busy: dict[int, dict[str, float]]  # rank -> unit -> busy seconds per request
+    hops: int  # cross-rank edges
+    memory: dict[int, int] = field(default_factory=dict)  # rank -> bytes
+
+    @property
+    def bottleneck(self) -> int:
+        return max(self.rank_busy, key=lambda r: (self.rank_busy[r], -r))
+
+    def bottleneck_unit(self) -> str:
+        per = self.unit_busy.get(self.bottleneck) or {"(messages)": 0.0}
+        return max(per, key=lambda u: per[u])
+
+
+def rank_threads(placement: Placement, cores: int | None = None) -> dict[int, int]:
+    """Threads each rank's worker gets: a CPU rank the cores divided over the ranks (as the worker does)."""
+    cores = cores or os.cpu_count() or 1
+    n = max(1, len(placement.ranks))
+    return {r: max(1, cores // n) if s.device == "cpu" else 1 for r, s in placement.ranks.items()}
+
+
+def unit_ranks(graph: WalkGraph, placement: Placement, unit: str) -> list[tuple[int, ...]]:
+    """The rank sets a profiled unit (a node name, or a component's name) runs on, one per distinct placement."""
+    out: list[tuple[int, ...]] = []
+    for w, plan in graph.plans.items():
+        for n, node in plan.nodes.items():
+            if n == unit or (node.component == unit and unit not in plan.nodes):
+                ranks = placement.ranks_for(w, n)
+                if ranks not in out:
+                    out.append(ranks)
+    return out
+
+
+def score(table: CostTable, graph: WalkGraph, placement: Placement, concurrency: int, cores: int | None = None) -> Score:
+    """The placement's predicted throughput, TTFA and busiest rank under ``table``'s costs."""
+    threads = rank_threads(placement, cores)
+    unit_busy: dict[int, dict[str, float]] = defaultdict(dict)
+    unit_steps: dict[str, float] = {}
+    for unit, cost in table.nodes.items():
+        sets = unit_ranks(graph, placement, unit)
+        items = table.items_per_request.get(unit, 0.0)
+        if not sets or not items:
+            continue
+        for ranks in sets:
+            share = 1.0 / (len(sets) * len(ranks))  # the items this replica runs, of every request's
+            for r in ranks:
+                batch = cost.batch_at(max(1.0, concurrency * len(sets) * share), threads[r])
+                busy = items * share * cost.step_seconds(batch, threads[r]) / batch
+                unit_busy[r][unit] = unit_busy[r].get(unit, 0.0) + busy
+                unit_steps[unit] = unit_steps.get(unit, 0.0) + items * share / batch
+    hops = _cross_edges(graph, placement, set(table.nodes))
+    busy = {r: sum(unit_busy[r].values()) for r in placement.ranks}
+    for (src, dst), producer in hops.items():
+        per_request = unit_steps.get(producer, 1.0) * table.hop_s
+        for r in (src, dst):
+            busy[r] += per_request
+            unit_busy[r]["(messages)"] = unit_busy[r].get("(messages)", 0.0) + per_request
+    worst = max(busy.values()) if busy else 0.0
+    used = [r for r in placement.ranks if busy[r] > 0] or list(placement.ranks)
+    slowest = min(threads[r] for r in used)
+    ttfa = _first_output(table, slowest) + table.hop_s * len(hops)
+    return Score(1.0 / worst if worst > 0 else float("inf"), ttfa, busy, dict(unit_busy), len(hops))
+
+
+def _first_output(table: CostTable, threads: int) -> float:
+    if not table.first_output_s:
+        return 0.0
+    measured = min(table.first_output_s, key=lambda t: (abs(t - threads), -t))
+    return table.first_output_s[measured] * measured / max(1, threads)
+
+
+def _cross_edges(graph: WalkGraph, placement: Placement, units: set[str]) -> dict[tuple[int, int], str]:
+    """(producer rank, consumer rank) -> the producer's profiled unit, for edges whose ends sit on different ranks."""
+    out: dict[tuple[int, int], str] = {}
+    for w, plan in graph.plans.items():
+        for (src, _), routes in plan.routes.items():
+            if src not in plan.nodes:  # the walk's inputs: they come from the conductor
+                continue
+            for route in routes:
+                if isinstance(route, (ToNode, ToCarry)):
+                    dst = route.node
+                elif isinstance(route, ToStream):
+                    dst = plan.streams[route.stream].consumer
+                else:
+                    continue
+                if dst not in plan.nodes:
+                    continue
+                a, b = placement.ranks_for(w, src), placement.ranks_for(w, dst)
+                if set(a) != set(b) or len(a) > 1:
+                    unit = src if src in units else plan.nodes[src].component
+                    for ra in a:
+                        for rb in b:
+                            if ra != rb:
+                                out.setdefault((ra, rb), unit)
+    return out
+

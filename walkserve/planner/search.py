@@ -1,0 +1,192 @@
+"""Enumerate the placements of a model on a device list that fit memory, and score each.
+
+Nodes move in groups: the nodes of one component (its per-request state and
+weights stay together), with the components of one KV share group merged. A
+candidate splits the groups into blocks, one block per rank (co-location
+and stage splits: every set partition of the groups into at most as many
+blocks as there are devices), and then gives the busiest block's rank
+replicas on the devices left over, one more at a time (replicas of the
+bottleneck stage). Blocks go to devices largest memory demand first onto the
+largest device. Each candidate passes the same checks ``walkserve serve``
+runs at start-up (coverage, state kept together, memory: the generic check
+and the family's own memory report) or is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from walkserve.core.errors import PlacementError
+from walkserve.models.base import Model
+from walkserve.placement.plan import Placement, parse_placement
+from walkserve.placement.resolve import check_placement, rank_demands, walk_nodes
+from walkserve.planner.costs import CostTable
+from walkserve.planner.devices import Device
+from walkserve.planner.score import Score, score
+
+MAX_CANDIDATES = 20000
+
+
+@dataclass
+class Candidate:
+    name: str
+    data: dict  # the placement file's mapping
+    placement: Placement
+    score: Score | None  # None: only the memory fit was asked
+
+
+def node_groups(model: Model) -> list[tuple[str, ...]]:
+    """Nodes that move together: one component's nodes, a KV share group's components' nodes."""
+    graph, comps = model.graph(), model.components()
+    key_of: dict[str, str] = {}
+    for w, plan in graph.plans.items():
+        for n, node in plan.nodes.items():
+            spec = comps.get(node.component)
+            key_of[n] = f"share:{spec.kv_share}" if spec is not None and spec.kv_share else node.component
+    groups: dict[str, list[str]] = {}
+    for n in graph.node_names():
+        groups.setdefault(key_of.get(n, n), []).append(n)
+    return [tuple(v) for v in groups.values()]
+
+
+def partitions(n: int, max_blocks: int) -> Iterator[list[int]]:
+    """Every split of ``n`` items into at most ``max_blocks`` blocks, as each item's block (first seen first)."""
+    if n == 0:
+        yield []
+        return
+
+    def grow(prefix: list[int], used: int) -> Iterator[list[int]]:
+        if len(prefix) == n:
+            yield list(prefix)
+            return
+        for b in range(min(used + 1, max_blocks)):
+            prefix.append(b)
+            yield from grow(prefix, max(used, b + 1))
+            prefix.pop()
+
+    yield from grow([], 0)
+
+
+def placement_data(blocks: list[list[str]], replicas: list[list[int]], devices: list[Device]) -> dict:
+    """The placement mapping: block i's nodes on ranks ``replicas[i]`` (indices into ``devices``)."""
+    used = sorted({r for rs in replicas for r in rs})
+    return {"ranks": [devices[r].rank_entry(r) for r in used],
+            "nodes": [{"nodes": list(b), "ranks": list(rs)} for b, rs in zip(blocks, replicas, strict=True)]}
+
+
+def describe(blocks: list[list[str]], replicas: list[list[int]], groups: list[tuple[str, ...]]) -> str:
+    """``[lm] | [codec]``, ``[a, b] x2``: each rank's groups (named by their first node), replicas counted."""
+    first = {g[0]: g for g in groups}
+    parts = []
+    for b, rs in zip(blocks, replicas, strict=True):
+        names = [n for n in b if n in first]
+        parts.append(f"[{', '.join(names)}]" + (f" x{len(rs)}" if len(rs) > 1 else ""))
+    return " | ".join(parts)
+
+
+class Checker:
+    """The start-up checks of ``walkserve serve``, with each device's memory budget standing for its free memory."""
+
+    def __init__(self, model: Model, devices: list[Device]):
+        self.model, self.devices = model, devices
+        self.budget = {d.device: d.memory for d in devices}
+
+    def _model(self, data: dict) -> Model:
+        return self.model.for_placement(data)
+
+    def check(self, data: dict, source: str = "<planned>") -> Placement:
+        model = self._model(data)
+        comps = model.components()
+        parsed = parse_placement(data, source)
+        check_placement(parsed, model.graph(), {c for c, s in comps.items() if s.stateful},
+                        {c: s.weight_bytes for c, s in comps.items()}, {c: s.state_bytes for c, s in comps.items()},
+                        device_free=self.budget.get, kv_shares={c: s.kv_share for c, s in comps.items() if s.kv_share},
+                        movable={c for c, s in comps.items() if s.stateful and s.engine == "kv"})
+        model.memory_report(parsed, self.budget.get)
+        return parsed
+
+    def memory(self, parsed: Placement) -> dict[int, int]:
+        """Bytes each rank will hold (weights and state), as the generic check counts them."""
+        model = self.model
+        comps, graph = model.components(), model.graph()
+        walks = walk_nodes(graph)
+        return {r: sum(b for _, b in rank_demands(parsed, r, graph, walks, {c: s.weight_bytes for c, s in comps.items()},
+                                                   {c: s.state_bytes for c, s in comps.items()}, self.budget.get))
+                for r in parsed.ranks}
+
+
+def _order_by_demand(blocks: list[list[str]], devices: list[Device], demand: Callable[[list[str]], int]) -> list[int]:
+    """Device index for each block: the largest demand onto the largest device."""
+    by_block = sorted(range(len(blocks)), key=lambda i: -demand(blocks[i]))
+    by_device = sorted(range(len(devices)), key=lambda i: (-(devices[i].memory or 0), i))
+    out = [0] * len(blocks)
+    for b, d in zip(by_block, by_device, strict=False):
+        out[b] = d
+    return out
+
+
+def enumerate_candidates(model: Model, devices: list[Device], table: CostTable | None, concurrency: int,
+                         rejected: list[str] | None = None, limit: int = MAX_CANDIDATES) -> list[Candidate]:
+    """Every placement that fits (up to ``limit``), scored with ``table`` (unscored without one), best first."""
+    groups = node_groups(model)
+    checker = Checker(model, devices)
+    comps, graph = model.components(), model.graph()
+    comp_of = {n: plan.nodes[n].component for plan in graph.plans.values() for n in plan.nodes}
+
+    def demand(block: list[str]) -> int:
+        return sum(comps[c].weight_bytes for c in {comp_of[n] for n in block} if c in comps)
+
+    out: list[Candidate] = []
+    seen: set[str] = set()
+    for assign in partitions(len(groups), len(devices)):
+        blocks = [[n for g, b in zip(groups, assign, strict=True) if b == k for n in g] for k in range(max(assign) + 1)]
+        homes = _order_by_demand(blocks, devices, demand)
+        replicas = [[h] for h in homes]
+        while True:
+            cand = _candidate(checker, blocks, replicas, devices, groups, table, concurrency, rejected)
+            if cand is not None and cand.name not in seen:
+                seen.add(cand.name)
+                out.append(cand)
+            spare = [i for i in range(len(devices)) if all(i not in rs for rs in replicas)]
+            if cand is None or cand.score is None or not spare or len(out) >= limit:
+                break
+            hot = _block_of_rank(replicas, cand.score.bottleneck)
+            replicas = [rs + [spare[0]] if i == hot else rs for i, rs in enumerate(replicas)]
+        if len(out) >= limit:
+            break
+    out.sort(key=lambda c: (-c.score.throughput if c.score else 0.0, c.score.ttfa_s if c.score else 0.0, c.name))
+    return out
+
+
+def _block_of_rank(replicas: list[list[int]], rank: int) -> int:
+    return next(i for i, rs in enumerate(replicas) if rank in rs)
+
+
+def _candidate(checker: Checker, blocks: list[list[str]], replicas: list[list[int]], devices: list[Device],
+               groups: list[tuple[str, ...]], table: CostTable | None, concurrency: int,
+               rejected: list[str] | None) -> Candidate | None:
+    data = placement_data(blocks, replicas, devices)
+    name = describe(blocks, replicas, groups)
+    try:
+        parsed = checker.check(data, f"<candidate {name}>")
+    except PlacementError as e:
+        if rejected is not None:
+            rejected.append(f"{name}: {e}")
+        return None
+    sc = score(table, checker.model.graph(), parsed, concurrency) if table is not None else None
+    if sc is not None:
+        sc.memory = checker.memory(parsed)
+    return Candidate(name, data, parsed, sc)
+
+
+def smallest_fit(model: Model, devices: list[Device], extra: int = 8) -> str | None:
+    """The fewest devices like the largest given one that hold the model, described, or None if none up to +extra."""
+    largest = max(devices, key=lambda d: d.memory or 0)
+    for n in range(1, len(devices) + extra + 1):
+        trial = [Device(largest.device if largest.kind == "cpu" else f"cuda:{i}", largest.memory, largest.host)
+                 for i in range(n)]
+        if enumerate_candidates(model, trial, None, 1, limit=1):
+            mem = f" of {largest.memory / 2**30:.0f} GiB" if largest.memory else ""
+            return f"{n} x {largest.kind}{mem}"
+    return None
