@@ -73,8 +73,12 @@ def _model_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--tokenizer-path", metavar="FILE", help="pi0 / pi05: PaliGemma's SentencePiece model "
                    "(paligemma_tokenizer.model; lerobot's checkpoints ship none)")
     g.add_argument("--model-id", metavar="NAME", help="the model's name in the API (default: the directory name)")
-    g.add_argument("--config", metavar="PLACEMENT", help="placement YAML (which nodes run on which ranks and "
-                   "devices), or the name of a shipped one; default: every node on one rank, cuda:0 if present")
+    g.add_argument("--config", "--placement", dest="config", metavar="PLACEMENT", help="placement YAML (which nodes "
+                   "run on which ranks and devices), the name of a shipped one, or auto (walkserve plan chooses one at "
+                   "start-up from the profile cache, profiling first if needed); default: every node on one rank, "
+                   "cuda:0 if present")
+    g.add_argument("--devices", metavar="SPEC", help="with --placement auto: the devices to plan for (cpu:0,cpu:1, "
+                   "cuda:0-7, or a file; default: every GPU, else two CPU ranks)")
 
 
 def _server_args(g: argparse._ArgumentGroup) -> None:
@@ -157,7 +161,9 @@ def _run(args: argparse.Namespace) -> int:
         config, runtime = server_config(args), runtime_config(args)
         target = resolve_target(args.model, args.model_path, args.snac_path, args.model_id,
                                 tokenizer_path=args.tokenizer_path)
-        placement = _placement(args.config)
+        if args.devices and args.config != "auto":
+            raise ConfigError("--devices says what --placement auto plans for; a placement file names its own devices")
+        placement = _auto_placement(target, args) if args.config == "auto" else _placement(args.config)
         if target.embedded:
             config = _prepare_embedded(config)
         sock = bind(config.host, config.port)
@@ -184,6 +190,20 @@ def _placement(value: str | None) -> Path | None:
     path = placement_path(value)
     load_placement(path)
     return path
+
+
+def _auto_placement(target, args: argparse.Namespace) -> Path:
+    """``--placement auto``: plan now (the embedded model's checkpoint is written first, so it can be profiled)."""
+    from walkserve.core import env
+    from walkserve.models.registry import load_model
+    from walkserve.planner.planning import auto_placement
+
+    if target.embedded:
+        from walkserve.cli.embedded import ensure_embedded
+
+        ensure_embedded()
+    model = load_model(target.ref())
+    return auto_placement(model, args.devices, args.dtype, env.WALKSERVE_CACHE_DIR.get() / "plans", say)
 
 
 def _prepare_embedded(config: ServerConfig) -> ServerConfig:

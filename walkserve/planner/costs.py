@@ -17,6 +17,7 @@ profile is instant.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +51,7 @@ class NodeCost:
         pts = sorted((c, sum(bs) / len(bs)) for c, bs in by.items())
         if concurrency <= pts[0][0]:
             return max(1.0, pts[0][1] * concurrency / pts[0][0])
-        for (c0, b0), (c1, b1) in zip(pts, pts[1:], strict=False):
+        for (c0, b0), (c1, b1) in itertools.pairwise(pts):
             if concurrency <= c1:
                 return max(1.0, b0 + (b1 - b0) * (concurrency - c0) / (c1 - c0))
         return max(1.0, pts[-1][1] * concurrency / pts[-1][0])
@@ -133,9 +134,6 @@ class CostTable:
         except ValueError as e:
             raise ConfigError(f"{path}: not JSON: {e}") from None
         return cls.from_json(data, str(path))
-
-    def threads_profiled(self) -> list[int]:
-        return sorted({t for c in self.nodes.values() for t in c.samples})
 
 
 def model_fingerprint(path: str | None, options: dict | None = None) -> str:

@@ -148,3 +148,39 @@ def placement_yaml(c: Candidate, header: list[str]) -> str:
     lines = [f"# {h}" for h in header]
     lines.append(f"# predicted (cost model, not measured): {summary(c)}")
     return "\n".join(lines) + "\n" + yaml.safe_dump(c.data, sort_keys=False)
+
+
+def auto_devices() -> str:
+    """``--placement auto`` without ``--devices``: every visible GPU, else two CPU ranks on a host with cores for two."""
+    import os
+
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        gpus = 0
+    if gpus:
+        return f"cuda:0-{gpus - 1}"
+    return "cpu:0,cpu:1" if (os.cpu_count() or 1) >= 2 else "cpu:0"
+
+
+def auto_placement(model: Model, devices_spec: str | None, dtype: str | None, out_dir: Path,
+                   progress: Progress | None = None, cache_dir: Path | None = None) -> Path:
+    """Plan at start-up (``walkserve serve --placement auto``): the cached profile, or a quick one now; the winner
+    is written under ``out_dir`` and its path returned."""
+    from walkserve.planner.devices import parse_devices
+    from walkserve.planner.workload import default_workload
+
+    spec = devices_spec or auto_devices()
+    devices = parse_devices(spec)
+    workload = default_workload(model.ref.family)
+    table = costs_for(model, workload, min(d.kind for d in devices), dtype, cache_dir, True, progress, repeats=1)
+    result = plan(model, devices, table, workload)
+    if progress:
+        progress(f"placement auto on {spec}: {summary(result.winner)}")
+        progress(f"why: {result.why}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{table.key}-{len(devices)}.yaml"
+    path.write_text(placement_yaml(result.winner, [f"walkserve serve --placement auto (devices {spec})"]))
+    return path

@@ -40,7 +40,7 @@ def node_groups(model: Model) -> list[tuple[str, ...]]:
     """Nodes that move together: one component's nodes, a KV share group's components' nodes."""
     graph, comps = model.graph(), model.components()
     key_of: dict[str, str] = {}
-    for w, plan in graph.plans.items():
+    for plan in graph.plans.values():
         for n, node in plan.nodes.items():
             spec = comps.get(node.component)
             key_of[n] = f"share:{spec.kv_share}" if spec is not None and spec.kv_share else node.component
@@ -187,6 +187,6 @@ def smallest_fit(model: Model, devices: list[Device], extra: int = 8) -> str | N
         trial = [Device(largest.device if largest.kind == "cpu" else f"cuda:{i}", largest.memory, largest.host)
                  for i in range(n)]
         if enumerate_candidates(model, trial, None, 1, limit=1):
-            mem = f" of {largest.memory / 2**30:.0f} GiB" if largest.memory else ""
+            mem = f" of {largest.memory / 2**30:.3g} GiB" if largest.memory else ""
             return f"{n} x {largest.kind}{mem}"
     return None

@@ -1,0 +1,51 @@
+import pytest
+
+from walkserve.core.errors import ConfigError
+from walkserve.planner.costs import CostTable, NodeCost, cache_key, cache_path
+
+
+def test_fit_recovers_a_line_and_scales_by_threads():
+    cost = NodeCost()
+    for c, b in ((1, 1.0), (2, 2.0), (4, 3.5)):
+        cost.add(2, c, b, 0.004 + 0.001 * b)
+    fixed, per_item = cost.fit(2)
+    assert fixed == pytest.approx(0.004)
+    assert per_item == pytest.approx(0.001)
+    assert cost.step_seconds(3.0, 2) == pytest.approx(0.007)
+    assert cost.step_seconds(3.0, 1) == pytest.approx(0.014)  # one thread, never measured: twice the work time
+
+
+def test_batch_at_interpolates_between_concurrencies_and_grows_beyond():
+    cost = NodeCost()
+    cost.add(1, 1, 1.0, 0.01)
+    cost.add(1, 4, 3.0, 0.02)
+    assert cost.batch_at(1, 1) == pytest.approx(1.0)
+    assert cost.batch_at(2.5, 1) == pytest.approx(2.0)
+    assert cost.batch_at(8, 1) == pytest.approx(6.0)
+
+
+def test_table_round_trips_and_rejects_a_damaged_file(tmp_path):
+    cost = NodeCost()
+    cost.add(2, 4, 3.0, 0.02)
+    table = CostTable("k", {"lm": cost}, {"lm": 64.0}, {2: 0.05}, 3e-4, "mix")
+    path = tmp_path / "p.json"
+    table.save(path)
+    back = CostTable.load(path)
+    assert back.to_json() == table.to_json()
+    assert back.nodes["lm"].step_seconds(3.0, 2) == pytest.approx(0.02)
+    path.write_text('{"format": 1, "key": "k", "nodes": {"lm": {"2": [[1]]}}, "items_per_request": {}}')
+    with pytest.raises(ConfigError, match="damaged profile"):
+        CostTable.load(path)
+    path.write_text('{"format": 99}')
+    with pytest.raises(ConfigError, match="not a walkserve profile"):
+        CostTable.load(path)
+
+
+def test_cache_key_separates_device_kind_dtype_and_checkpoint(tmp_path):
+    (tmp_path / "config.json").write_text('{"hidden_size": 8}')
+    a = cache_key("orpheus", str(tmp_path), "cpu", "float32")
+    assert a != cache_key("orpheus", str(tmp_path), "cuda", "float32")
+    assert a != cache_key("orpheus", str(tmp_path), "cpu", "bfloat16")
+    (tmp_path / "config.json").write_text('{"hidden_size": 16}')
+    assert a != cache_key("orpheus", str(tmp_path), "cpu", "float32")
+    assert cache_path(a, tmp_path).parent == tmp_path

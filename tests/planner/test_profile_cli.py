@@ -1,0 +1,75 @@
+"""A real profile of tiny Orpheus through the runtime, and the plan / profile / serve --placement auto commands."""
+
+import pytest
+
+from tests.planner.conftest import table
+from walkserve.cli.main import main
+from walkserve.placement.plan import load_placement
+from walkserve.planner.costs import CostTable, cache_key, cache_path
+from walkserve.planner.profile import profile
+from walkserve.planner.workload import RequestKind, Workload
+
+
+def test_profile_measures_every_node_through_the_runtime(orpheus):
+    work = Workload((RequestKind("speech", 1.0, "speech", {"input": "Hello {i}."}, 29),), 2)
+    t = profile(orpheus, work, "k", threads=(1,), concurrencies=(1, 2), repeats=1)
+    assert set(t.nodes) == {"lm", "codec"}
+    # 29 audio tokens (ignore_eos): the LM fires for every token (its prefill too); the codec once per window
+    assert t.items_per_request["lm"] >= 29
+    assert 1 <= t.items_per_request["codec"] < t.items_per_request["lm"]
+    for cost in t.nodes.values():
+        assert cost.step_seconds(1.0, 1) > 0
+        assert {c for c, _, _ in cost.samples[1]} == {1, 2}
+    assert t.first_output_s[1] > 0
+
+
+def _seed(orpheus, tmp_path, costs: CostTable) -> None:
+    key = cache_key("orpheus", orpheus.ref.path, "cpu", "model", dict(orpheus.ref.options), "default")
+    costs.key = key
+    costs.save(cache_path(key, tmp_path))
+
+
+def test_plan_command_writes_a_placement_and_explains_one(orpheus, orpheus_dir, tmp_path, capsys):
+    _seed(orpheus, tmp_path, table(0.01, 0.02, lm_fixed=True))
+    out = tmp_path / "p.yaml"
+    base = ["orpheus", "--model-path", str(orpheus_dir), "--profile-cache", str(tmp_path), "--no-profile"]
+    assert main(["plan", *base, "--devices", "cpu:0,cpu:1", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "winner: [lm] | [codec]" in text and "why:" in text
+    placed = load_placement(out)
+    assert len(placed.ranks) == 2
+    assert main(["plan", *base, "--explain", "orpheus-colocated"]) == 0
+    text = capsys.readouterr().out
+    assert "rank 0:" in text and "lm" in text and "codec" in text
+
+
+def test_plan_without_a_profile_and_without_devices_fails_clearly(orpheus_dir, tmp_path, capsys):
+    base = ["orpheus", "--model-path", str(orpheus_dir), "--profile-cache", str(tmp_path)]
+    assert main(["plan", *base]) == 1
+    assert "needs --devices" in capsys.readouterr().err
+    assert main(["plan", *base, "--no-profile", "--devices", "cpu:0"]) == 1
+    assert "walkserve profile orpheus" in capsys.readouterr().err
+
+
+def test_placement_auto_plans_at_start_up(orpheus, tmp_path, monkeypatch):
+    from walkserve.planner.planning import auto_placement
+
+    _seed(orpheus, tmp_path, table(0.01, 0.02, lm_fixed=True))
+    said = []
+    path = auto_placement(orpheus, "cpu:0,cpu:1", None, tmp_path / "plans", said.append, cache_dir=tmp_path)
+    placed = load_placement(path)
+    assert len(placed.ranks) == 2
+    assert any("placement auto on cpu:0,cpu:1" in s for s in said)
+
+
+def test_serve_rejects_devices_without_auto(orpheus_dir, capsys):
+    assert main(["serve", "orpheus", "--model-path", str(orpheus_dir), "--devices", "cpu:0", "--port", "0"]) == 1
+    assert "--placement auto" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--config", "--placement"])
+def test_serve_takes_placement_auto(flag):
+    from walkserve.cli.main import build_parser
+
+    args = build_parser().parse_args(["serve", "orpheus", flag, "auto", "--devices", "cpu:0,cpu:1"])
+    assert (args.config, args.devices) == ("auto", "cpu:0,cpu:1")
