@@ -16,6 +16,7 @@ BENCHMARKS = {
     "omni": "benchmarks.omni_speech",
     "pi": "benchmarks.pi",
     "bagel": "benchmarks.bagel",
+    "plan": "benchmarks.plan",
 }
 
 

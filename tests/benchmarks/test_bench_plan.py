@@ -1,0 +1,20 @@
+"""``./dev bench plan``'s arithmetic: Spearman's rank correlation and the spread of measured candidates."""
+
+import pytest
+
+from benchmarks.plan import spearman, spread
+
+
+def test_spearman_orders_ties_and_reversals():
+    assert spearman([1, 2, 3, 4, 5], [10, 20, 30, 40, 50]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4, 5], [5, 4, 3, 2, 1]) == pytest.approx(-1.0)
+    # one swap among five: 1 - 6 * 2 / (5 * 24) = 0.9
+    assert spearman([1, 2, 3, 4, 5], [1, 3, 2, 4, 5]) == pytest.approx(0.9)
+    assert spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(0.8660254)  # average ranks for the tie
+
+
+def test_spread_keeps_the_pick_first_and_the_worst_last():
+    ranked = list(range(20))
+    picked = spread(ranked, 6)
+    assert picked[0] == 0 and picked[-1] == 19 and len(set(picked)) == 6
+    assert spread(ranked[:4], 6) == [0, 1, 2, 3]
