@@ -79,3 +79,14 @@ def test_emitted_file_loads_and_explain_agrees(orpheus, tmp_path):
     again = explain(orpheus, yaml.safe_load(path.read_text()), str(path), costs, w.concurrency)
     assert again.score.throughput == pytest.approx(result.winner.score.throughput)
     assert "predicted (cost model, not measured)" in path.read_text()
+
+
+def test_cpu_ranks_share_the_hosts_cores(orpheus):
+    # three one-thread replicas on two cores run no faster than two: the host's cores bound them (free messages,
+    # so that the replicas' extra edges do not blur the comparison)
+    costs = table(0.002, 0.02, hop_s=0.0)
+    cands = {c.name: c for c in enumerate_candidates(orpheus, parse_devices("cpu:0-2"), costs, 4)}
+    x2, x3 = cands["[lm, codec] x2"].score, cands["[lm, codec] x3"].score
+    assert x3.host_bound and not x2.host_bound
+    assert x3.throughput == pytest.approx(x2.throughput)
+    assert 1 / max(x3.rank_busy.values()) > x3.throughput  # each rank alone would have allowed more

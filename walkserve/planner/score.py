@@ -16,6 +16,10 @@ The cost model (docs/placement.md, "How the planner scores"):
 - a rank's busy seconds per request are the sum of the above over what it
   hosts; the busiest rank bounds the throughput: requests/s = 1 / its busy
   seconds (ranks work in parallel, streamed edges overlap them);
+- the CPU ranks of one host share its cores: each keeps its threads' cores
+  busy while it works, so requests/s is also at most cores / the sum over
+  those ranks of busy seconds x threads (three one-thread ranks on two cores
+  do not run three times as fast as one);
 - TTFA: the profiled time to the first output of a lone request, at the
   threads of the slowest rank the request crosses, plus one hop per cross-rank
   edge; the idle figure, not the loaded one.
@@ -43,6 +47,7 @@ class Score:
     unit_busy: dict[int, dict[str, float]]  # rank -> unit -> busy seconds per request
     hops: int  # cross-rank edges
     memory: dict[int, int] = field(default_factory=dict)  # rank -> bytes
+    host_bound: bool = False  # the host's cores, shared by its CPU ranks, bound the throughput before any one rank
 
     @property
     def bottleneck(self) -> int:
@@ -100,7 +105,19 @@ def score(table: CostTable, graph: WalkGraph, placement: Placement, concurrency:
     used = [r for r in placement.ranks if busy[r] > 0] or list(placement.ranks)
     slowest = min(threads[r] for r in used)
     ttfa = _first_output(table, slowest) + table.hop_s * len(hops)
-    return Score(1.0 / worst if worst > 0 else float("inf"), ttfa, busy, dict(unit_busy), len(hops))
+    rate = 1.0 / worst if worst > 0 else float("inf")
+    host = _host_rate(placement, busy, threads, cores or os.cpu_count() or 1)
+    return Score(min(rate, host), ttfa, busy, dict(unit_busy), len(hops), host_bound=host < rate)
+
+
+def _host_rate(placement: Placement, busy: dict[int, float], threads: dict[int, int], cores: int) -> float:
+    """Requests/s the cores of the most loaded host allow its CPU ranks (core-seconds per request against cores)."""
+    per_host: dict[str | None, float] = defaultdict(float)
+    for r, spec in placement.ranks.items():
+        if spec.device == "cpu":
+            per_host[spec.host] += busy[r] * threads[r]
+    load = max(per_host.values(), default=0.0)
+    return cores / load if load > 0 else float("inf")
 
 
 def _first_output(table: CostTable, threads: int) -> float:
