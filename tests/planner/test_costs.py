@@ -27,11 +27,12 @@ def test_batch_at_interpolates_between_concurrencies_and_grows_beyond():
 def test_table_round_trips_and_rejects_a_damaged_file(tmp_path):
     cost = NodeCost()
     cost.add(2, 4, 3.0, 0.02)
-    table = CostTable("k", {"lm": cost}, {"lm": 64.0}, {2: 0.05}, 3e-4, "mix")
+    table = CostTable("k", {"lm": cost}, {"lm": 64.0}, {2: 0.05}, 3e-4, "mix", 2e-3)
     path = tmp_path / "p.json"
     table.save(path)
     back = CostTable.load(path)
     assert back.to_json() == table.to_json()
+    assert back.hop_latency_s == 2e-3
     assert back.nodes["lm"].step_seconds(3.0, 2) == pytest.approx(0.02)
     path.write_text('{"format": 1, "key": "k", "nodes": {"lm": {"2": [[1]]}}, "items_per_request": {}}')
     with pytest.raises(ConfigError, match="damaged profile"):

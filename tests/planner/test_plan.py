@@ -85,8 +85,20 @@ def test_cpu_ranks_share_the_hosts_cores(orpheus):
     # three one-thread replicas on two cores run no faster than two: the host's cores bound them (free messages,
     # so that the replicas' extra edges do not blur the comparison)
     costs = table(0.002, 0.02, hop_s=0.0)
+    costs.hop_latency_s = 0.0
     cands = {c.name: c for c in enumerate_candidates(orpheus, parse_devices("cpu:0-2"), costs, 4)}
     x2, x3 = cands["[lm, codec] x2"].score, cands["[lm, codec] x3"].score
     assert x3.host_bound and not x2.host_bound
     assert x3.throughput == pytest.approx(x2.throughput)
     assert 1 / max(x3.rank_busy.values()) > x3.throughput  # each rank alone would have allowed more
+
+
+def test_slow_hops_make_a_chatty_split_latency_bound(orpheus):
+    costs = table(0.01, 0.02, lm_fixed=True)
+    costs.hop_latency_s = 0.05  # every LM token waits 50 ms to reach the codec's rank
+    cands = {c.name: c for c in enumerate_candidates(orpheus, parse_devices("cpu:0,cpu:1"), costs, 4)}
+    split, one = cands["[lm] | [codec]"].score, cands["[lm, codec]"].score
+    assert split.latency_bound and not one.latency_bound
+    assert split.throughput < one.throughput
+    # Little's law: 4 requests in flight over (the LM rank's steps + 64 token hops of 50 ms)
+    assert split.throughput == pytest.approx(4 / (64 * 0.012 + 64 * 0.05), rel=1e-6)

@@ -88,7 +88,8 @@ class CostTable:
     token, a codec once per window). ``first_output_s``: the measured time to
     the first client output of one request alone, ``threads`` -> seconds (TTFA
     on an idle rank). ``hop_s``: seconds one cross-rank message costs its
-    sender and its receiver.
+    sender and its receiver; ``hop_latency_s``: how long it takes to arrive
+    (both constants, not measured).
     """
 
     key: str
@@ -97,10 +98,12 @@ class CostTable:
     first_output_s: dict[int, float] = field(default_factory=dict)
     hop_s: float = 2e-4
     workload: str = ""
+    hop_latency_s: float = 1e-3
 
     def to_json(self) -> dict:
         return {
-            "format": FORMAT, "key": self.key, "hop_s": self.hop_s, "workload": self.workload,
+            "format": FORMAT, "key": self.key, "hop_s": self.hop_s, "hop_latency_s": self.hop_latency_s,
+            "workload": self.workload,
             "items_per_request": self.items_per_request,
             "first_output_s": {str(t): s for t, s in self.first_output_s.items()},
             "nodes": {n: {str(t): [list(p) for p in pts] for t, pts in c.samples.items()} for n, c in self.nodes.items()},
@@ -115,7 +118,8 @@ class CostTable:
                      for n, per in data["nodes"].items()}
             return cls(data["key"], nodes, {k: float(v) for k, v in data["items_per_request"].items()},
                        {int(t): float(s) for t, s in data.get("first_output_s", {}).items()},
-                       float(data.get("hop_s", 2e-4)), str(data.get("workload", "")))
+                       float(data.get("hop_s", 2e-4)), str(data.get("workload", "")),
+                       float(data.get("hop_latency_s", 1e-3)))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ConfigError(f"{source}: a damaged profile ({type(e).__name__}: {e}); profile again") from None
 

@@ -20,6 +20,13 @@ The cost model (docs/placement.md, "How the planner scores"):
   busy while it works, so requests/s is also at most cores / the sum over
   those ranks of busy seconds x threads (three one-thread ranks on two cores
   do not run three times as fast as one);
+- a request's steps run one after another where they depend on each other:
+  its latency is at least the sum of its steps on its busiest rank (steps on
+  one rank run one after another; ranks overlap through streams) plus
+  ``hop_latency_s`` per cross-rank message, and with the workload's
+  concurrency C in flight requests/s is at most C / that latency (Little's
+  law: a nested loop whose every inner step crosses ranks is latency-bound,
+  however idle the ranks are);
 - TTFA: the profiled time to the first output of a lone request, at the
   threads of the slowest rank the request crosses, plus one hop per cross-rank
   edge; the idle figure, not the loaded one.
@@ -48,6 +55,7 @@ class Score:
     hops: int  # cross-rank edges
     memory: dict[int, int] = field(default_factory=dict)  # rank -> bytes
     host_bound: bool = False  # the host's cores, shared by its CPU ranks, bound the throughput before any one rank
+    latency_bound: bool = False  # a request's own chain of steps and hops, not a busy rank, bounds it
 
     @property
     def bottleneck(self) -> int:
@@ -82,6 +90,7 @@ def score(table: CostTable, graph: WalkGraph, placement: Placement, concurrency:
     threads = rank_threads(placement, cores)
     unit_busy: dict[int, dict[str, float]] = defaultdict(dict)
     unit_steps: dict[str, float] = {}
+    path: dict[int, float] = defaultdict(float)  # rank -> seconds of one request's steps there
     for unit, cost in table.nodes.items():
         sets = unit_ranks(graph, placement, unit)
         items = table.items_per_request.get(unit, 0.0)
@@ -94,6 +103,7 @@ def score(table: CostTable, graph: WalkGraph, placement: Placement, concurrency:
                 busy = items * share * cost.step_seconds(batch, threads[r]) / batch
                 unit_busy[r][unit] = unit_busy[r].get(unit, 0.0) + busy
                 unit_steps[unit] = unit_steps.get(unit, 0.0) + items * share / batch
+                path[r] += items / len(sets) * cost.step_seconds(batch, threads[r])  # a request stays on a replica
     hops = _cross_edges(graph, placement, set(table.nodes))
     busy = {r: sum(unit_busy[r].values()) for r in placement.ranks}
     for (src, dst), producer in hops.items():
@@ -101,13 +111,18 @@ def score(table: CostTable, graph: WalkGraph, placement: Placement, concurrency:
         for r in (src, dst):
             busy[r] += per_request
             unit_busy[r]["(messages)"] = unit_busy[r].get("(messages)", 0.0) + per_request
+    latency = max(path.values(), default=0.0)  # ranks overlap (streams); steps on one rank do not
+    for producer in set(hops.values()):  # each item the producer makes crosses to another rank once
+        latency += table.items_per_request.get(producer, 1.0) * table.hop_latency_s
     worst = max(busy.values()) if busy else 0.0
     used = [r for r in placement.ranks if busy[r] > 0] or list(placement.ranks)
     slowest = min(threads[r] for r in used)
     ttfa = _first_output(table, slowest) + table.hop_s * len(hops)
     rate = 1.0 / worst if worst > 0 else float("inf")
     host = _host_rate(placement, busy, threads, cores or os.cpu_count() or 1)
-    return Score(min(rate, host), ttfa, busy, dict(unit_busy), len(hops), host_bound=host < rate)
+    little = concurrency / latency if latency > 0 else float("inf")
+    return Score(min(rate, host, little), ttfa, busy, dict(unit_busy), len(hops), host_bound=host < rate,
+                 latency_bound=little < min(rate, host))
 
 
 def _host_rate(placement: Placement, busy: dict[int, float], threads: dict[int, int], cores: int) -> float:
