@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -89,7 +90,8 @@ def spread(ranked: list, n: int) -> list:
     return [ranked[round(i * step)] for i in range(n)]
 
 
-def run(family: str, devices: str, requests: int, repeats: int, cache: Path | None, measured: int = 6) -> dict:
+def run(family: str, devices: str, requests: int, repeats: int, cache: Path | None, measured: int = 6,
+        rounds: int = 3) -> dict:
     import yaml
 
     from walkserve.cli.placement_arg import placement_path
@@ -130,12 +132,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--repeats", type=int, default=2, help="profile runs per concurrency")
     p.add_argument("--profile-cache", type=Path, help="profile cache directory (default: the user's)")
     p.add_argument("--measure", type=int, default=6, help="candidates to serve, spread over the ranking (default: 6)")
+    p.add_argument("--rounds", type=int, default=3, help="round-robin rounds over the placements; the median counts")
     args = p.parse_args(argv)
     load = os.getloadavg()
-    out = run(args.model, args.devices, args.requests, args.repeats, args.profile_cache, args.measure)
+    out = run(args.model, args.devices, args.requests, args.repeats, args.profile_cache, args.measure, args.rounds)
     print(f"## plan: {args.model} on {args.devices} ({conditions()}; load average {load[0]:.1f} at start, "
           f"{os.getloadavg()[0]:.1f} at end: measurements on a loaded machine are noisy)")
-    print(table(["kind", "placement", "predicted req/s", "measured req/s"], out["rows"]))
+    print(table(["kind", "placement", "predicted req/s", f"measured req/s (median of {args.rounds})"], out["rows"]))
     print(f"Spearman(predicted, measured) over {sum(r[0] == 'candidate' for r in out['rows'])} candidates: "
           f"{out['spearman']:.2f}")
     print(f"planner's pick {out['pick']}: {out['pick_vs_best_hand']:.2f}x the best hand-written placement (measured)")
