@@ -106,15 +106,19 @@ def run(family: str, devices: str, requests: int, repeats: int, cache: Path | No
     workload = default_workload(family)
     costs = costs_for(model, workload, "cpu", None, cache, True, print, repeats=repeats)
     result = plan(model, parse_devices(devices), costs, workload)
-    rows = []
+    runs = []  # (kind, name, predicted, placement)
     for c in spread(result.ranked, measured):
-        name = c.name.replace(" | ", " / ")  # the report is a Markdown table
-        rows.append(("candidate", name, c.score.throughput, asyncio.run(measure(model, c.data, workload, requests))))
+        runs.append(("candidate", c.name.replace(" | ", " / "), c.score.throughput, c.data))  # a Markdown table
     for name in SHIPPED.get(family, ()):
         path = placement_path(name)
         data = yaml.safe_load(path.read_text())
-        predicted = explain(model, data, str(path), costs, workload.concurrency).score.throughput
-        rows.append(("hand-written", name, predicted, asyncio.run(measure(model, data, workload, requests))))
+        runs.append(("hand-written", name, explain(model, data, str(path), costs, workload.concurrency).score.throughput,
+                     data))
+    seen: list[list[float]] = [[] for _ in runs]
+    for _ in range(rounds):  # round-robin, so a burst of load on the machine hits every placement alike
+        for i, (_, _, _, data) in enumerate(runs):
+            seen[i].append(asyncio.run(measure(model, data, workload, requests)))
+    rows = [(kind, name, predicted, statistics.median(m)) for (kind, name, predicted, _), m in zip(runs, seen, strict=True)]
     cands = [r for r in rows if r[0] == "candidate"]
     hand = [r for r in rows if r[0] == "hand-written"]
     rho = spearman([r[2] for r in cands], [r[3] for r in cands]) if len(cands) > 1 else float("nan")
