@@ -10,6 +10,7 @@ from walkserve.planner.profile import profile
 from walkserve.planner.workload import RequestKind, Workload
 
 
+@pytest.mark.slow  # starts the runtime (through walkserve.planner.profile, which tests/tiers.py does not follow)
 def test_profile_measures_every_node_through_the_runtime(orpheus):
     work = Workload((RequestKind("speech", 1.0, "speech", {"input": "Hello {i}."}, 29),), 2)
     t = profile(orpheus, work, "k", threads=(1,), concurrencies=(1, 2), repeats=1)
