@@ -63,14 +63,17 @@ def console_errors(driver) -> list[str]:
     return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
 
 
-def wait_until(driver, condition: Callable[[Any], Any], timeout: float = 120, what: str = "") -> Any:
-    """Poll ``condition(driver)`` until truthy; the page's error banner, if shown, is the failure message."""
+def wait_until(driver, condition: Callable[[Any], Any], timeout: float = 120, what: str = "",
+               banner_fails: bool = True) -> Any:
+    """Poll ``condition(driver)`` until truthy; the page's error banner, if shown, is the failure message
+    (unless ``banner_fails`` is false: a test waiting for the banner itself)."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition(driver)
         if value:
             return value
-        banner = driver.execute_script("const e = document.getElementById('error'); return e && !e.hidden ? e.textContent : null")
+        banner = banner_fails and driver.execute_script(
+            "const e = document.getElementById('error'); return e && !e.hidden ? e.textContent : null")
         if banner:
             raise AssertionError(f"the page shows an error while waiting for {what}: {banner}")
         if time.monotonic() > deadline:
