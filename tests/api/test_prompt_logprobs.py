@@ -106,21 +106,22 @@ def test_prompt_logprobs_cover_every_prompt_token_when_the_prefix_is_cached(serv
         got = torch.tensor(lp["token_logprobs"][1 : len(ids)])
         torch.testing.assert_close(got, want[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0], atol=1e-4, rtol=0)
 
+MULTIPLE_CHOICE = """
+    task: {name}
+    dataset_path: json
+    dataset_kwargs:
+      data_files:
+        test: {{data}}
+    test_split: test
+    output_type: multiple_choice
+    doc_to_text: "{{{{{{{{question}}}}}}}}"
+    doc_to_choice: choices
+    doc_to_target: label
+    metric_list:
+      - metric: acc
+"""
 TASKS = {
-    "tiny_ll": """
-        task: tiny_ll
-        dataset_path: json
-        dataset_kwargs:
-          data_files:
-            test: {data}
-        test_split: test
-        output_type: multiple_choice
-        doc_to_text: "{{{{question}}}}"
-        doc_to_choice: choices
-        doc_to_target: label
-        metric_list:
-          - metric: acc
-    """,
+    "tiny_ll": MULTIPLE_CHOICE.format(name="tiny_ll"),
     "tiny_gen": """
         task: tiny_gen
         dataset_path: json
@@ -138,20 +139,7 @@ TASKS = {
         metric_list:
           - metric: exact_match
     """,
-    "tiny_mc": """
-        task: tiny_mc
-        dataset_path: json
-        dataset_kwargs:
-          data_files:
-            test: {data}
-        test_split: test
-        output_type: multiple_choice
-        doc_to_text: "{{{{question}}}}"
-        doc_to_choice: choices
-        doc_to_target: label
-        metric_list:
-          - metric: acc
-    """,
+    "tiny_mc": MULTIPLE_CHOICE.format(name="tiny_mc"),
 }
 STORY = ("In the old harbour town the fishermen woke before the sun, mended their nets by lamplight and argued "
          "about the weather while the gulls circled over the quiet grey water. The question is:")
