@@ -27,6 +27,7 @@ from walkserve.cli.serve_target import SERVED_FAMILIES, resolve_target
 from walkserve.core import env
 from walkserve.core.config import RuntimeConfig
 from walkserve.core.errors import ConfigError, WalkserveError
+from walkserve.core.scheduling import DEADLINE, FIFO, StreamScheduling
 
 log = logging.getLogger("walkserve.serve")
 # (flag, ServerConfig field, type, help) for the server's limits; defaults come from ServerConfig
@@ -107,6 +108,10 @@ def _runtime_args(g: argparse._ArgumentGroup) -> None:
                    help="KV-cache blocks per LM (default: half the free GPU memory, or a fixed CPU budget)")
     g.add_argument("--no-cohorts", action="store_true", help="step each request's loops on their own, not "
                    "batched with other requests' (see docs/runtime.md)")
+    g.add_argument("--stream-scheduling", choices=[DEADLINE, FIFO], default=DEADLINE,
+                   help="how each rank orders ready work: by streams' playback deadlines, pacing streams far ahead "
+                   "(deadline), or every ready member as it came (fifo, the baseline) (default: %(default)s; "
+                   "see docs/runtime.md)")
     g.add_argument("--start-timeout", type=float, default=None, metavar="SECONDS", help="seconds the workers may take to load "
                    "(default: $WALKSERVE_START_TIMEOUT_S)")
     g.add_argument("--ray-address", default=None, metavar="ADDRESS", help="the running Ray cluster a placement with ranks on "
@@ -131,7 +136,8 @@ def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
     if args.ray_address:
         options["ray_address"] = args.ray_address
     return RuntimeConfig(max_running=args.max_running, max_waiting=args.max_waiting, dtype=args.dtype,
-                         cohorts=not args.no_cohorts, **options)
+                         cohorts=not args.no_cohorts, stream_scheduling=StreamScheduling(args.stream_scheduling),
+                         **options)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ from typing import Any
 
 from walkserve.core import env
 from walkserve.core.errors import ConfigError
+from walkserve.core.scheduling import StreamScheduling
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,8 @@ class RuntimeConfig:
     ray`` joins (``auto``: the one this machine is a node of; ``HOST:PORT``);
     None reads ``$RAY_ADDRESS``, else ``auto``. ``placement_timeout_s`` bounds the wait
     for Ray to reserve every rank's resources (and to place a restarted rank).
+    ``stream_scheduling`` says how each rank orders ready work by playback
+    deadlines (``walkserve serve --stream-scheduling {deadline,fifo}``).
     """
 
     max_running: int = 256
@@ -38,6 +41,7 @@ class RuntimeConfig:
     engine_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     ray_address: str | None = None
     placement_timeout_s: float = field(default_factory=env.WALKSERVE_PLACEMENT_TIMEOUT_S.get)
+    stream_scheduling: StreamScheduling = field(default_factory=StreamScheduling)
 
     def __post_init__(self) -> None:
         if self.max_running < 1:

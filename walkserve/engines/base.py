@@ -157,6 +157,11 @@ class Engine(ABC):
     gathers = False
     kv_contexts = False  # True: the worker binds each firing's declared context operations (Firing.kv, Group.kv)
 
+    def step_capacity(self) -> int | None:
+        """Members of one node one step takes at most (a KV engine's batch, a stateless node's ``max_batch``);
+        None: no bound. With deadline scheduling the worker offers a step no more, the least slack first."""
+        return None
+
     def stats(self) -> dict[str, float]:
         """Gauges and counters for /metrics (e.g. kv_blocks_used, kv_blocks_total, preemptions)."""
         return {}

@@ -64,6 +64,9 @@ class StatelessEngine(Engine):
             return f"node {firing.node!r} returned outputs {got}, expected {want}"
         return outputs
 
+    def step_capacity(self) -> int | None:
+        return self.max_batch
+
     def release(self, request_id: str) -> None:
         """Nothing to free: it keeps no per-request state and answers every call before it returns."""
 

@@ -2,7 +2,7 @@
 
 A model author uses: GraphNode, GraphEdge, StreamingGraphEdge, Client, DROP,
 Sequential, Parallel, Loop, DynamicLoop, LAST, ACCUMULATE, StopOnValue,
-StopWhen, Walk, WalkStart, StateMachine, FunctionStateMachine, WalkGraph,
+StopWhen, Walk, WalkStart, Playback, StateMachine, FunctionStateMachine, WalkGraph,
 and the chunk policies FixedChunk, SlidingWindow, LeftContext.
 """
 
@@ -10,6 +10,7 @@ from walkserve.graph.compose import ACCUMULATE, LAST, DynamicLoop, Loop, Paralle
 from walkserve.graph.edge import DROP, MODALITIES, Client, GraphEdge, StreamingGraphEdge
 from walkserve.graph.node import GraphNode
 from walkserve.graph.plan import WalkPlan, compile_walk
+from walkserve.graph.playback import Playback
 from walkserve.graph.stop import StopOnValue, StopRule, StopWhen
 from walkserve.graph.walk import FunctionStateMachine, StateMachine, Walk, WalkGraph, WalkStart
 from walkserve.streaming.policy import FixedChunk, LeftContext, SlidingWindow
@@ -28,6 +29,7 @@ __all__ = [
     "LeftContext",
     "Loop",
     "Parallel",
+    "Playback",
     "Sequential",
     "SlidingWindow",
     "StateMachine",

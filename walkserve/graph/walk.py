@@ -11,6 +11,7 @@ from walkserve.core.errors import GraphError
 from walkserve.core.request import RequestSpec, Value
 from walkserve.graph.edge import GraphEdge
 from walkserve.graph.node import GraphNode, check_name
+from walkserve.graph.playback import Playback
 from walkserve.graph.section import Section
 
 if TYPE_CHECKING:
@@ -24,6 +25,9 @@ class Walk:
     earlier walk, as the state machine decides) and read by edges from
     ``"input.<name>"``. ``outputs`` are filled by edges to
     ``"output.<name>"`` and handed to the state machine when the walk ends.
+    ``playback`` maps the nodes on a streamed audio path, in path order, to
+    what their firings add to the client's playback (``graph.playback``); the
+    runtime schedules such a walk's requests by their playback deadlines.
     """
 
     def __init__(
@@ -33,6 +37,7 @@ class Walk:
         edges: Sequence[GraphEdge],
         inputs: Sequence[str] = (),
         outputs: Sequence[str] = (),
+        playback: Mapping[str, Playback] | None = None,
     ):
         check_name("walk", name)
         self.name = name
@@ -43,6 +48,10 @@ class Walk:
         for e in self.edges:
             if not isinstance(e, GraphEdge):
                 raise GraphError(f"walk {name!r}: {e!r} is not a GraphEdge")
+        self.playback = dict(playback or {})
+        unknown = set(self.playback) - {n.name for n in self.nodes()}
+        if unknown:
+            raise GraphError(f"walk {name!r}: playback names unknown nodes {sorted(unknown)}")
 
     def nodes(self) -> list[GraphNode]:
         return list(self.body.nodes())

@@ -337,8 +337,22 @@ class Ready(msgspec.Struct, tag=True, array_like=True):
     host: str = ""
 
 
+# Upper edges (seconds) of the slack-at-dispatch buckets of ``RankStats.slack``; one more bucket holds the rest.
+SLACK_EDGES_S = (-1.0, -0.5, -0.25, -0.1, 0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+
+
 class RankStats(msgspec.Struct, kw_only=True):
-    """One rank's gauges and counters (checked on decode like every message)."""
+    """One rank's gauges and counters (checked on decode like every message).
+
+    Streams (docs/runtime.md, "Streams under load"): ``stream_scheduling`` is the
+    rank's mode (deadline or fifo); ``streams`` the requests with a playback clock
+    here; ``step_costs`` node -> batch bucket (1, 2, 4 ...) -> measured seconds of
+    one step (a moving mean); ``slack`` node -> members dispatched per slack bucket
+    (``SLACK_EDGES_S``, counts, len(edges) + 1); ``scheduling`` counters
+    (``held_paced``, ``held_capacity``: member-steps that waited; ``gaps``: chunks
+    the emitting node completed after the client's audio ran out) and ``gap_s``
+    (their total lateness).
+    """
 
     walk_states: int = 0
     requests: int = 0
@@ -360,6 +374,12 @@ class RankStats(msgspec.Struct, kw_only=True):
     node: str = ""  # its RankSite's node and host
     host: str = ""
     bad_frames: int = 0
+    stream_scheduling: str = ""
+    streams: int = 0
+    step_costs: dict[str, dict[int, float]] = {}
+    slack: dict[str, list[int]] = {}
+    scheduling: dict[str, int] = {}
+    gap_s: float = 0.0
 
 
 class RuntimeSnapshot(msgspec.Struct, kw_only=True):

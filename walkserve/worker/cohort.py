@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 from walkserve.engines.base import Engine, Group
 from walkserve.graph.stop import resolve_count
 from walkserve.worker import iteration, streams
+from walkserve.worker.deadlines import Deadlines
 from walkserve.worker.effects import Effects
 from walkserve.worker.engine_set import EngineSet
 from walkserve.worker.group import build_group
@@ -170,7 +171,8 @@ class Cohort:
     # ---- node units ----------------------------------------------------------------------------
     def _run(self, unit: NodeUnit, ready: list[Member], stay: list[Member], nxt: list[Member], i: int) -> None:
         engine = self.engines[unit.node.component]
-        built = build_group(self.fx, unit, ready, engine.kv_contexts)
+        ready = self.registry.pick(self, unit, engine, ready, stay)
+        built = build_group(self.fx, unit, ready, engine.kv_contexts) if ready else None
         if built is None:
             return
         members, group = built
@@ -214,6 +216,7 @@ class Cohort:
             stay.extend(later)
         for m, out in failed:
             fx.fail(m.run, out if isinstance(out, str) else f"node {name!r} returned {type(out).__name__}, not outputs")
+        self.registry.deadlines.ran(unit.node, done)
         self._produced(unit, done)
         return done
 
@@ -334,8 +337,8 @@ class Cohorts:
     """The rank's cohorts: one per local level (per request too with loop cohorts off), the members that join
     them, the rows that reach a walk's members, and the passes."""
 
-    def __init__(self, fx: Effects, engines: EngineSet, batched: bool = True):
-        self.fx, self.engines, self.batched = fx, engines, batched
+    def __init__(self, fx: Effects, engines: EngineSet, deadlines: Deadlines, batched: bool = True):
+        self.fx, self.engines, self.deadlines, self.batched = fx, engines, deadlines, batched
         self.by_key: dict[Any, Cohort] = {}
         self.gathered: dict[Engine, list[Call]] = {}  # the gathering engines' calls, for after the pass
 
@@ -410,6 +413,7 @@ class Cohorts:
         fx = self.fx
         if not fx.dirty:
             return False
+        self.deadlines.new_pass()
         dirty = fx.take_dirty()
         moved, again = False, []
         for cohort in dirty:
@@ -424,6 +428,14 @@ class Cohorts:
         if self.gathered:
             self._run_gathered()
         return moved
+
+    def pick(self, cohort: Cohort, unit: NodeUnit, engine: Engine, ready: list[Member], stay: list[Member]) -> list[Member]:
+        """The members one step of ``unit`` takes (``deadlines``); the others wait in ``stay`` for a later pass."""
+        take, wait = self.deadlines.pick(unit.node, ready, engine.step_capacity())
+        if wait:
+            stay.extend(wait)
+            self.fx.touch(cohort)
+        return take
 
     def gather(self, engine: Engine, call: Call) -> None:
         self.gathered.setdefault(engine, []).append(call)

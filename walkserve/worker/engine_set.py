@@ -5,7 +5,8 @@
     release   a request ended: every engine frees its state
 
 Busy seconds, calls and items (members answered; one answered LATER counts when it
-is answered) per component feed the rank's stats. This module knows engines and groups, nothing of cohorts.
+is answered) per component feed the rank's stats; each call's seconds per node and
+batch size feed ``costs`` (``step_costs.StepCosts``, read by the deadline scheduler). This module knows engines and groups, nothing of cohorts.
 """
 
 from __future__ import annotations
@@ -13,16 +14,18 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from walkserve.engines.base import Engine, Group
+from walkserve.worker.step_costs import StepCosts
 
 log = logging.getLogger(__name__)
 
 
 class EngineSet:
-    def __init__(self, engines: Mapping[str, Engine]):
-        self.engines = dict(engines)
+    def __init__(self, engines: Mapping[str, Engine], clock: Callable[[], float] = time.perf_counter):
+        self.engines, self.clock = dict(engines), clock
+        self.costs = StepCosts()
         self.busy_s: dict[str, float] = defaultdict(float)
         self.steps: dict[str, int] = defaultdict(int)
         self.items: dict[str, int] = defaultdict(int)
@@ -34,13 +37,15 @@ class EngineSet:
         """Per group, its members' results (an engine that raises or miscounts fails the members).
         ``may_yield``: one group whose members may be answered LATER (offered again in a later pass)."""
         component = groups[0].component
-        t0 = time.perf_counter()
+        t0 = self.clock()
         try:
             results = engine.run_groups(groups, may_yield=may_yield)
         except Exception as e:
             log.exception("engine %s failed a group", component)
             return [[f"engine {component!r} failed: {type(e).__name__}: {e}"] * len(g.request_ids) for g in groups]
-        self.busy_s[component] += time.perf_counter() - t0
+        seconds = self.clock() - t0
+        self.busy_s[component] += seconds
+        self._observe(groups, seconds)
         self.steps[component] += 1
         if len(results) != len(groups):
             results = [[]] * len(groups)
@@ -49,6 +54,14 @@ class EngineSet:
                for g, r in zip(groups, results)]
         self.items[component] += sum(len(r) for r in out)
         return out
+
+    def _observe(self, groups: list[Group], seconds: float) -> None:
+        """The call's seconds, for each node in it at its members' count (a call of several nodes: each the whole)."""
+        batch: dict[str, int] = {}
+        for g in groups:
+            batch[g.node] = batch.get(g.node, 0) + len(g.request_ids)
+        for node, n in batch.items():
+            self.costs.observe(node, n, seconds)
 
     def unanswered(self, component: str, n: int) -> None:
         """``n`` members of the last call were answered LATER: they count when they are answered."""

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from walkserve.core.scheduling import StreamScheduling
 from walkserve.engines.base import Engine
 from walkserve.graph.plan import INPUT
 from walkserve.graph.walk import WalkGraph
@@ -32,6 +33,7 @@ from walkserve.worker import iteration
 from walkserve.worker.cohort import Cohorts
 from walkserve.worker.effects import Effects
 from walkserve.worker.engine_set import EngineSet
+from walkserve.worker.deadlines import Deadlines
 from walkserve.worker.local import local_level
 from walkserve.worker.program import ROOT, compile_program
 from walkserve.worker.rows import DecisionRow, EndRow, FlowRow, ItemRow, Row, ValueRow
@@ -53,13 +55,18 @@ class Executor:
         placement: Placement | None = None,
         batched: bool = True,
         convert: tuple[Callable, Callable] | None = None,
+        scheduling: StreamScheduling | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ):
         """``concat`` joins stream items and accumulated exits; ``convert`` = (to_array, to_tensor) for the
-        state machine's values when this rank starts next walks itself (needs ``placement``)."""
+        state machine's values when this rank starts next walks itself (needs ``placement``). ``scheduling``
+        orders a step's members (``deadlines``) on ``clock`` (a test's virtual clock)."""
         self.rank, self.graph, self.placement, self.convert = rank, graph, placement, convert
         self.fx = Effects(rank, concat)
-        self.engine_set = EngineSet(engines)
-        self.cohorts = Cohorts(self.fx, self.engine_set, batched)
+        self.engine_set = EngineSet(engines, clock)
+        self.scheduling = scheduling or StreamScheduling()
+        self.deadlines = Deadlines(self.scheduling, self.engine_set.costs, clock)
+        self.cohorts = Cohorts(self.fx, self.engine_set, self.deadlines, batched)
         self.engines, self.out, self.counters = self.engine_set.engines, self.fx.out, self.fx.counters
         self.programs = {w: compile_program(p) for w, p in graph.plans.items()}
         self.requests: dict[str, RequestState] = {}
@@ -268,6 +275,7 @@ class Executor:
         self.arrived.pop(rid, None)
         self.held.pop(rid, None)
         self.cohorts.drop(rid)
+        self.deadlines.forget(rid)
         self.engine_set.release(rid)
 
     def sweep(self) -> None:
@@ -316,5 +324,13 @@ class Executor:
             nodes=nodes,
             busy_s=dict(self.busy_s),
             steps=dict(self.steps),
+            **self._stream_stats(),
         )
+
+    def _stream_stats(self) -> dict:
+        """The deadline scheduler's view for admission and /metrics (``RankStats`` documents the fields)."""
+        d = self.deadlines
+        return {"stream_scheduling": self.scheduling.mode, "streams": d.streams(),
+                "step_costs": self.engine_set.costs.snapshot(), "slack": {n: list(c) for n, c in d.slack_counts.items()},
+                "scheduling": dict(d.counts), "gap_s": d.gap_s}
 

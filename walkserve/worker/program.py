@@ -44,6 +44,7 @@ from walkserve.graph.plan import (
     WalkPlan,
     iter_units,
 )
+from walkserve.graph.playback import Playback
 from walkserve.graph.stop import Count, StopRule
 
 ROOT = ""
@@ -139,6 +140,8 @@ class NodeProgram:
     streams: tuple[tuple[str, int], ...]  # (output, stream index)
     walk_outputs: tuple[tuple[str, str], ...]  # (output, walk output), top level only
     exits: tuple[ExitRoute, ...]
+    playback: Playback | None = None  # what a firing adds to the client's playback (a streamed path's node)
+    downstream: tuple[str, ...] = ()  # the playback nodes after it on the walk's path, in order
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,7 +334,13 @@ class _Compiler:
             streams=tuple(streams),
             walk_outputs=tuple(walk_outputs),
             exits=tuple(r for r in self.exit_list if r.node == name),
+            playback=plan.walk.playback.get(name),
+            downstream=_after(tuple(plan.walk.playback), name),
         )
+
+
+def _after(path: tuple[str, ...], name: str) -> tuple[str, ...]:
+    return path[path.index(name) + 1:] if name in path else ()
 
 
 def _check_streams(plan: WalkPlan, levels: Mapping[str, LevelProgram]) -> None:

@@ -59,7 +59,8 @@ class Worker:
         self.inline_to: dict[int, int] = defaultdict(int)  # tensors sent inside frames, per rank
         self.sent_to: dict[int, list[float]] = defaultdict(lambda: [0, 0, 0, 0.0])  # messages, tensors, bytes, pack s
         self.executor = Executor(
-            rank, graph, engines, concat, placement, batched=spec.config.cohorts, convert=(to_array, to_tensor)
+            rank, graph, engines, concat, placement, batched=spec.config.cohorts, convert=(to_array, to_tensor),
+            scheduling=spec.config.stream_scheduling,
         )
         self.stopping = False
         self.busy = False  # the executor may move without a new message

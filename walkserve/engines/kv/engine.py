@@ -228,6 +228,9 @@ class KVCacheEngine(Engine):
         return (bool(self._ready) or bool(self.scheduler.queries)
                 or any(c.has_work for c in self.scheduler.contexts.values()))
 
+    def step_capacity(self) -> int | None:
+        return self.scheduler.config.max_running
+
     def release(self, request_id: str) -> None:
         for key in [k for k in self._inflight if k[0] == request_id]:
             fid = self._inflight.pop(key)
