@@ -19,7 +19,6 @@ from walkserve.worker.deadlines import Deadlines, Tier, slack_bucket
 from walkserve.worker.program import compile_program
 from walkserve.worker.step_costs import StepCosts, bucket
 
-TOKEN_S = FRAME_S / 7
 PROGRAM = compile_program(build_graph().plans["decode"])
 LM, CODEC = PROGRAM.nodes["lm"], PROGRAM.nodes["codec"]
 TEXT = SimpleNamespace(plan=SimpleNamespace(walk=SimpleNamespace(playback={})))
@@ -102,7 +101,7 @@ def test_slack_is_deadline_minus_now_minus_the_next_chunks_cost():
 
 
 def test_streams_about_to_gap_then_first_chunks_then_the_rest():
-    d, clock, costs = scheduler(urgent_slack_s=0.1, pace_slack_s=5.0)
+    d, clock, _ = scheduler(urgent_slack_s=0.1, pace_slack_s=5.0)
     late, ahead, new = member("late", 29), member("ahead", 200), member("new", 3)
     started(d, clock, late, 0.0)
     started(d, clock, ahead, 0.0)
@@ -157,10 +156,10 @@ def test_the_emitting_node_counts_gaps():
     d, clock, _ = scheduler()
     m = member("a")
     d.pick(CODEC, [m], None)
-    for k, at in ((0, 1.0), (1, 1.1), (2, 1.35)):  # chunk 0 plays 2 frames (0.17 s): chunk 1 in time
+    for k, at in ((0, 1.0), (1, 1.1), (2, 1.35), (3, 1.4)):  # chunk 0 plays 2 frames (0.17 s): chunk 1 in time
         clock.t = at
         d.ran(CODEC, [member("a", k)])
-    # chunk 2 was due at 1.0 + 3 frames = 1.256
+    # chunk 2 was due at 1.0 + 3 frames = 1.256; the client plays on from 1.35, so chunk 3 (due 1.435) is in time
     assert d.counts["gaps"] == 1 and d.gap_s == pytest.approx(1.35 - 1.0 - 3 * FRAME_S)
 
 

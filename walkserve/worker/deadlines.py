@@ -5,7 +5,8 @@ chunk on, so each of its next chunks has a deadline, and every node on the
 path to the audio (LM decode, talker, codec) can tell from its own firings how
 much audio the client already has (``graph.playback.Playback``)::
 
-    start      the moment this rank completed the request's first chunk (its playback clock)
+    start      the moment this rank completed the request's first chunk (its playback clock),
+               moved on by a gap's lateness when the emitting node is here (the client waited)
     deadline   start + startup_s + audio_after(firings done)   (the client runs dry then)
     slack      deadline - now - (firings to the next chunk x this node's step cost
                                  + one step of each playback node after it)
@@ -66,7 +67,7 @@ class StreamClock:
     last_ran: float  # when a firing of it last ran here
     streamed: bool  # its walk declares playback
     start: float | None = None  # its first chunk completed here (the playback clock runs)
-    heard: float | None = None  # the client's clock: the emitting node completed the first chunk
+    runs_dry: float | None = None  # when the client's audio runs out (the emitting node is here)
     slack: float | None = None  # its latest slack, for nodes of the walk without playback
 
 
@@ -154,16 +155,23 @@ class Deadlines:
                 self._heard(clock, p, m.k, now)
 
     def _heard(self, clock: StreamClock, p: Playback, k: int, now: float) -> None:
-        """The emitting node completed firing ``k``: a gap if its chunk is later than the client's audio lasts."""
-        if not p.chunks(k + 1) > p.chunks(k):
+        """The emitting node completed firing ``k``: its chunk is a gap if the client's audio ran out before it.
+        The client plays on from the late chunk, so the stream's deadlines move by the lateness too."""
+        duration = p.audio_after(k + 1) - p.audio_after(k)
+        if duration <= 0:
             return
-        if clock.heard is None:
-            clock.heard = now
+        if clock.runs_dry is None:
+            clock.runs_dry = now + self.config.startup_s + duration
             return
-        late = now - (clock.heard + self.config.startup_s + p.audio_after(k))
-        if late > 0:
-            self.counts["gaps"] += 1
-            self.gap_s += late
+        late = now - clock.runs_dry
+        if late <= 0:
+            clock.runs_dry += duration
+            return
+        self.counts["gaps"] += 1
+        self.gap_s += late
+        clock.runs_dry = now + duration
+        if clock.start is not None:
+            clock.start += late
 
     def forget(self, rid: str) -> None:
         self.clocks.pop(rid, None)

@@ -31,9 +31,9 @@ from walkserve.placement.plan import Placement
 from walkserve.protocol import messages as m
 from walkserve.worker import iteration
 from walkserve.worker.cohort import Cohorts
+from walkserve.worker.deadlines import Deadlines
 from walkserve.worker.effects import Effects
 from walkserve.worker.engine_set import EngineSet
-from walkserve.worker.deadlines import Deadlines
 from walkserve.worker.local import local_level
 from walkserve.worker.program import ROOT, compile_program
 from walkserve.worker.rows import DecisionRow, EndRow, FlowRow, ItemRow, Row, ValueRow

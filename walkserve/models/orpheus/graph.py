@@ -26,7 +26,12 @@ from walkserve.graph import (
 )
 from walkserve.models.llama.graph import LM, decode_loop, prefill_walk, prompt_state_machine
 from walkserve.models.orpheus.emission import FRAME_TOKENS, POLICY, WINDOW_TOKENS
-from walkserve.models.orpheus.tokens import END_OF_SPEECH, FRAME_SAMPLES, SAMPLE_RATE, allowed_ranges
+from walkserve.models.orpheus.tokens import (
+    END_OF_SPEECH,
+    FRAME_SAMPLES,
+    SAMPLE_RATE,
+    allowed_ranges,
+)
 
 CODEC = "codec"
 INPUT_SLOT, OUTPUT_NAME = "codes", "audio"  # OrpheusCodec's slot and output (codec.py imports torch; this must not)

@@ -1,0 +1,137 @@
+"""Streams under contention, on a virtual clock: deadline scheduling keeps a burst's streams playing where fifo gaps.
+
+One rank runs the Orpheus decode walk (LM loop streaming into the codec) for
+many requests, in process. The engines cost fixed virtual time per call (a
+fixed part plus a part per member, the LM capped at its batch), so the run is
+deterministic. A client model, independent of the scheduler, plays each
+stream's audio chunks as they leave the rank (by their sample counts at
+24 kHz) and counts a gap whenever a chunk arrives after the audio before it
+ran out; the player then plays on from the late chunk.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from walkserve.core.sampling import SamplingParams
+from walkserve.core.scheduling import DEADLINE, FIFO, StreamScheduling
+from walkserve.engines.base import Engine, Group
+from walkserve.engines.values import concat
+from walkserve.models.orpheus.graph import build_graph
+from walkserve.models.orpheus.tokens import AUDIO_CODE_BASE, FRAME_SAMPLES, SAMPLE_RATE
+from walkserve.protocol import messages as m
+from walkserve.worker.executor import Executor
+
+PASS_S = 0.0005  # the heartbeat's own time per pass
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class TimedEngine(Engine):
+    """Costs ``fixed + per_member * members`` virtual seconds per call; ``step_capacity`` members a step."""
+
+    def __init__(self, component: str, clock: Clock, fixed: float, per_member: float, capacity: int | None):
+        self.component, self.clock = component, clock
+        self.fixed, self.per_member, self.capacity = fixed, per_member, capacity
+        self.batches: list[int] = []
+
+    def run_groups(self, groups: list[Group], may_yield: bool = False) -> list[list]:
+        n = sum(len(g.request_ids) for g in groups)
+        self.batches.append(n)
+        forwards = -(-n // self.capacity) if self.capacity else 1  # more than a batch: more forwards
+        self.clock.t += self.fixed * forwards + self.per_member * n
+        return [[self.answer(g, i) for i in range(len(g.request_ids))] for g in groups]
+
+    def step_capacity(self) -> int | None:
+        return self.capacity
+
+    def release(self, request_id: str) -> None:
+        pass
+
+
+class LM(TimedEngine):
+    def answer(self, group: Group, i: int) -> dict:
+        return {"token": torch.tensor([AUDIO_CODE_BASE + 1])}  # never END_OF_SPEECH: runs to max_tokens
+
+
+class Codec(TimedEngine):
+    gathers = True
+
+    def answer(self, group: Group, i: int) -> dict:
+        span = group.spans[i]["codes"]
+        frames = 2 if span.index == 0 else 1  # window 0 emits two frames, each later window one
+        return {"audio": torch.zeros(frames * FRAME_SAMPLES)}
+
+
+def run(mode: str, arrivals: list[tuple[float, str, int]], lm=(0.002, 0.001, 16), codec=(0.001, 0.0005, None),
+        **knobs) -> tuple[dict[str, list[tuple[float, float]]], Executor]:
+    """Every stream's audio chunks as (arrival time, seconds), and the executor (for its stats)."""
+    clock = Clock()
+    engines = {"lm": LM("lm", clock, *lm), "codec": Codec("codec", clock, *codec)}
+    ex = Executor(0, build_graph(), engines, concat, scheduling=StreamScheduling(mode=mode, **knobs), clock=clock)
+    pending, audio = sorted(arrivals), {rid: [] for _, rid, _ in arrivals}
+    for _ in range(200_000):
+        while pending and pending[0][0] <= clock.t:
+            _, rid, tokens = pending.pop(0)
+            ex.receive(m.StartWalk(rid, "decode", {"lm": 0, "codec": 0}, {"last": torch.tensor([AUDIO_CODE_BASE])},
+                                   {"max_tokens": tokens}, SamplingParams()))
+        moved = ex.advance()
+        for _, msg in ex.out.take():
+            if isinstance(msg, m.ClientOuts):
+                for rid, value in zip(msg.request_ids, msg.values, strict=True):
+                    audio[rid].append((clock.t, value.numel() / SAMPLE_RATE))
+        if moved or ex.dirty:
+            clock.t += PASS_S
+        elif pending:
+            clock.t = pending[0][0]
+        else:
+            return audio, ex
+    raise AssertionError("the run did not settle")
+
+
+def gaps(chunks: list[tuple[float, float]]) -> int:
+    """Chunks that arrived after the audio before them ran out (the player waits, then plays on)."""
+    count, runs_dry = 0, None
+    for at, seconds in chunks:
+        if runs_dry is not None and at > runs_dry:
+            count += 1
+        runs_dry = max(at, runs_dry or at) + seconds
+    return count
+
+
+# four long streams play from t=0 and get ahead of playback; at 2 s a burst of ten short ones arrives. The LM
+# steps at most 8 members per forward (2 ms + 1 ms per member): fourteen in lockstep are slower than real time,
+# the ten alone are not, and the four have seconds of audio buffered at the client.
+BURST = [(0.0, f"early{i}", 500) for i in range(4)] + [(2.0, f"burst{i}", 120) for i in range(10)]
+LM_COST = (0.002, 0.001, 8)
+
+
+def test_deadline_scheduling_keeps_a_burst_playing_where_fifo_gaps():
+    fifo_audio, _ = run(FIFO, BURST, lm=LM_COST, pace_slack_s=0.5)
+    deadline_audio, ex = run(DEADLINE, BURST, lm=LM_COST, pace_slack_s=0.5)
+    played = {rid: sum(s for _, s in chunks) for rid, chunks in fifo_audio.items()}
+    assert played == {rid: sum(s for _, s in chunks) for rid, chunks in deadline_audio.items()}  # to the end both ways
+    assert min(played.values()) > 1.3
+    fifo_gaps = {rid: gaps(c) for rid, c in fifo_audio.items()}
+    deadline_gaps = {rid: gaps(c) for rid, c in deadline_audio.items()}
+    assert all(fifo_gaps[f"burst{i}"] > 0 for i in range(10)), fifo_gaps  # lockstep: every burst stream gaps
+    assert sum(deadline_gaps.values()) == 0, deadline_gaps  # the early streams wait on their buffer instead
+    stats = ex.stats()
+    assert stats.stream_scheduling == DEADLINE
+    assert stats.scheduling["held_paced"] > 0 and stats.scheduling["held_capacity"] > 0
+    assert stats.step_costs["lm"][8] > stats.step_costs["lm"][4]  # measured on the virtual clock
+    assert sum(stats.slack["lm"]) > 0 and sum(stats.slack["codec"]) > 0
+    assert stats.scheduling["gaps"] == 0
+
+
+def test_the_rank_counts_the_gaps_the_client_hears():
+    audio, ex = run(FIFO, BURST, lm=LM_COST)
+    stats = ex.stats()
+    assert stats.scheduling["gaps"] == sum(gaps(c) for c in audio.values()) > 0
+    assert stats.scheduling["held_paced"] == stats.scheduling["held_capacity"] == 0  # fifo holds nothing back
