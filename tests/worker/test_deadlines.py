@@ -32,8 +32,8 @@ class Clock:
         return self.t
 
 
-def member(rid: str, k: int = 0, program=PROGRAM):
-    return SimpleNamespace(rid=rid, k=k, run=SimpleNamespace(program=program))
+def member(rid: str, k: int = 0, program=PROGRAM, stream: bool = False):
+    return SimpleNamespace(rid=rid, k=k, run=SimpleNamespace(program=program, request=SimpleNamespace(stream=stream)))
 
 
 def scheduler(**config) -> tuple[Deadlines, Clock, StepCosts]:
@@ -110,6 +110,16 @@ def test_streams_about_to_gap_then_first_chunks_then_the_rest():
     assert [m.rid for m in take] == ["late", "new"]
     assert [m.rid for m in wait] == ["ahead"]
     assert d.priority(LM, new, 1, clock.t).tier is Tier.FIRST
+
+
+def test_a_streamed_requests_prefill_counts_toward_its_first_chunk():
+    d, clock, _ = scheduler()
+    prefill = compile_program(build_graph().plans["prefill"]).nodes["lm"]
+    speech, text = member("speech", 0, TEXT, stream=True), member("text", 0, TEXT)
+    take, _ = d.pick(prefill, [text, speech], capacity=1)
+    assert [m.rid for m in take] == ["speech"]
+    assert d.priority(prefill, speech, 1, clock.t).tier is Tier.FIRST
+    assert d.priority(prefill, text, 1, clock.t).tier is Tier.FREE
 
 
 def test_deadline_free_work_is_not_starved():

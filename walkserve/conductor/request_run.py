@@ -62,6 +62,11 @@ class RequestRun:
     def id(self) -> str:
         return self.spec.id
 
+    @property
+    def streams(self) -> bool:
+        """It asks for audio from a model whose walks play audio as it streams (a walk declares playback)."""
+        return "audio" in self.spec.modalities and any(p.walk.playback for p in self.graph.plans.values())
+
     def involved_ranks(self) -> set[int]:
         return {r for m in self.ranks.values() for r in m.values()}
 
@@ -95,7 +100,8 @@ class RequestRun:
         for rank in sorted(set(ranks.values())):
             inputs = {name: wire_value(start.inputs[name]) for name in sorted(needs[rank])}
             moved_in = sorted(src for src, dst in moves if dst == rank)
-            start_walk = StartWalk(self.id, start.walk, ranks, inputs, params, sampling, per_node, spec, sticky, moved_in)
+            start_walk = StartWalk(self.id, start.walk, ranks, inputs, params, sampling, per_node, spec, sticky, moved_in,
+                                   self.streams)
             messages.append((rank, start_walk))
         return messages
 

@@ -114,7 +114,9 @@ class StartWalk(msgspec.Struct, tag=True, array_like=True):
     When every node of the walk is on the receiving rank, ``spec`` is the
     request and ``sticky`` the ranks its components were given, so the worker
     can start the next walk itself if the state machine's choice is all local
-    too (WalkStarted).
+    too (WalkStarted). ``stream``: the request's audio plays as it streams, so
+    its walks count as streamed from the first (prefill is part of its time to
+    first audio) on every rank (docs/runtime.md, "Streams under load").
     """
 
     request_id: str
@@ -127,6 +129,7 @@ class StartWalk(msgspec.Struct, tag=True, array_like=True):
     spec: RequestSpec | None = None
     sticky: dict[str, int] = {}
     moved_in: list[int] = []  # ranks whose KV contexts (Contexts) must arrive before the walk starts
+    stream: bool = False  # the request streams audio as it plays: ranks schedule it by playback deadlines
 
 
 class MoveContexts(msgspec.Struct, tag=True, array_like=True):
@@ -345,8 +348,8 @@ class RankStats(msgspec.Struct, kw_only=True):
     """One rank's gauges and counters (checked on decode like every message).
 
     Streams (docs/runtime.md, "Streams under load"): ``stream_scheduling`` is the
-    rank's mode (deadline or fifo); ``streams`` the requests with a playback clock
-    here; ``step_costs`` node -> batch bucket (1, 2, 4 ...) -> measured seconds of
+    rank's mode (deadline or fifo); ``streams`` the requests whose playback clock
+    runs here; ``step_costs`` node -> batch bucket (1, 2, 4 ...) -> measured seconds of
     one step (a moving mean); ``slack`` node -> members dispatched per slack bucket
     (``SLACK_EDGES_S``, counts, len(edges) + 1); ``scheduling`` counters
     (``held_paced``, ``held_capacity``: member-steps that waited; ``gaps``: chunks

@@ -65,7 +65,6 @@ class StreamClock:
 
     seen: float  # when this rank first saw it ready
     last_ran: float  # when a firing of it last ran here
-    streamed: bool  # its walk declares playback
     start: float | None = None  # its first chunk completed here (the playback clock runs)
     runs_dry: float | None = None  # when the client's audio runs out (the emitting node is here)
     slack: float | None = None  # its latest slack, for nodes of the walk without playback
@@ -105,7 +104,7 @@ class Deadlines:
 
     def priority(self, node: NodeProgram, m: Member, batch: int, now: float) -> Priority:
         clock = self._clock(m, now)
-        if not clock.streamed:
+        if not streamed(m):
             slack = self.config.aging_s - (now - clock.last_ran)  # against the aging bound
             return Priority(Tier.URGENT if slack < 0 else Tier.FREE, slack, None, False)
         if clock.start is None:
@@ -126,7 +125,7 @@ class Deadlines:
     def _clock(self, m: Member, now: float) -> StreamClock:
         clock = self.clocks.get(m.rid)
         if clock is None:
-            clock = self.clocks[m.rid] = StreamClock(now, now, bool(m.run.program.plan.walk.playback))
+            clock = self.clocks[m.rid] = StreamClock(now, now)
         return clock
 
     def _dispatched(self, node: NodeProgram, prios: list[Priority]) -> None:
@@ -146,7 +145,7 @@ class Deadlines:
             if clock is None:
                 continue
             clock.last_ran = now
-            if p is None or not clock.streamed:
+            if p is None or not streamed(m):
                 continue
             fired = m.k + 1
             if clock.start is None and p.chunks(fired):
@@ -177,7 +176,13 @@ class Deadlines:
         self.clocks.pop(rid, None)
 
     def streams(self) -> int:
-        return sum(1 for c in self.clocks.values() if c.streamed)
+        """Requests whose playback clock runs here."""
+        return sum(1 for c in self.clocks.values() if c.start is not None)
+
+
+def streamed(m: Member) -> bool:
+    """The member's request streams audio (``StartWalk.stream``), or its walk declares playback."""
+    return m.run.request.stream or bool(m.run.program.plan.walk.playback)
 
 
 def slack_bucket(slack: float) -> int:

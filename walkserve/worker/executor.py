@@ -100,7 +100,7 @@ class Executor:
             arrived.difference_update(msg.moved_in)
         req = self.requests.get(rid)
         if req is None:
-            req = self.requests[rid] = RequestState(rid, msg.params, msg.sampling, msg.node_sampling)
+            req = self.requests[rid] = RequestState(rid, msg.params, msg.sampling, msg.node_sampling, msg.stream)
         if msg.spec is not None:
             req.may_pick(msg.spec, msg.sticky)
         self.start(req, msg.walk, msg.ranks, msg.inputs)

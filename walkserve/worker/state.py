@@ -60,12 +60,13 @@ _LEGAL: dict[Phase, frozenset[Phase]] = {
 class RequestState:
     """A request on this rank, from its first StartWalk until its Release."""
 
-    __slots__ = ("failed", "id", "node_sampling", "params", "sampling", "spec", "sticky", "walks")
+    __slots__ = ("failed", "id", "node_sampling", "params", "sampling", "spec", "sticky", "stream", "walks")
 
     def __init__(
         self, request_id: str, params: Mapping[str, Any], sampling: SamplingParams | None,
-        node_sampling: Mapping[str, SamplingParams] | None = None,
+        node_sampling: Mapping[str, SamplingParams] | None = None, stream: bool = False,
     ):
+        self.stream = stream  # its audio plays as it streams: scheduled by playback deadlines (StartWalk.stream)
         self.id = request_id
         self.params, self.sampling = params, sampling
         self.node_sampling = node_sampling or {}  # node -> its own sampling, overriding ``sampling``

@@ -86,7 +86,8 @@ class Qwen3OmniThinker(Model):
             return build_graph(audio=audio, vision=vision)
         return build_speech_graph(code0_ranges(s.talker.vocab_size, s.tokens.codec_eos),
                                   DepthRanges(s.code_predictor.codebook_size), s.num_code_groups,
-                                  s.accept_hidden_layer, audio=audio, vision=vision)
+                                  s.accept_hidden_layer, audio=audio, vision=vision,
+                                  frame_s=s.code2wav.frame_samples / s.code2wav.sampling_rate)
 
     def _path(self) -> Path:
         if self.path is None:

@@ -47,6 +47,7 @@ from walkserve.graph import (
     LeftContext,
     Loop,
     Parallel,
+    Playback,
     Sequential,
     StopWhen,
     StreamingGraphEdge,
@@ -96,6 +97,7 @@ TAIL = "tail"  # RequestSpec.inputs tail.tokens / tail.text / tail.codes: the 6 
 MAX_FRAMES_PARAM = "talker_max_frames"
 THINKER_LOOP, TALK_LOOP, DEPTH_LOOP = "thinker_loop", "talk", "depth"
 CHUNK_FRAMES, CONTEXT_FRAMES = 25, 25
+RELEASE_FRAME_S = 1920 / 24000  # the release's Code2Wav: 1920 samples per frame at 24 kHz (12.5 frames a second)
 
 
 def talk_key(k: int, slot: str) -> str:
@@ -170,8 +172,10 @@ def _talk_loop(code0_ranges: list[tuple[int, int]], depth_ranges: Any, groups: i
                        speculate=False)
 
 
-def talker_decode_walk(code0_ranges: list[tuple[int, int]], depth_ranges: Any, groups: int) -> Walk:
-    """The thinker's remaining tokens stream into the talker, whose frames stream into Code2Wav."""
+def talker_decode_walk(code0_ranges: list[tuple[int, int]], depth_ranges: Any, groups: int,
+                       frame_s: float = RELEASE_FRAME_S) -> Walk:
+    """The thinker's remaining tokens stream into the talker, whose frames stream into Code2Wav (``frame_s``
+    seconds of audio per frame; its playback: a talker step is a frame, Code2Wav's chunks 25 frames each)."""
     code2wav = GraphNode(CODE2WAV, inputs=["codes"], outputs=["audio"])
     body = Parallel(_thinker_loop(), _talk_loop(code0_ranges, depth_ranges, groups), code2wav)
     edges = [
@@ -193,16 +197,17 @@ def talker_decode_walk(code0_ranges: list[tuple[int, int]], depth_ranges: Any, g
         GraphEdge(f"{CODE2WAV}.audio", Client("audio")),
         GraphEdge(f"{FRAME}.frame", Client("latent")),  # the codec frames, for clients that ask
     ]
-    return Walk(TALKER_DECODE, body, edges=edges, inputs=[FIRST, CODE0, HIDDEN])
+    playback = {TALKER: Playback(frame_s, every=CHUNK_FRAMES), CODE2WAV: Playback(CHUNK_FRAMES * frame_s)}
+    return Walk(TALKER_DECODE, body, edges=edges, inputs=[FIRST, CODE0, HIDDEN], playback=playback)
 
 
 def speech_walks(code0_ranges: list[tuple[int, int]], depth_ranges: Any, groups: int, accept_layer: int,
-                 audio: bool, vision: bool) -> list[Walk]:
+                 audio: bool, vision: bool, frame_s: float = RELEASE_FRAME_S) -> list[Walk]:
     """The walks a spoken answer adds to the thinker's graph."""
     taps = {ACCEPT_TAP: accept_layer}
     to_output = lambda endpoint: GraphEdge(endpoint, f"output.{ACCEPT_OUTPUT}")  # noqa: E731
     walks = [talker_prefill_walk(code0_ranges), talker_prefill_walk(code0_ranges, media=True), thinker_first_walk(),
-             talker_last_prefill_walk(code0_ranges), talker_decode_walk(code0_ranges, depth_ranges, groups)]
+             talker_last_prefill_walk(code0_ranges), talker_decode_walk(code0_ranges, depth_ranges, groups, frame_s)]
     if audio:
         walks.append(_renamed(prefill_audio_walk(taps, to_output), PREFILL_AUDIO_SPEECH))
     if vision:
@@ -270,10 +275,12 @@ def _speaks(request: RequestSpec) -> bool:
 
 
 def build_speech_graph(code0_ranges: list[tuple[int, int]], depth_ranges: Any, groups: int, accept_layer: int,
-                       name: str = "qwen3-omni", audio: bool = True, vision: bool = True) -> WalkGraph:
+                       name: str = "qwen3-omni", audio: bool = True, vision: bool = True,
+                       frame_s: float = RELEASE_FRAME_S) -> WalkGraph:
     """The thinker's graph (text-only requests) plus the spoken answer's walks, under SpeechTurns."""
     thinker = build_graph(name, audio=audio, vision=vision)
-    walks = [*thinker.walks.values(), *speech_walks(code0_ranges, depth_ranges, groups, accept_layer, audio, vision)]
+    walks = [*thinker.walks.values(),
+             *speech_walks(code0_ranges, depth_ranges, groups, accept_layer, audio, vision, frame_s)]
     return WalkGraph(name, walks, SpeechTurns())
 
 
