@@ -143,7 +143,7 @@ def test_flags_map_onto_the_configs(monkeypatch):
         "serve", "--port", "9000", "--max-n", "3", "--drain-timeout", "5", "--default-max-tokens", "70",
         "--media-allowlist", "https://example.com/", "--model-alias", "a", "--max-running", "4",
         "--max-waiting", "0", "--dtype", "bfloat16", "--kv-blocks", "64", "--start-timeout", "9", "--no-cohorts",
-        "--ray-address", "10.0.0.7:6379",
+        "--ray-address", "10.0.0.7:6379", "--stream-scheduling", "fifo",
     ])
     config = server_config(args)
     assert (config.port, config.max_n, config.drain_timeout_s, config.default_max_tokens) == (9000, 3, 5.0, 70)
@@ -154,6 +154,8 @@ def test_flags_map_onto_the_configs(monkeypatch):
     assert runtime.cohorts is False and runtime_config(build_parser().parse_args(["serve"])).cohorts is True
     assert runtime.engine_options == {"kv": {"num_blocks": 64}} and runtime.start_timeout_s == 9
     assert runtime.ray_address == "10.0.0.7:6379" and runtime_config(build_parser().parse_args(["serve"])).ray_address is None
+    assert runtime.stream_scheduling.mode == "fifo"
+    assert runtime_config(build_parser().parse_args(["serve"])).stream_scheduling.mode == "deadline"
     assert server_config(build_parser().parse_args(["serve", "--api-key", "k"])).api_key == "k"
     ws = server_config(build_parser().parse_args(["serve", "--max-ws-message-bytes", "4096"]))
     assert ws.max_ws_message_bytes == 4096

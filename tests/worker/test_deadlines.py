@@ -10,11 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from walkserve.core.config import RuntimeConfig
 from walkserve.core.errors import ConfigError, GraphError
 from walkserve.core.scheduling import FIFO, StreamScheduling
 from walkserve.graph import Playback
 from walkserve.models.orpheus.graph import FRAME_S, build_graph
 from walkserve.protocol.messages import SLACK_EDGES_S
+from walkserve.protocol.run import RunSpec, decode_run_spec, encode_run_spec
 from walkserve.worker.deadlines import Deadlines, Tier, slack_bucket
 from walkserve.worker.program import compile_program
 from walkserve.worker.step_costs import StepCosts, bucket
@@ -122,6 +124,13 @@ def test_a_streamed_requests_prefill_counts_toward_its_first_chunk():
     assert d.priority(prefill, text, 1, clock.t).tier is Tier.FREE
 
 
+def test_plain_work_that_fits_runs_untouched():
+    d, _, _ = scheduler()
+    texts = [member(f"t{i}", 0, TEXT) for i in range(3)]
+    assert d.pick(LM, texts, capacity=3) == (texts, [])
+    assert d.clocks == {} and d.waiting == 3  # no clock kept, but it counts as work waiting (pacing)
+
+
 def test_deadline_free_work_is_not_starved():
     d, clock, _ = scheduler(aging_s=0.5, pace_slack_s=50.0)
     stream, text = member("s", 600), member("t", 0, TEXT)
@@ -180,3 +189,10 @@ def test_slack_buckets_and_config():
         StreamScheduling(mode="lifo")
     with pytest.raises(ConfigError):
         StreamScheduling(urgent_slack_s=1.0, pace_slack_s=0.5)
+
+
+def test_the_mode_reaches_the_workers_through_the_run_spec():
+    config = RuntimeConfig(stream_scheduling=StreamScheduling(FIFO, pace_slack_s=3.0))
+    spec = decode_run_spec(encode_run_spec(RunSpec("r0", "tok", "/tmp", "fixture-lm", None, {}, {}, "<t>", config)))
+    assert spec.config.stream_scheduling == StreamScheduling(FIFO, pace_slack_s=3.0)
+    assert not spec.config.stream_scheduling.by_deadline

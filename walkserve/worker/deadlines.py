@@ -85,8 +85,11 @@ class Deadlines:
     # ---- picking -------------------------------------------------------------------------------
     def pick(self, node: NodeProgram, ready: list[Member], capacity: int | None) -> tuple[list[Member], list[Member]]:
         """(the members this step takes, those that wait for a later pass)."""
-        now, cap = self.now(), capacity or len(ready)
-        batch = min(len(ready), cap)
+        cap = capacity or len(ready)
+        if len(ready) <= cap and not any(streamed(m) for m in ready):  # no deadline, and it all fits
+            self.waiting += len(ready)
+            return ready, []
+        now, batch = self.now(), min(len(ready), cap)
         prios = [self.priority(node, m, batch, now) for m in ready]
         if not self.config.by_deadline:
             self._dispatched(node, prios)
