@@ -11,6 +11,7 @@ from walkserve.core.finish import FinishReason
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
 from walkserve.graph import FunctionStateMachine, WalkGraph
+from walkserve.models.orpheus.graph import build_graph as orpheus_graph
 from walkserve.protocol.arrays import plain_value, wire_value
 from walkserve.testing.fixtures.lm import build_graph
 
@@ -111,3 +112,11 @@ def test_a_walk_input_handed_on_as_a_walk_output_is_there_from_the_start():
         assert run.node_done("piece", ["lm"], 1, False)  # complete: its one output was filled at the start
         run.advance()
     assert seen == [0, 1, 2] and run.finished == FinishReason.STOP
+
+
+def test_a_request_for_audio_from_a_streamed_model_is_marked_streamed_from_its_first_walk():
+    speech = RequestSpec({"prompt_token_ids": ArrayData.from_list([1, 2, 3])}, modalities=("audio",), id="s1")
+    [(_, start)] = RequestRun(speech, orpheus_graph(), lambda plan, node, sticky: 0).begin()
+    assert start.walk == "prefill" and start.stream is True
+    [(_, text)] = run_of([5, 6, 7]).begin()  # the fixture LM declares no playback
+    assert text.stream is False

@@ -63,3 +63,11 @@ def test_batch_of_bare_inputs():
     assert (batch.node, batch.op) == ("enc", "forward")
     assert [item.inputs["x"] for item in batch] == [1, 2]
     assert all(item.outputs == () and item.iteration == 0 and item.sampling is None for item in batch)
+
+
+def test_a_step_takes_at_most_max_batch_members():
+    comp = Recorder()
+    engine = StatelessEngine("c", comp, max_batch=2)
+    assert engine.step_capacity() == 2  # what the deadline scheduler offers one step at most
+    [results] = engine.run_groups([_group([_firing(i) for i in range(3)])])  # more: still answered, in two batches
+    assert results == [{"y": 0}, {"y": 2}, {"y": 4}] and [len(b) for b in comp.batches] == [2, 1]

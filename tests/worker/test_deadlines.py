@@ -15,6 +15,7 @@ from walkserve.core.errors import ConfigError, GraphError
 from walkserve.core.scheduling import FIFO, StreamScheduling
 from walkserve.graph import Playback
 from walkserve.models.orpheus.graph import FRAME_S, build_graph
+from walkserve.models.qwen3_omni.speech.graph import TALKER_DECODE, DepthRanges, build_speech_graph
 from walkserve.protocol.messages import SLACK_EDGES_S
 from walkserve.protocol.run import RunSpec, decode_run_spec, encode_run_spec
 from walkserve.worker.deadlines import Deadlines, Tier, slack_bucket
@@ -122,6 +123,24 @@ def test_a_streamed_requests_prefill_counts_toward_its_first_chunk():
     assert [m.rid for m in take] == ["speech"]
     assert d.priority(prefill, speech, 1, clock.t).tier is Tier.FIRST
     assert d.priority(prefill, text, 1, clock.t).tier is Tier.FREE
+
+
+def test_deadlines_travel_to_nodes_without_playback_on_the_path():
+    talk = compile_program(build_speech_graph([(0, 128), (230, 231)], DepthRanges(128), 16, 3, frame_s=0.08)
+                           .plans[TALKER_DECODE])
+    talker, step, code2wav = talk.nodes["talker"], talk.nodes["code_predictor_step"], talk.nodes["code2wav"]
+    assert talker.playback.to_next_chunk(0) == 25 and talker.downstream == ("code2wav",)
+    assert code2wav.playback.audio_after(1) == pytest.approx(2.0) and step.playback is None
+    d, clock, costs = scheduler()
+    costs.observe("talker", 1, 0.01)
+    frame = member("a", 25, talk)
+    d.pick(talker, [frame], None)
+    d.ran(talker, [member("a", 24, talk)])  # frame 24 done: the first chunk (25 frames) is complete
+    clock.t = 1.9
+    slack = d.priority(talker, frame, 1, clock.t).slack
+    assert slack == pytest.approx(2.0 - 1.9 - 25 * 0.01)
+    depth = member("a", 3, talk)  # a code predictor step: iteration 3 of the depth loop, no playback of its own
+    assert d.priority(step, depth, 1, clock.t) == (Tier.URGENT, slack, slack, False)
 
 
 def test_plain_work_that_fits_runs_untouched():
