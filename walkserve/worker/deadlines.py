@@ -94,9 +94,9 @@ class Deadlines:
         if not self.config.by_deadline:
             self._dispatched(node, prios)
             return ready, []
-        urgent = sum(1 for p in prios if not p.paced)
-        self.waiting += urgent
-        pace = urgent > 0 or self.waited > 0
+        needy = sum(1 for p in prios if not p.paced)
+        self.waiting += needy
+        pace = needy > 0 or self.waited > 0  # other work is ready: streams far ahead wait
         order = sorted(range(len(ready)), key=lambda i: (prios[i].tier, prios[i].key))
         take = [i for i in order if not (pace and prios[i].paced)][:cap]
         chosen = set(take)
