@@ -13,7 +13,7 @@ from .helpers import live_server
 
 @pytest.fixture(scope="module")
 def engine() -> FakeEngine:
-    return FakeEngine(FakeEngineConfig(audio=True, images=True, token_delay_s=0.0005))
+    return FakeEngine(FakeEngineConfig(audio=True, images=True, token_delay_s=0.0005, timelines=16))
 
 
 @pytest.fixture(scope="module")

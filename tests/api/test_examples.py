@@ -49,6 +49,7 @@ ROUTE_USES = {
     "/v1/models": (r"\.models\.list\(",),
     "/v1/models/{model}": (r"\.models\.retrieve\(",),
     "/health": (r"\bclient\.health\(",),
+    "/v1/requests/{request_id}/timeline": (r"\bBASE\}?/v1/requests/\$\w+/timeline\b",),
 }
 # Routes the examples' server (the fake engine: text, audio, images) cannot serve, each with the test that
 # calls it on a model that can, and what in that test shows it.

@@ -21,9 +21,11 @@ from walkserve.api.routes import (
     playground,
     system,
     text,
+    timeline,
     transcriptions,
 )
 from walkserve.api.state import AppState
+from walkserve.api.tracing import RequestTraceMiddleware
 from walkserve.entrypoint.interface import EngineClient
 
 DESCRIPTION = "OpenAI-compatible routes and a native NDJSON route for one composite multimodal model."
@@ -33,18 +35,21 @@ def build_app(engine: EngineClient, config: ServerConfig | None = None) -> FastA
     """The server's ASGI app. It never starts or stops the engine; ``serve`` does the drain and shutdown.
 
     Middleware, outermost first: response counting, API key, drain gate,
-    body size cap; then the routes (strict JSON, pydantic validation).
+    body size cap, request ids and traces (when the engine keeps timelines); then the routes
+    (strict JSON, pydantic validation).
     """
     config = config or ServerConfig()
     state = AppState(engine, config)
     app = FastAPI(title="walkserve", version="0.1.0", description=DESCRIPTION, docs_url="/docs", redoc_url=None)
     app.router.route_class = StrictRoute
     app.state.walkserve = state
-    for module in (system, text, audio, transcriptions, images, native, embeddings, openpi, playground):
+    for module in (system, text, audio, transcriptions, images, native, embeddings, openpi, playground, timeline):
         app.include_router(module.routes)
     app.openapi = lambda: openapi_document(app, state)  # type: ignore[method-assign]
     install_error_handlers(app)
     install_fallback_handler(app)
+    if engine.timeline is not None:
+        app.add_middleware(RequestTraceMiddleware, store=engine.timeline)
     app.add_middleware(BodyLimitMiddleware, limit=config.max_body_bytes)
     app.add_middleware(DrainMiddleware, state=state.drain)
     if config.api_key:

@@ -28,9 +28,11 @@ from walkserve.core import env
 from walkserve.core.config import RuntimeConfig
 from walkserve.core.errors import ConfigError, WalkserveError
 from walkserve.core.scheduling import DEADLINE, FIFO, StreamScheduling
+from walkserve.core.trace import install_log_context
 
 log = logging.getLogger("walkserve.serve")
 # (flag, ServerConfig field, type, help) for the server's limits; defaults come from ServerConfig
+TIMELINES = 100  # recent requests whose timeline `walkserve serve` keeps by default
 LIMIT_FLAGS = (
     ("--max-body-bytes", "max_body_bytes", int, "request body cap in bytes"),
     ("--max-ws-message-bytes", "max_ws_message_bytes", int, "websocket message cap in bytes (openpi's route)"),
@@ -117,6 +119,10 @@ def _runtime_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--ray-address", default=None, metavar="ADDRESS", help="the running Ray cluster a placement with ranks on "
                    "other hosts (or launcher: ray) joins: auto (the one this machine is a node of) or HOST:PORT of its head; "
                    "default: $RAY_ADDRESS, else auto. See docs/multi-host.md")
+    g.add_argument("--timelines", type=int, default=TIMELINES, metavar="N", help="recent requests whose timeline "
+                   "GET /v1/requests/{id}/timeline serves (0: none; default: %(default)s)")
+    g.add_argument("--trace-dir", default=None, metavar="DIR", help="write each request's timeline to DIR/<request id>.json "
+                   "(Chrome/Perfetto trace JSON). OpenTelemetry export: the OTEL_* variables, see docs/operability.md")
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -137,7 +143,7 @@ def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         options["ray_address"] = args.ray_address
     return RuntimeConfig(max_running=args.max_running, max_waiting=args.max_waiting, dtype=args.dtype,
                          cohorts=not args.no_cohorts, stream_scheduling=StreamScheduling(args.stream_scheduling),
-                         **options)
+                         timelines=args.timelines, trace_dir=args.trace_dir, **options)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -160,8 +166,9 @@ def one_line(message: str) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    install_log_context()
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s frontend %(levelname)s %(name)s: %(message)s")
+                        format="%(asctime)s frontend %(levelname)s %(name)s: %(message)s%(trace)s")
     os.environ.setdefault("WALKSERVE_LOG_LEVEL", args.log_level.upper())  # the runtime's processes
     try:
         config, runtime = server_config(args), runtime_config(args)

@@ -17,6 +17,7 @@ import zmq
 from walkserve.conductor.admission import Admission
 from walkserve.conductor.request_run import RequestRun, safe_advance
 from walkserve.conductor.supervisor import Supervisor
+from walkserve.conductor.timing import RequestTimes
 from walkserve.core.errors import WalkserveError
 from walkserve.core.finish import FinishReason
 from walkserve.core.request import RequestSpec
@@ -46,6 +47,7 @@ class Conductor:
         self.supervisor = make_supervisor(spec, placement, self.inbox)
         self.admission = Admission(spec.config.max_running, spec.config.max_waiting)
         self.runs: dict[str, RequestRun] = {}
+        self.timing = RequestTimes() if spec.config.timings else None  # per-request records for traces
         self.ready: dict[int, bool] = {r: False for r in placement.ranks}
         self.addresses: dict[int, str] = {}
         self.nodes: dict[int, str] = {}  # rank -> its node (from Ready): same node, shared memory
@@ -81,6 +83,7 @@ class Conductor:
                 self.check_drain()
                 self.check_stats_wait()
                 self.publish_status()
+                self.flush_timing()
                 self.outbox.flush()
         finally:
             self.shutdown_workers()
@@ -195,16 +198,21 @@ class Conductor:
         run.admitted_at = queued_at
         run.queue_s = time.monotonic() - queued_at
         self.runs[spec.id] = run
+        started_ns = time.time_ns() if self.timing is not None else 0
         messages, error = safe_advance(run, run.begin)
         if error is not None:
             self.finish(run, FinishReason.ERROR, error)
             return
         self.send_walk(run, messages)
+        if self.timing is not None:
+            self.timing.admitted(spec.id, run.queue_s, started_ns)
 
     def send_walk(self, run: RequestRun, messages: list) -> None:
         for rank, msg in messages:  # StartWalk, and MoveContexts first when a component's state moves
             self.outbox.put(("rank", rank), msg)
         self.counters["start_walks"] += sum(isinstance(msg, m.StartWalk) for _, msg in messages)
+        if self.timing is not None:
+            self._time_walk(run.id, [msg for _, msg in messages if isinstance(msg, m.StartWalk)])
         self.unload(run)
         run.loaded = {r for r, msg in messages if isinstance(msg, m.StartWalk)}
         for rank in run.loaded:
@@ -238,6 +246,8 @@ class Conductor:
         run = self.runs.get(msg.request_id)
         if run is not None and run.walk_started(msg.finished, msg.firings, msg.walk, msg.ranks):
             self.counters["walks_started_by_workers"] += 1
+            if self.timing is not None:
+                self.timing.walk(run.id, msg.walk, msg.ranks)
 
     def advance(self, run: RequestRun) -> None:
         messages, error = safe_advance(run, run.advance)
@@ -269,9 +279,25 @@ class Conductor:
             usage[f"{modality}_outputs"] = usage.get(f"{modality}_outputs", 0) + n
         key = {FinishReason.ERROR: "failed", FinishReason.ABORT: "aborted"}.get(reason, "finished")
         self.counters[key] += 1
+        if self.timing is not None:
+            self.timing.end(run.id)
+            self.flush_timing()
         self.outbox.put(FRONTEND, m.Finished(run.id, reason.value, error, usage, timings))
         for rank in run.involved_ranks():
             self.outbox.put(("rank", rank), m.Release(run.id))
+
+    def _time_walk(self, rid: str, starts: list[m.StartWalk]) -> None:
+        if starts:
+            self.timing.walk(rid, starts[0].walk, {n: r for s in starts for n, r in s.ranks.items()})
+
+    def on_timings(self, msg: m.Timings) -> None:
+        """A worker's timing records go on to the frontend in order (before the ends they preceded)."""
+        self.outbox.put(FRONTEND, msg)
+
+    def flush_timing(self) -> None:
+        timings = self.timing.take() if self.timing is not None else None
+        if timings is not None:
+            self.outbox.put(FRONTEND, timings)
 
     def admit(self) -> None:
         if self.state not in ("ready",):
@@ -400,6 +426,7 @@ class Conductor:
         m.RankFailed: on_rank_failed,
         m.Ready: on_ready,
         m.WorkerStats: on_worker_stats,
+        m.Timings: on_timings,
     }
 
 

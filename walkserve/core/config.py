@@ -28,6 +28,11 @@ class RuntimeConfig:
     for Ray to reserve every rank's resources (and to place a restarted rank).
     ``stream_scheduling`` says how each rank orders ready work by playback
     deadlines (``walkserve serve --stream-scheduling {deadline,fifo}``).
+    ``timelines``: how many recent requests keep their timeline in the frontend
+    (``GET /v1/requests/{id}/timeline``); ``trace_dir``: a directory that gets one
+    Chrome/Perfetto trace file per request. ``timings``: the conductor and workers record
+    per-firing timing records (docs/operability.md); ``AsyncEngine.start`` turns it on when
+    timelines, a trace directory or OpenTelemetry (``OTEL_*``) want them.
     """
 
     max_running: int = 256
@@ -42,6 +47,9 @@ class RuntimeConfig:
     ray_address: str | None = None
     placement_timeout_s: float = field(default_factory=env.WALKSERVE_PLACEMENT_TIMEOUT_S.get)
     stream_scheduling: StreamScheduling = field(default_factory=StreamScheduling)
+    timelines: int = 0
+    trace_dir: str | None = None
+    timings: bool = False
 
     def __post_init__(self) -> None:
         if self.max_running < 1:
@@ -54,3 +62,5 @@ class RuntimeConfig:
             raise ConfigError("start_timeout_s must be > 0")
         if self.placement_timeout_s <= 0:
             raise ConfigError("placement_timeout_s must be > 0")
+        if self.timelines < 0:
+            raise ConfigError(f"timelines must be >= 0, got {self.timelines}")

@@ -96,3 +96,22 @@ WALKSERVE_API_KEY = _knob(
     str,
     "Bearer key that `walkserve serve` (and `python -m walkserve.api`) requires on /v1/* when --api-key is not given.",
 )
+# OpenTelemetry's own variables (docs/operability.md#tracing): these decide whether tracing is on; the SDK
+# reads the rest itself (OTEL_EXPORTER_OTLP_HEADERS, OTEL_RESOURCE_ATTRIBUTES, OTEL_BSP_*, ...).
+OTEL_SDK_DISABLED = _knob("OTEL_SDK_DISABLED", False, bool, "true: no tracing, whatever else is set.")
+OTEL_TRACES_EXPORTER = _knob(
+    "OTEL_TRACES_EXPORTER",
+    None,
+    str,
+    "otlp (OTLP/HTTP; the default once an endpoint is set), console, or none; needs the `otel` extra.",
+)
+OTEL_EXPORTER_OTLP_ENDPOINT = _knob(
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    None,
+    str,
+    "OTLP/HTTP collector base URL (traces go to <it>/v1/traces); setting it turns tracing on.",
+)
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = _knob(
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", None, str, "The full OTLP/HTTP traces URL; setting it turns tracing on."
+)
+OTEL_SERVICE_NAME = _knob("OTEL_SERVICE_NAME", "walkserve", str, "service.name of every span walkserve exports.")

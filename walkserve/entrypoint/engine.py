@@ -21,6 +21,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,10 @@ from walkserve.core.outputs import OutputEvent, RequestFinished
 from walkserve.core.proc import describe_exit
 from walkserve.core.request import RequestSpec
 from walkserve.entrypoint.interface import EngineClient, Health, RuntimeStats
+from walkserve.entrypoint.chrome_trace import TraceDirSink
+from walkserve.entrypoint.otel import open_sink
 from walkserve.entrypoint.stats import runtime_stats
+from walkserve.entrypoint.timeline import TimelineStore
 from walkserve.models.base import Model, ModelRef
 from walkserve.models.processor import Processor
 from walkserve.placement.plan import Placement, load_placement, parse_placement
@@ -163,6 +167,7 @@ class AsyncEngine(EngineClient):
         self.closed = False
         self._tasks: list[asyncio.Task] = []
         self._queries = 0
+        self.timeline: TimelineStore | None = None  # each recent request's timing records (RuntimeConfig.timings)
 
     # ---- life cycle --------------------------------------------------------------------------
     @classmethod
@@ -182,6 +187,10 @@ class AsyncEngine(EngineClient):
         if isinstance(model, ModelRef):
             model = load_model(model)
         config = config or RuntimeConfig()
+        otel = open_sink()  # None unless OTEL_* asks for traces (the SDK is imported only then)
+        sinks = [s for s in (otel, TraceDirSink(config.trace_dir) if config.trace_dir else None) if s is not None]
+        if sinks or config.timelines:
+            config = replace(config, timings=True)
         data, source = resolve_placement(model, placement)
         model = model.for_placement(data)
         comps = model.components()
@@ -208,6 +217,9 @@ class AsyncEngine(EngineClient):
                        movable)
         save_run_spec(spec, spec.address_path("spec.msgpack"))
         engine = cls(model, spec)
+        if config.timings:
+            engine.timeline = TimelineStore(config.timelines, sinks, asyncio.get_running_loop().call_later,
+                                            tracing=otel is not None)
         engine.process = Child([sys.executable, "-m", "walkserve.conductor.main", spec.address_path("spec.msgpack"), str(os.getpid())])
         engine._tasks = [asyncio.create_task(engine._reader()), asyncio.create_task(engine._watch())]
         try:
@@ -246,6 +258,8 @@ class AsyncEngine(EngineClient):
         for task in self._tasks:
             task.cancel()
         self._fail_all("the runtime shut down")
+        if self.timeline is not None:
+            self.timeline.close()
         self.inbox.close(0)
         self.outbox.close(0)
         self.ctx.term()
@@ -272,6 +286,10 @@ class AsyncEngine(EngineClient):
                     continue
                 if isinstance(msg, m.Events):
                     self._events(msg)
+                    continue
+                if isinstance(msg, m.Timings):
+                    if self.timeline is not None:
+                        self.timeline.add(msg)
                     continue
                 channel = self.streams.get(msg.request_id)
                 if channel is not None:
@@ -313,7 +331,9 @@ class AsyncEngine(EngineClient):
             raise InvalidRequest(f"request id {rid!r} is already running", param="request_id")
         channel = _Channel()
         self.streams[rid] = channel
-        finished = False
+        finished, timeline = False, self.timeline
+        if timeline is not None:
+            timeline.submitted(rid)
         try:
             await self.outbox.send(encode(self.spec.token, [m.Submit(request)]))
             while True:
@@ -323,14 +343,20 @@ class AsyncEngine(EngineClient):
                     continue
                 if isinstance(msg, m.Rejected):
                     finished = True
+                    if timeline is not None:
+                        timeline.finished(rid, "rejected")
                     if msg.invalid:
                         raise InvalidRequest(msg.message)
                     raise AdmissionRejected(msg.message, msg.retry_after_s)
                 finished = True
+                if timeline is not None:
+                    timeline.finished(rid, msg.reason)
                 yield RequestFinished(rid, FinishReason(msg.reason), msg.error, dict(msg.usage), dict(msg.timings))
                 return
         finally:
             self.streams.pop(rid, None)
+            if not finished and timeline is not None:
+                timeline.finished(rid, FinishReason.ABORT.value)
             if not finished and not self.closed:
                 with contextlib.suppress(zmq.ZMQError):
                     await self.outbox.send(encode(self.spec.token, [m.Abort(rid)]))
@@ -353,6 +379,8 @@ class AsyncEngine(EngineClient):
         loop = asyncio.get_running_loop()
         gathers = [_Gather(loop) for _ in requests]
         self.streams.update(zip(ids, gathers, strict=True))
+        for rid in ids if self.timeline is not None else ():
+            self.timeline.submitted(rid)
         try:
             await self.outbox.send(encode(self.spec.token, [m.Submit(r) for r in requests]))
             await asyncio.gather(*(g.done for g in gathers))
@@ -360,6 +388,9 @@ class AsyncEngine(EngineClient):
             for rid in ids:
                 self.streams.pop(rid, None)
             running = [m.Abort(rid) for rid, g in zip(ids, gathers, strict=True) if not g.done.done()]
+            for rid, g in zip(ids, gathers, strict=True) if self.timeline is not None else ():
+                ended = g.done.done() and not g.done.cancelled()
+                self.timeline.finished(rid, getattr(g.done.result(), "reason", "rejected") if ended else "abort")
             if running and not self.closed:
                 with contextlib.suppress(zmq.ZMQError):
                     await self.outbox.send(encode(self.spec.token, running))

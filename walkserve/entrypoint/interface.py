@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from walkserve.core.finish import FinishReason
 from walkserve.core.outputs import OutputEvent, RequestFinished
 from walkserve.core.request import RequestSpec
+from walkserve.entrypoint.timeline import TimelineStore
 from walkserve.models.processor import ModelCard, Processor
 
 
@@ -56,7 +57,11 @@ class EngineClient(ABC):
     order, then exactly one RequestFinished; it raises AdmissionRejected when
     the running set and the waiting queue are full. Breaking out of the
     iteration (or cancelling the task) aborts the request and frees its state.
+    ``timeline``, when not None, keeps each recent request's timing records
+    (docs/operability.md); the HTTP server then gives each request an id and a trace.
     """
+
+    timeline: TimelineStore | None = None
 
     @property
     @abstractmethod

@@ -5,7 +5,9 @@ conductor (C); C sends StartWalk/MoveContexts/Release/Stop to workers (W);
 workers send each other Values/StreamItems/StreamEnds/LoopEvents/Flows and,
 between walks, a request's moved KV contexts (Contexts); workers report
 ClientOuts/WalkOut/NodeDone/WalkStarted/Failed/RankFailed/Ready/WorkerStats to C; C
-reports Events/Finished/Rejected/Status to F. Messages that carry rows carry
+reports Events/Finished/Rejected/Status to F. With timing records on (RuntimeConfig.timings),
+workers send C their Timings, which C passes on to F with its own, in order (a request's
+records arrive before its Finished). Messages that carry rows carry
 one per request of a step: a step's outputs of one node output are one
 ClientOuts (C passes them on as one Events), its values for one other rank
 one Values, and so on; row i of a stacked tensor belongs to the i-th
@@ -401,6 +403,32 @@ class RuntimeSnapshot(msgspec.Struct, kw_only=True):
     ray: dict[str, Any] = {}  # RaySupervisor.describe() for a ``launcher: ray`` run
 
 
+class Timing(msgspec.Struct, array_like=True):
+    """One timed piece of work, for the requests it served (a batched firing serves several).
+
+    ``kind``: ``node`` (a firing of node ``name``; one engine call), ``transfer`` (packing and sending
+    one message to ``name``, e.g. ``rank 1``), ``walk`` (the conductor's view of a walk, from its start
+    to the next walk or the end), ``admission`` (Submit received to the first walk sent) or ``queue``
+    (the wait in the admission queue). Times are wall-clock ``time.time_ns()`` of the recording process.
+    """
+
+    kind: str
+    name: str
+    walk: str
+    start_ns: int
+    end_ns: int
+    request_ids: list[str]
+    attrs: dict[str, int | float | str] = {}
+
+
+class Timings(msgspec.Struct, tag=True, array_like=True):
+    """W -> C -> F: timing records of one process (``rank`` -1: the conductor), sent with the frame they precede."""
+
+    rank: int
+    pid: int
+    records: list[Timing]
+
+
 class RankFailed(msgspec.Struct, tag=True, array_like=True):
     """A worker could not start its rank (W -> C); the run fails with ``reason``."""
 
@@ -453,6 +481,7 @@ Message = (
     | Ready
     | WorkerStats
     | Peers
+    | Timings
 )
 
 

@@ -25,6 +25,7 @@ from walkserve.core.finish import FinishReason
 from walkserve.core.outputs import OutputEvent, RequestFinished
 from walkserve.core.request import RequestSpec
 from walkserve.entrypoint.interface import EngineClient, Health, RuntimeStats
+from walkserve.entrypoint.timeline import TimelineStore
 from walkserve.models.processor import ModelCard, Processor
 from walkserve.testing.fake_processor import EOS_ID, PROMPT_IDS, FakeProcessor
 
@@ -56,6 +57,7 @@ class FakeEngineConfig:
     retry_after_s: float = 1.0
     shutdown_grace_s: float = 5.0
     default_sampling: dict = field(default_factory=dict)
+    timelines: int = 0  # recent requests kept for GET /v1/requests/{id}/timeline (their HTTP and request spans)
 
     def card(self) -> ModelCard:
         caps = set(TEXT_CAPS)
@@ -128,6 +130,10 @@ class _Run:
         return RequestFinished(self.spec.id, reason, error, usage, timings)
 
 
+def _call_later(delay_s: float, callback) -> None:
+    asyncio.get_running_loop().call_later(delay_s, callback)
+
+
 class FakeEngine(EngineClient):
     """See the module docstring. ``shutdown_calls`` counts shutdown() calls (for drain tests)."""
 
@@ -147,6 +153,8 @@ class FakeEngine(EngineClient):
         self._workers = {0: True}
         self._closed = False
         self.shutdown_calls = 0
+        if self.config.timelines:
+            self.timeline = TimelineStore(self.config.timelines, [], _call_later)
 
     # -- EngineClient ---------------------------------------------------------------------------
     @property
@@ -164,6 +172,8 @@ class FakeEngine(EngineClient):
         run.t_start = time.monotonic()
         self._runs[request.id] = run
         last: RequestFinished | None = None
+        if self.timeline is not None:
+            self.timeline.submitted(request.id)
         try:
             async for event in self._produce(run):
                 if isinstance(event, RequestFinished):
@@ -173,6 +183,8 @@ class FakeEngine(EngineClient):
                     return
         finally:
             self._finish(run, last)
+            if self.timeline is not None:
+                self.timeline.finished(request.id, str(last.reason) if last is not None else "abort")
 
     async def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
         if request_id not in self._runs:

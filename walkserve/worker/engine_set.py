@@ -6,7 +6,9 @@
 
 Busy seconds, calls and items (members answered; one answered LATER counts when it
 is answered) per component feed the rank's stats; each call's seconds per node and
-batch size feed ``costs`` (``step_costs.StepCosts``, read by the deadline scheduler). This module knows engines and groups, nothing of cohorts.
+batch size feed ``costs`` (``step_costs.StepCosts``, read by the deadline scheduler); with a ``timing``
+log, each call is also one ``node`` record per group (its node, walk, members and the call's batch).
+This module knows engines and groups, nothing of cohorts.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 
 from walkserve.engines.base import Engine, Group
+from walkserve.protocol.timing import TimingLog
 from walkserve.worker.step_costs import StepCosts
 
 log = logging.getLogger(__name__)
@@ -29,6 +32,7 @@ class EngineSet:
         self.busy_s: dict[str, float] = defaultdict(float)
         self.steps: dict[str, int] = defaultdict(int)
         self.items: dict[str, int] = defaultdict(int)
+        self.timing: TimingLog | None = None  # set by the worker when timing records are on
 
     def __getitem__(self, component: str) -> Engine:
         return self.engines[component]
@@ -37,7 +41,7 @@ class EngineSet:
         """Per group, its members' results (an engine that raises or miscounts fails the members).
         ``may_yield``: one group whose members may be answered LATER (offered again in a later pass)."""
         component = groups[0].component
-        t0 = self.clock()
+        t0, start = self.clock(), time.time_ns() if self.timing is not None else 0
         try:
             results = engine.run_groups(groups, may_yield=may_yield)
         except Exception as e:
@@ -47,6 +51,8 @@ class EngineSet:
         self.busy_s[component] += seconds
         self._observe(groups, seconds)
         self.steps[component] += 1
+        if self.timing is not None:
+            self._record(groups, component, start)
         if len(results) != len(groups):
             results = [[]] * len(groups)
         out = [r if len(r) == len(g.request_ids) else
@@ -62,6 +68,11 @@ class EngineSet:
             batch[g.node] = batch.get(g.node, 0) + len(g.request_ids)
         for node, n in batch.items():
             self.costs.observe(node, n, seconds)
+
+    def _record(self, groups: list[Group], component: str, start: int) -> None:
+        end, batch = time.time_ns(), sum(len(g.request_ids) for g in groups)
+        for g in groups:
+            self.timing.add("node", g.node, g.walk, start, end, g.request_ids, {"component": component, "batch": batch})
 
     def unanswered(self, component: str, n: int) -> None:
         """``n`` members of the last call were answered LATER: they count when they are answered."""

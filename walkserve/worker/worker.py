@@ -30,6 +30,7 @@ from walkserve.graph.walk import WalkGraph
 from walkserve.placement.plan import Placement
 from walkserve.protocol import messages as m
 from walkserve.protocol.run import RankSite, RunSpec
+from walkserve.protocol.timing import TimingLog
 from walkserve.transport.ipc import Inbox, Outbox
 from walkserve.transport.tensors import TensorCodec
 from walkserve.worker.executor import Executor
@@ -62,6 +63,8 @@ class Worker:
             rank, graph, engines, concat, placement, batched=spec.config.cohorts, convert=(to_array, to_tensor),
             scheduling=spec.config.stream_scheduling,
         )
+        self.timing = TimingLog(rank) if spec.config.timings else None  # firings and transfers, per request
+        self.executor.engine_set.timing = self.timing
         self.stopping = False
         self.busy = False  # the executor may move without a new message
         self._last_stats = 0.0
@@ -122,9 +125,12 @@ class Worker:
         """Frames for other ranks leave first, then the conductor's: another rank's next step waits on its
         frame, while the conductor's client rows only go on to the client (a send can cost the sender its
         core for a while on a loaded machine, as the receiving side's threads wake)."""
-        if self.executor.out:
+        if self.executor.out or self.timing:
             conductor = self._pack()
             self.outbox.flush()
+            timings = self.timing.take() if self.timing is not None else None
+            if timings is not None:  # before the walk ends and finishes they precede
+                conductor.insert(0, timings)
             for msg in conductor:
                 self.outbox.put(CONDUCTOR, pack(msg, self.codec, True))
         self.outbox.flush()
@@ -146,10 +152,20 @@ class Worker:
             if tensors:
                 (self.inline_to if codec.shm_sent == shm else self.shm_to)[dest[1]] += tensors
             self.outbox.put(dest, packed)
+            if self.timing is not None:
+                self._record_transfer(dest[1], packed, t0, tensors, nbytes)
             sent = self.sent_to[dest[1]]
             sent[0], sent[1], sent[2] = sent[0] + 1, sent[1] + tensors, sent[2] + nbytes
             sent[3] += time.perf_counter() - t0
         return conductor
+
+    def _record_transfer(self, dest: int, msg: m.Message, t0: float, tensors: int, nbytes: int) -> None:
+        """A ``transfer`` record: packing and queueing one message for rank ``dest``, for the requests it carries."""
+        rids = getattr(msg, "request_ids", None) or [getattr(msg, "request_id", "")]
+        end = time.time_ns()
+        start = end - int((time.perf_counter() - t0) * 1e9)
+        attrs = {"message": type(msg).__name__, "tensors": tensors, "bytes": nbytes, "peer": dest}
+        self.timing.add("transfer", f"rank {dest}", getattr(msg, "walk", ""), start, end, rids, attrs)
 
     def _site_stats(self, stats: m.RankStats) -> None:
         stats.shm_sent, stats.bad_frames = self.codec.shm_sent, self.inbox.bad_frames
