@@ -1,7 +1,7 @@
 """RequestTimes: the conductor's timing records of each request (when ``RuntimeConfig.timings`` is on).
 
-    admission   Submit received -> the first walk sent (with a ``queue`` record for the wait in
-                the admission queue, when there was one)
+    admission   Submit received -> the first walk sent, and within it ``queue``: Submit received
+                -> admitted (the wait in the admission queue; microseconds when there was room)
     walk        a walk's start (StartWalk sent, or WalkStarted from a rank that went on by
                 itself) -> the next walk's start, or the request's end
 
@@ -27,8 +27,7 @@ class RequestTimes:
         end = time.time_ns()
         start = started_ns - int(queue_s * 1e9)
         self.log.add("admission", "admission", "", start, end, [rid], {"queue_s": queue_s})
-        if queue_s > 0:
-            self.log.add("queue", "queue", "", start, started_ns, [rid], {})
+        self.log.add("queue", "queue", "", start, started_ns, [rid], {})
 
     def walk(self, rid: str, walk: str, ranks: dict[str, int]) -> None:
         """``walk`` starts now for ``rid``: the walk before it ends here."""

@@ -38,8 +38,8 @@ from walkserve.core.options import engine_options
 from walkserve.core.outputs import OutputEvent, RequestFinished
 from walkserve.core.proc import describe_exit
 from walkserve.core.request import RequestSpec
-from walkserve.entrypoint.interface import EngineClient, Health, RuntimeStats
 from walkserve.entrypoint.chrome_trace import TraceDirSink
+from walkserve.entrypoint.interface import EngineClient, Health, RuntimeStats
 from walkserve.entrypoint.otel import open_sink
 from walkserve.entrypoint.stats import runtime_stats
 from walkserve.entrypoint.timeline import TimelineStore
