@@ -28,6 +28,27 @@ function showError(error) {
   $("error").hidden = false;
 }
 
+// A "timeline" link after a request's figures, when the server named the request (X-Request-Id): it fetches
+// GET /v1/requests/{id}/timeline with the key and saves it (Chrome/Perfetto trace JSON: open it in ui.perfetto.dev).
+function addTimeline(stats, response) {
+  const id = response.headers.get("x-request-id");
+  if (!id) return;
+  const link = Object.assign(document.createElement("a"), { href: "#", className: "timeline", textContent: "timeline" });
+  link.title = "this request's timeline, node by node (open the file in ui.perfetto.dev)";
+  link.addEventListener("click", async (event) => {
+    event.preventDefault();
+    try {
+      const reply = await call(`/v1/requests/${encodeURIComponent(id)}/timeline`);
+      const url = URL.createObjectURL(await reply.blob());
+      Object.assign(document.createElement("a"), { href: url, download: `timeline-${id}.json` }).click();
+      setTimeout(() => URL.revokeObjectURL(url), 10000);
+    } catch (error) {
+      showError(error);
+    }
+  });
+  $(stats).append(" · ", link);
+}
+
 // Runs one user action with its button disabled; any failure is shown as its message.
 function action(button, work) {
   $(button).addEventListener("click", async () => {
@@ -135,6 +156,7 @@ async function sendChat() {
   const tokens = usage ? usage.completion_tokens : 0;
   $("chat-stats").textContent = `first token ${first === null ? "-" : seconds(first - start)} s · ${tokens} tokens · ` +
     `${(tokens / (total / 1000)).toFixed(1)} tokens/s${traceNote(response)}`;
+  addTimeline("chat-stats", response);
 }
 
 // ---- speech ----
@@ -166,6 +188,7 @@ async function speak() {
   const total = (performance.now() - start) / 1000;
   $("speech-stats").textContent = `first audio ${first === null ? "-" : seconds(first - start)} s · ` +
     `${audioSeconds.toFixed(2)} s of audio · ${(audioSeconds / total).toFixed(2)} audio s/s${traceNote(response)}`;
+  addTimeline("speech-stats", response);
 }
 
 // ---- images ----
@@ -198,6 +221,7 @@ async function makeImage() {
     return img;
   }));
   $("image-stats").textContent = `${seconds(performance.now() - start)} s for ${body.data.length} image(s)${traceNote(response)}`;
+  addTimeline("image-stats", response);
 }
 
 // ---- robot policies and world models ----
@@ -240,6 +264,7 @@ async function runRobot() {
   }
   $("robot-out").replaceChildren(...parts);
   $("robot-stats").textContent = `${seconds(performance.now() - start)} s${traceNote(response)}`;
+  addTimeline("robot-stats", response);
 }
 
 $("api-key").value = apiKey();
