@@ -32,6 +32,7 @@ ONE_OF_EACH = [
     m.NodeDone("r1", "w", ["lm"], 4, True), m.WalkStarted("r1", "prefill", 1, False, "decode", {"lm": 0}),
     m.Failed("r1", "boom"), m.RankFailed(1, "rank 1 could not start: OSError: no device"), m.Ready(0, 123, "ipc:///x", "up"),
     m.WorkerStats(0, m.RankStats(counters={"firings": 3})), m.Peers({0: "ipc:///a", 1: "tcp://127.0.0.1:5"}),
+    m.Timings(1, 4242, [m.Timing("node", "lm", "decode", 10, 20, ["r1", "r2"], {"batch": 2, "component": "lm"})]),
 ]
 
 
