@@ -105,18 +105,19 @@ def test_speak_whole_file_in_the_chosen_format(served, browser):
 
 def test_the_timeline_link_saves_the_requests_timeline(served, browser):
     """After an answer, its figures end with a "timeline" link: it fetches GET /v1/requests/{id}/timeline with the
-    key and saves the file (the save is caught here: the blob it would write is read back)."""
+    key and saves the file (the save is caught here, and the blob it would write read back)."""
     link = wait_until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#speech-stats a.timeline"), 30, "the link")
     browser.execute_script(
-        "window.__saved = null; const click = HTMLAnchorElement.prototype.click;"
-        "HTMLAnchorElement.prototype.click = function () { if (this.download) window.__saved = [this.download, this.href];"
+        "window.__saved = null; const click = HTMLAnchorElement.prototype.click, make = URL.createObjectURL;"
+        "URL.createObjectURL = (blob) => { window.__blob = blob; return make(blob); };"
+        "HTMLAnchorElement.prototype.click = function () { if (this.download) window.__saved = this.download;"
         " else click.call(this); };")
     link[0].click()
-    name, blob_url = wait_until(browser, lambda d: d.execute_script("return window.__saved"), 30, "the saved timeline")
+    name = wait_until(browser, lambda d: d.execute_script("return window.__saved"), 30, "the saved timeline")
     assert name.startswith("timeline-http-") and name.endswith(".json")
     names = browser.execute_async_script(
         "const done = arguments[arguments.length - 1];"
-        "fetch(arguments[0]).then((r) => r.json()).then((t) => done(t.traceEvents.filter((e) => e.ph === 'X')"
-        ".map((e) => e.name)));", blob_url)
-    assert {"lm", "codec", "POST /v1/audio/speech"} <= set(names)
+        "window.__blob.text().then((text) => done(JSON.parse(text).traceEvents.filter((e) => e.ph === 'X')"
+        ".map((e) => e.name))).catch((e) => done(String(e)));")
+    assert {"lm", "codec", "POST /v1/audio/speech"} <= set(names), names
     assert console_errors(browser) == []

@@ -161,6 +161,13 @@ def test_flags_map_onto_the_configs(monkeypatch):
     assert ws.max_ws_message_bytes == 4096
 
 
+def test_timelines_are_kept_by_default_and_flags_set_them():
+    default = runtime_config(build_parser().parse_args(["serve"]))
+    assert (default.timelines, default.trace_dir) == (100, None)
+    runtime = runtime_config(build_parser().parse_args(["serve", "--timelines", "0", "--trace-dir", "/tmp/traces"]))
+    assert (runtime.timelines, runtime.trace_dir) == (0, "/tmp/traces")
+
+
 def _run_serve(argv: list[str], capsys) -> tuple[int, str]:
     rc = main(["serve", *argv])
     return rc, capsys.readouterr().err
