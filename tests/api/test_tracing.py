@@ -22,7 +22,8 @@ from walkserve.cli.embedded import ensure_embedded
 from walkserve.cli.placement_arg import placement_path
 from walkserve.core.config import RuntimeConfig
 
-pytest.importorskip("opentelemetry.sdk")  # the otel extra: in the test extras, so CI runs this
+if not os.environ.get("CI"):  # the otel extra is in the test extras: in CI a missing SDK fails here
+    pytest.importorskip("opentelemetry.sdk")
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
