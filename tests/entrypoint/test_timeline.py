@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -17,7 +18,8 @@ from walkserve.core.trace import (
     server_context,
 )
 from walkserve.entrypoint import otel
-from walkserve.entrypoint.chrome_trace import chrome_trace
+from walkserve.core.errors import ConfigError
+from walkserve.entrypoint.chrome_trace import TraceDirSink, chrome_trace
 from walkserve.entrypoint.timeline import GRACE_S, TimelineStore
 from walkserve.protocol import messages as m
 
@@ -161,3 +163,19 @@ def test_serving_without_otel_imports_no_sdk():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_the_trace_dir_gets_one_file_per_request_named_by_its_key(tmp_path):
+    store, _, _, run_pending = make_store(0)
+    store.sinks = [TraceDirSink(tmp_path / "traces")]
+    store.submitted("req/1")
+    store.add(m.Timings(0, 21, [node("lm", ["req/1"])]))
+    store.finished("req/1", "stop")
+    run_pending()
+    (written,) = (tmp_path / "traces").iterdir()
+    assert written.name == "req_1.json" and [e["name"] for e in json.loads(written.read_text())["traceEvents"]
+                                              if e["ph"] == "X"] == ["request req/1", "lm"]
+    assert store.get("req/1") is None  # keep 0: gone once written
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="cannot be created"):
+        TraceDirSink(tmp_path / "file" / "traces")

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from walkserve.core.errors import ConfigError
 from walkserve.entrypoint.timeline import FRONTEND_RANK, RequestTrace, TimelineStore
 from walkserve.protocol import messages as m
 
@@ -85,7 +86,10 @@ class TraceDirSink:
 
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"trace_dir {str(directory)!r} cannot be created: {e}") from None
 
     def export(self, trace: RequestTrace, store: TimelineStore, new: list, first: bool) -> None:
         name = re.sub(r"[^A-Za-z0-9._-]", "_", trace.key) + ".json"
