@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from walkserve.core.errors import ConfigError
 from walkserve.core.trace import (
     CURRENT,
     TraceScope,
@@ -18,7 +19,6 @@ from walkserve.core.trace import (
     server_context,
 )
 from walkserve.entrypoint import otel
-from walkserve.core.errors import ConfigError
 from walkserve.entrypoint.chrome_trace import TraceDirSink, chrome_trace
 from walkserve.entrypoint.timeline import GRACE_S, TimelineStore
 from walkserve.protocol import messages as m
