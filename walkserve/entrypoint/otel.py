@@ -117,10 +117,11 @@ class _TraceSpans:
         return self.api.SpanContext(trace_id or self.tid, sid, True, self.api.TraceFlags(1))
 
     def span(self, name: str, sid: int, parent: int, start: int, end: int, rank: int, pid: int, attrs: dict,
-             kind=None, links=()) -> None:
+             kind=None, links=(), failed: bool = False) -> None:
+        status = self.api.Status(self.api.StatusCode.ERROR if failed else self.api.StatusCode.UNSET)
         self.out.append(self.readable(
             name, context=self.ctx(sid), parent=self.ctx(parent) if parent else None,
-            resource=self.sink.resource(rank, pid), attributes=attrs, links=links,
+            resource=self.sink.resource(rank, pid), attributes=attrs, links=links, status=status,
             kind=kind or self.api.SpanKind.INTERNAL, start_time=start, end_time=max(end, start),
             instrumentation_scope=self.scope))
 
@@ -134,11 +135,11 @@ class _TraceSpans:
             top = ctx.span_id
             self.span(trace.http["name"], top, ctx.parent_id, trace.started_ns, trace.http["end_ns"], FRONTEND_RANK, pid,
                       {"http.response.status_code": trace.http["status"], "walkserve.request_key": trace.key,
-                       **trace.http["attributes"]}, kind=self.api.SpanKind.SERVER)
+                       **trace.http["attributes"]}, kind=self.api.SpanKind.SERVER, failed=trace.http["status"] >= 500)
         for rid, req in trace.requests.items():
             self.span(f"request {rid}", self.request_id(rid), top or ctx.parent_id, req.submitted_ns,
                       req.finished_ns or req.submitted_ns, FRONTEND_RANK, pid,
-                      {"walkserve.request_id": rid, "walkserve.finish_reason": req.reason})
+                      {"walkserve.request_id": rid, "walkserve.finish_reason": req.reason}, failed=req.reason == "error")
 
     def record(self, rank: int, pid: int, rec: m.Timing) -> None:
         rids = [r for r in rec.request_ids if r in self.trace.requests]
