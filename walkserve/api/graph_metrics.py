@@ -38,6 +38,8 @@ KV_GAUGES = (
 )
 KV_COUNTERS = (
     ("walkserve_kv_pool_prefix_hit_tokens", "prefix_hit_tokens", "Prompt tokens served from the prefix cache."),
+    ("walkserve_kv_pool_prefill_tokens", "prefill_tokens",
+     "Prompt tokens computed (rows of firings longer than one row, recomputation after preemption included)."),
     ("walkserve_kv_pool_preemptions", "preemptions", "Sequences preempted for KV space."),
 )
 

@@ -45,6 +45,10 @@ Inputs, by slot name (``tokens``/``embeds``/``embed_rows``/``positions``/``targe
               (one past the largest position appended so far) + 0..T-1
   targets     int [T]: the next token of each row, for ``prompt_logprobs``
   token_inputs  the named slots are passed to the model's forward as extra per-token tensors [T, ...]
+  content     (declared with ``content="slot"``) int [T]: what each row's embedding and token inputs depend on
+              besides its token id: 0 for a row that is its token id, else a digest of the content that fills
+              it (a media item's encoder input). It makes an append with embeddings, explicit positions or token
+              inputs shareable through the prefix cache, keyed on (token id, content, position) per row
 
 Outputs (the node's declared outputs the engine fills):
   token, logprob, top_logprobs, top_logprob_ids   sampled from the chunk's last row
@@ -126,6 +130,7 @@ class ContextOpSpec:
     positions: str = "positions"
     targets: str = "targets"
     fan: str = ""
+    content: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reads", tuple(self.reads))
@@ -145,7 +150,9 @@ class ContextOpSpec:
             raise GraphError("only a query reads other contexts (reads=...)")
         if any(not isinstance(k, int) or k < 0 for k in self.capture.values()):
             raise GraphError(f"capture maps output names to layer indices >= 0, got {self.capture}")
-        simple = self.op == "append" and self.mask == "causal" and self.rows == LAST and not self.fan
+        if self.content and (self.op != "append" or self.mask != "causal"):
+            raise GraphError(f"content keys ({self.content!r}) are for causal appends (what the prefix cache shares)")
+        simple = self.op == "append" and self.mask == "causal" and self.rows == LAST and not self.fan and not self.content
         object.__setattr__(self, "_tokens_only", simple and not self.capture and not self.token_inputs)
 
     @property

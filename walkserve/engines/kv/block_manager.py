@@ -15,7 +15,9 @@ partial last block is copied on the next write (copy-on-write: the copy is
 queued in ``take_copies`` for the KV pool to perform). Prefix reuse: every
 *full* block whose tokens were computed is registered under a key made of
 its parent's hash and its own token ids, so another context starting with
-the same tokens attaches the same block instead of computing it again. A
+the same tokens attaches the same block instead of computing it again (a
+row's key is its token id, or for rows filled by media or placed at explicit
+positions a content key: ``sequence.Context.row_keys``). A
 registered block whose last owner is freed stays *evictable* (LRU, the
 tail of a freed context first) until it is attached again or its id is
 needed for new data. New blocks come first from the never-registered free
@@ -27,6 +29,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 ContextKey = tuple[str, str]
 _NO_PARENT = 0
@@ -36,7 +39,7 @@ _NO_PARENT = 0
 class _Block:
     id: int
     ref: int = 0
-    key: tuple[int, tuple[int, ...]] | None = None  # (parent hash, tokens) once registered
+    key: tuple[int, tuple[Any, ...]] | None = None  # (parent hash, row keys) once registered
 
 
 class BlockManager:
@@ -51,7 +54,7 @@ class BlockManager:
         self._blocks = [_Block(i) for i in range(num_blocks)]
         self._free: deque[int] = deque(range(num_blocks))
         self._evictable: OrderedDict[int, None] = OrderedDict()  # oldest first
-        self._cached: dict[tuple[int, tuple[int, ...]], int] = {}
+        self._cached: dict[tuple[int, tuple[Any, ...]], int] = {}
         self._tables: dict[ContextKey, list[int]] = {}
         self._reserved: dict[ContextKey, int] = {}
         self._chain: dict[ContextKey, list[int]] = {}  # hash of each leading full block registered (or attached)
@@ -115,30 +118,50 @@ class BlockManager:
         return room + free * self.block_size
 
     # ---- allocation ----------------------------------------------------
-    def attach_prefix(self, key: ContextKey, token_ids: Sequence[int], max_tokens: int) -> int:
-        """Open an empty table for ``key`` holding the cached full blocks that prefix ``token_ids``.
+    def attach_prefix(self, key: ContextKey, row_keys: Sequence[Any], max_tokens: int) -> int:
+        """Open an empty table for ``key`` holding the cached full blocks that prefix ``row_keys``.
 
+        ``row_keys`` holds one key per row (a token id, or a content key: ``sequence.Context.row_keys``).
         At most ``max_tokens`` tokens are attached (rounded down to whole
         blocks). Returns how many tokens the attached blocks cover; their KV
         is already in the pool.
         """
         assert key not in self._tables, f"context {key} already has a block table"
-        table: list[int] = []
-        hashes: list[int] = []
-        bs, parent = self.block_size, _NO_PARENT
-        limit = min(max_tokens, len(token_ids)) // bs if self.prefix_caching else 0
-        for i in range(limit):
-            block_key = (parent, tuple(token_ids[i * bs : (i + 1) * bs]))
+        self._tables[key], self._reserved[key], self._chain[key] = [], 0, []
+        return self.extend_prefix(key, row_keys, max_tokens)
+
+    def extend_prefix(self, key: ContextKey, row_keys: Sequence[Any], max_tokens: int) -> int:
+        """Append to ``key``'s table the cached full blocks that continue it, up to ``max_tokens`` rows.
+
+        Only when its reserved slots are whole blocks, each registered or attached (a later firing of a
+        context whose earlier rows ended on a block boundary). Returns how many tokens were attached.
+        """
+        table, chain, used, bs = self._tables[key], self._chain[key], self._reserved[key], self.block_size
+        if not self.prefix_caching or used % bs or len(chain) != len(table):
+            return 0
+        parent = chain[-1] if chain else _NO_PARENT
+        for i in range(len(table), min(max_tokens, len(row_keys)) // bs):
+            block_key = (parent, tuple(row_keys[i * bs : (i + 1) * bs]))
             block_id = self._cached.get(block_key)
             if block_id is None:
                 break
             self._take(block_id)
             table.append(block_id)
             parent = hash(block_key)
-            hashes.append(parent)
-        self._tables[key], self._reserved[key] = table, len(table) * bs
-        self._chain[key] = hashes
-        return len(table) * bs
+            chain.append(parent)
+        self._reserved[key] = len(table) * bs
+        return self._reserved[key] - used
+
+    def cached_after_partial(self, key: ContextKey, row_keys: Sequence[Any], max_tokens: int) -> bool:
+        """Whether, once ``key``'s partial last block is filled with its rows of ``row_keys``, the next block
+        (within ``max_tokens`` rows) is in the cache: a chunk should then stop at the block boundary, so the
+        next step can attach it (``extend_prefix``)."""
+        table, chain, used, bs = self._tables[key], self._chain[key], self._reserved[key], self.block_size
+        i = len(table) - 1
+        if not self.prefix_caching or not used % bs or len(chain) != i or (i + 2) * bs > min(max_tokens, len(row_keys)):
+            return False
+        own = (chain[-1] if chain else _NO_PARENT, tuple(row_keys[i * bs : (i + 1) * bs]))
+        return (hash(own), tuple(row_keys[(i + 1) * bs : (i + 2) * bs])) in self._cached
 
     def append_slots(self, key: ContextKey, num_tokens: int) -> bool:
         """Reserve ``num_tokens`` more slots for ``key`` (opening its table if needed).
@@ -187,8 +210,8 @@ class BlockManager:
                 del self._cached[block.key]
                 block.key = None
 
-    def commit(self, key: ContextKey, token_ids: Sequence[int], num_tokens: int) -> None:
-        """Register for reuse every full block of ``key`` within ``token_ids[:num_tokens]``.
+    def commit(self, key: ContextKey, row_keys: Sequence[Any], num_tokens: int) -> None:
+        """Register for reuse every full block of ``key`` within ``row_keys[:num_tokens]`` (its rows' keys).
 
         Call after a forward wrote the KV of those tokens (``num_tokens`` is
         the context's computed count, or less to keep a tail out of the cache).
@@ -199,7 +222,7 @@ class BlockManager:
         full = min(num_tokens // bs, len(table))
         for i in range(len(chain), full):
             block = self._blocks[table[i]]
-            block_key = (chain[-1] if chain else _NO_PARENT, tuple(token_ids[i * bs : (i + 1) * bs]))
+            block_key = (chain[-1] if chain else _NO_PARENT, tuple(row_keys[i * bs : (i + 1) * bs]))
             if block.key is None and block_key not in self._cached:
                 block.key = block_key
                 self._cached[block_key] = block.id

@@ -255,6 +255,7 @@ class KVCacheEngine(Engine):
             "forward_steps": self.forwards,
             "preemptions": self.scheduler.preemptions,
             "prefix_hit_tokens": self.scheduler.prefix_hit_tokens,
+            "prefill_tokens": self.scheduler.prefill_tokens,
             "running": self.scheduler.num_running(),
             "waiting": self.scheduler.num_waiting(),
         }

@@ -22,7 +22,7 @@ import torch
 from walkserve.engines.kv.block_manager import BlockManager
 from walkserve.engines.kv.kv_pool import KVPool
 from walkserve.engines.kv.scheduler import Scheduler
-from walkserve.engines.kv.sequence import Segment
+from walkserve.engines.kv.sequence import Context, Segment
 from walkserve.protocol.messages import ContextState, SegmentState
 
 
@@ -56,7 +56,7 @@ class ContextMigration:
                 v = pool.v.view(shape[0], -1, *shape[3:])[:, slots].cpu()  # v: [L, n, Hkv, Dh]
             out.append(ContextState(
                 key[1], ctx.component, list(ctx.token_ids), list(ctx.sampled), [_segment_state(g) for g in ctx.segments],
-                ctx.cache_limit, ctx.next_position, ctx.axes, k, v,
+                _cache_limit(ctx), ctx.next_position, ctx.axes, k, v,
             ))
             s.drop(key)
         return out
@@ -81,6 +81,12 @@ class ContextMigration:
             pool.v.view(shape[0], -1, *shape[3:])[:, slots] = st.v.to(pool.device, pool.v.dtype)
             ctx.num_computed = n
             bm.commit(key, ctx.token_ids, min(n, ctx.cacheable))
+
+
+def _cache_limit(ctx: Context) -> int | None:
+    """The moved history's cache limit: content-keyed rows do not move their keys, so they stay unshared there."""
+    keyed = [g.start for g in ctx.segments if g.keyed]
+    return ctx.cache_limit if not keyed else min([keyed[0], *([ctx.cache_limit] if ctx.cache_limit is not None else [])])
 
 
 def _segment_state(g: Segment) -> SegmentState:

@@ -53,6 +53,8 @@ class ContextOp:
         None for the running position;
         ``row_mask`` bool [T] when ``rows.kind == "where"``; ``targets`` int64 [T]
         when prompt logprobs are asked; every ``token_inputs`` tensor has first dim T;
+        ``content`` int64 [T] (or None): per-row content keys, nonzero at least on
+        every ``embed_rows`` row (see ``walkserve.graph.kv``);
       - query: ``reads`` lists the contexts attended, in order (never written);
       - fork: ``source`` is forked into ``context``; truncate: ``length`` >= 0.
     """
@@ -74,6 +76,7 @@ class ContextOp:
     capture: Mapping[str, int] = _NONE
     token_inputs: Mapping[str, torch.Tensor] = _NONE
     num_tokens: int = 0
+    content: torch.Tensor | None = None
 
     @property
     def computes(self) -> bool:
@@ -90,6 +93,11 @@ class ContextOp:
         """Token ids only, causal, running positions, no extra inputs: the prefix cache may share it."""
         return (self.embeds is None and self.positions is None and self.mask == "causal"
                 and not self.token_inputs and self.token_ids is not None)
+
+    @property
+    def keyed(self) -> bool:
+        """Not plain, but its rows are keyed on content (token ids, content keys, positions): shareable too."""
+        return self.content is not None and self.mask == "causal" and self.token_ids is not None
 
 
 def bind(node: str, node_params: Mapping[str, Any], inputs: Mapping[str, Any]) -> tuple[ContextOp, ...]:
@@ -131,6 +139,7 @@ def _fan_out(node: str, spec: ContextOpSpec, op: ContextOp, inputs: Mapping[str,
         m.targets = None if op.targets is None else op.targets[rows]
         m.row_mask = None if op.row_mask is None else op.row_mask[rows]
         m.token_inputs = {name: v[rows] for name, v in op.token_inputs.items()} if op.token_inputs else _NONE
+        m.content = None if op.content is None else op.content[rows]
     return members
 
 
@@ -192,6 +201,8 @@ def _bind_chunk(node: str, spec: ContextOpSpec, inputs: Mapping[str, Any], op: C
         if mask is None or torch.as_tensor(mask).reshape(-1).numel() != t:
             raise ValueError(f"node {node!r} selects rows by input {spec.rows.slot!r}: a bool [{t}] is needed")
         op.row_mask = torch.as_tensor(mask).reshape(-1).to(torch.bool)
+    if spec.content:
+        _bind_content(node, spec, inputs, op)
     if spec.token_inputs:
         op.token_inputs = {}
     for name in spec.token_inputs:
@@ -199,6 +210,20 @@ def _bind_chunk(node: str, spec: ContextOpSpec, inputs: Mapping[str, Any], op: C
         if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != t:
             raise ValueError(f"token input {name!r} of node {node!r} must be a tensor whose first dim is {t}")
         op.token_inputs[name] = value
+
+
+def _bind_content(node: str, spec: ContextOpSpec, inputs: Mapping[str, Any], op: ContextOp) -> None:
+    """Content keys: one per row, nonzero on every row an embedding replaces (else its key would be its
+    placeholder token alone)."""
+    op.content = _ints(node, spec.content, inputs.get(spec.content), 1)
+    if op.content is None:
+        return
+    if op.content.numel() != op.num_tokens:
+        raise ValueError(f"input {spec.content!r} of node {node!r} must hold {op.num_tokens} content keys")
+    if op.embeds is not None:
+        keys = op.content if op.embed_rows is None else op.content[op.embed_rows]
+        if bool((keys == 0).any()):
+            raise ValueError(f"input {spec.content!r} of node {node!r} must be nonzero on every embedded row")
 
 
 def _num_tokens(node: str, spec: ContextOpSpec, op: ContextOp) -> int:

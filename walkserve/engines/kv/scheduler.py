@@ -18,6 +18,10 @@ oldest pending firing; a ``full`` segment runs whole and a ``block_causal``
 one in whole frames. A unit larger than the budget runs alone in a step.
 Preemption frees a context's blocks (its full blocks stay in the prefix cache)
 and recomputes it later from its segments.
+The prefix cache also serves a running context's later firings (the next piece
+of a prompt, a follow-up turn): a chunk stops at a block boundary when the
+block after it is cached, and a context on a boundary attaches the cached
+blocks that continue it before its next chunk.
 """
 
 from __future__ import annotations
@@ -118,6 +122,7 @@ class Scheduler:
         self.queries: list[Query] = []
         self.preemptions = 0
         self.prefix_hit_tokens = 0
+        self.prefill_tokens = 0  # rows computed for firings of more than one row (prompts), recomputation included
         self._next_order = 0
 
     # ---- contexts ------------------------------------------------------
@@ -181,7 +186,7 @@ class Scheduler:
             if budget <= 0 or len(plan.chunks) == self.config.max_running:
                 return plan
             if self.bm.has(ctx.key):  # not preempted earlier in this loop
-                budget -= self._add(plan, ctx, self._reserve_running(ctx, self._chunk(ctx, budget, plan), plan))
+                budget -= self._add(plan, ctx, self._reserve_running(ctx, self._running_chunk(ctx, budget, plan), plan))
         budget = self._schedule_queries(plan, budget)
         waiting = [c for c in self.contexts.values() if c.has_work and not self.bm.has(c.key)]
         for ctx in sorted(waiting, key=lambda c: c.order):
@@ -222,7 +227,9 @@ class Scheduler:
                 continue
             ctx = chunk.context
             ctx.num_computed = chunk.end
-            self.bm.commit(ctx.key, ctx.token_ids, min(ctx.num_computed, ctx.cacheable))
+            if chunk.num_tokens > 1 or ctx.pending[0].end - ctx.pending[0].start > 1:
+                self.prefill_tokens += chunk.num_tokens
+            self.bm.commit(ctx.key, ctx.row_keys(), min(ctx.num_computed, ctx.cacheable))
             if ctx.num_computed == ctx.target:
                 pending = ctx.pending.popleft()
                 if pending.firing is not None:
@@ -244,6 +251,21 @@ class Scheduler:
             return min(n, budget)
         fit = budget // unit * unit
         return fit if fit else (unit if not plan.chunks else 0)
+
+    def _running_chunk(self, ctx: Context, budget: int, plan: StepPlan) -> int:
+        """``_chunk`` for a context holding blocks, after attaching cached blocks that continue it; a chunk
+        that would fill a partial block with a cached block after it stops at the boundary instead."""
+        if ctx.remaining > 1 and self.bm.prefix_caching and ctx.num_computed == self.bm.num_reserved(ctx.key):
+            hits = self.bm.extend_prefix(ctx.key, ctx.row_keys(), self._cache_limit(ctx))
+            ctx.num_computed += hits
+            self.prefix_hit_tokens += hits
+        n = self._chunk(ctx, budget, plan)
+        bs = self.bm.block_size
+        to_boundary = bs - ctx.num_computed % bs
+        if n > to_boundary and self._unit(ctx) == 1 \
+                and self.bm.cached_after_partial(ctx.key, ctx.row_keys(), self._cache_limit(ctx)):
+            return to_boundary
+        return n
 
     @staticmethod
     def _unit(ctx: Context) -> int:
@@ -281,7 +303,7 @@ class Scheduler:
         return n
 
     def _admit(self, ctx: Context, budget: int, plan: StepPlan) -> int:
-        hits = self.bm.attach_prefix(ctx.key, ctx.token_ids, self._attachable(ctx))
+        hits = self.bm.attach_prefix(ctx.key, ctx.row_keys(), self._attachable(ctx))
         ctx.num_computed = hits
         n = self._chunk(ctx, budget, plan)
         protected = plan.scheduled() | {ctx.key}  # the loop runs only while nothing else is scheduled
@@ -300,15 +322,19 @@ class Scheduler:
         return n
 
     @staticmethod
-    def _attachable(ctx: Context) -> int:
+    def _cache_limit(ctx: Context) -> int:
         """How many leading rows the prefix cache may supply: never the last one (its output is due), nor any
-        row of a firing whose rows come out (prompt logprobs, hidden states); that firing restarts whole."""
+        row of a firing whose rows come out (prompt logprobs, hidden states)."""
         limit = min(ctx.cacheable, ctx.target - 1)
+        head = ctx.pending[0]
+        return min(limit, head.start) if head.op is not None and head.op.row_outputs else limit
+
+    def _attachable(self, ctx: Context) -> int:
+        """``_cache_limit`` at admission: a firing whose rows come out restarts whole."""
         head = ctx.pending[0]
         if head.op is not None and head.op.row_outputs:
             head.rows.clear()  # rows an earlier admission collected (before a preemption) are computed again
-            limit = min(limit, head.start)
-        return limit
+        return self._cache_limit(ctx)
 
     def _append(self, ctx: Context, n: int) -> None:
         """Reserve ``n`` slots that ``max_appendable`` said fit (a statement, so ``python -O`` keeps it)."""

@@ -8,6 +8,14 @@ A segment is one firing's chunk (adjacent plain token appends merge into one
 segment, so a decoded history replays as one chunk). Preemption frees the
 blocks and keeps the segments: the context is recomputed from them, with the
 same masks, positions and embeddings.
+
+Prefix-cache keys, one per row (``row_keys``): a plain row's key is its token
+id; so is a content-keyed row (``ContextOp.keyed``) with content 0 at the
+running position (what a plain row there would get). Any other content-keyed
+row is keyed ``(token id, content, positions)``: a media row by its item's
+digest, a row at an explicit position by that position. A block's key chains
+its parent's, so a row's key needs no more than that: the running position is
+a function of the rows before it.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ class Segment:
     token_inputs: dict[str, Any] = field(default_factory=dict)
     axes: int = 1  # position axes (1, or A for multi-axis rope)
     component: str = ""
+    keyed: bool = False  # a content-keyed append: shareable through the prefix cache though not plain
 
     @property
     def end(self) -> int:
@@ -102,6 +111,7 @@ class Context:
     readers: int = 0
     next_position: int = 0
     axes: int = 1
+    key_overrides: dict[int, tuple] = field(default_factory=dict)  # row -> its prefix-cache key, where not its id
 
     @property
     def request_id(self) -> str:
@@ -127,6 +137,10 @@ class Context:
     @property
     def cacheable(self) -> int:
         return self.length if self.cache_limit is None else self.cache_limit
+
+    def row_keys(self) -> list[int] | RowKeys:
+        """Each row's prefix-cache key (see the module docstring)."""
+        return RowKeys(self.token_ids, self.key_overrides) if self.key_overrides else self.token_ids
 
     def segment_at(self, row: int) -> Segment:
         """The segment holding row ``row`` (the last one first: that is where work usually is)."""
@@ -159,12 +173,29 @@ class Context:
             last.n += n
         else:
             self.segments.append(seg)
-        if not (op.plain if op is not None else True):
+        if op is not None and op.keyed and not op.plain:
+            seg.keyed = True
+            self._key_rows(op, start)
+        elif not (op.plain if op is not None else True):
             self.cache_limit = start if self.cache_limit is None else min(self.cache_limit, start)
         self.next_position = max(self.next_position, seg.max_position() + 1)
         pending = PendingFiring(firing, self.length, start, op)
         self.pending.append(pending)
         return pending
+
+    def _key_rows(self, op: Any, start: int) -> None:
+        """Record the keys of a content-keyed chunk's rows that are not their token ids."""
+        ids, content = op.token_ids.tolist(), op.content.tolist()
+        positions = None if op.positions is None else op.positions.tolist()
+        running = self.next_position
+        for i, (token, digest) in enumerate(zip(ids, content)):
+            if positions is None:
+                at: tuple = (running,)
+            else:
+                at = tuple(axis[i] for axis in positions) if op.positions.dim() == 2 else (positions[i],)
+            if digest or any(p != running for p in at):
+                self.key_overrides[start + i] = (token, digest, at)
+            running = max(running, max(at) + 1)
 
     def restore(self) -> None:
         """Ask for the whole history back in the pool (a query will read it)."""
@@ -183,17 +214,33 @@ class Context:
                 seg = _cut(seg, n - seg.start)
             kept.append(seg)
         self.segments = kept
+        self.key_overrides = {row: key for row, key in self.key_overrides.items() if row < n}
         self.num_computed = min(self.num_computed, n)
         self.next_position = max((s.max_position() + 1 for s in kept), default=0)
         if self.cache_limit is not None and self.cache_limit >= n:
-            self.cache_limit = None if all(s.plain for s in kept) else self.cache_limit
+            self.cache_limit = None if all(s.plain or s.keyed for s in kept) else self.cache_limit
         if not kept:
             self.axes = 1
 
     def snapshot(self, key: tuple[str, str], order: int) -> Context:
         """A copy of this history under ``key`` (a fork); the copy has no pending work."""
         return Context(key, order, self.component, list(self.token_ids), self.num_computed, list(self.sampled),
-                       deque(), [_copy(s) for s in self.segments], self.cache_limit, 0, self.next_position, self.axes)
+                       deque(), [_copy(s) for s in self.segments], self.cache_limit, 0, self.next_position, self.axes,
+                       dict(self.key_overrides))
+
+
+class RowKeys:
+    """Row keys as a read-only sequence: the token ids, with ``overrides`` at the rows they name."""
+
+    def __init__(self, token_ids: list[int], overrides: dict[int, tuple]):
+        self._ids, self._overrides = token_ids, overrides
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __getitem__(self, rows: slice) -> list:
+        start, stop, _ = rows.indices(len(self._ids))
+        return [self._overrides.get(r, self._ids[r]) for r in range(start, stop)]
 
 
 def _segment(op: Any, start: int, n: int, next_position: int, axes: int) -> Segment:
@@ -227,4 +274,4 @@ def _cut(seg: Segment, n: int) -> Segment:
 
 def _copy(seg: Segment) -> Segment:
     return Segment(seg.start, seg.n, seg.mask, seg.frame, seg.pos_base, seg.positions, seg.embeds, seg.embed_rows,
-                   dict(seg.token_inputs), seg.axes, seg.component)
+                   dict(seg.token_inputs), seg.axes, seg.component, seg.keyed)

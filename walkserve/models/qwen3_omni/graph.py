@@ -1,6 +1,8 @@
 """The walks of the Qwen3-Omni thinker (torch-free): the user turn split at its media, one walk per piece, then decode.
 
     prefill_text:    input.tokens, input.positions [3, n] -> thinker                  (appends to "main")
+                     (every prefill walk also gives the thinker input.content [n], the rows' content keys:
+                     the prefix cache keys a block on its rows' tokens, content and positions)
     prefill_audio:   input.mel -> audio_encoder -> audio_embeds [m, D] ─> thinker.embeds
                      input.tokens (text rows and the clip's <|audio_pad|> rows), input.positions,
                      input.embed_rows (the pad rows) -> thinker
@@ -92,15 +94,16 @@ VISUAL_ROWS = "visual_rows"  # bool [n]: the rows of a vision piece the item's t
 EMBED_ROWS = "embed_rows"  # int64 [m]: the rows of a media piece whose embeddings the encoder's m tokens replace
 VISUAL_EMBEDS = "visual_embeds"  # [n, D]: the vision tokens at visual_rows, zero elsewhere (prefill_media)
 STEP = "step"  # every prefill walk: input.step -> output.step
+CONTENT = "content"  # int64 [n]: each row's content key (0: text; a media item's digest: content_keys.py)
 WALKS_INPUT, LAST_INPUT = "walks", "last"  # RequestSpec.inputs keys: the prefill walks in order; the last prompt
 # token (spoken answers only: their prefill leaves it to ``thinker_first``)
 EMBED_TAP, ACCEPT_TAP = "embed", "accept_hidden"
 # what each prefill walk takes besides ``step``, in RequestSpec.inputs under step_key(k, slot)
 WALK_INPUTS: dict[str, tuple[str, ...]] = {
-    PREFILL_TEXT: ("tokens", "positions"),
-    PREFILL_AUDIO: ("tokens", "positions", EMBED_ROWS, MEL),
-    PREFILL_VISION: ("tokens", "positions", EMBED_ROWS, PIXELS, GRID, VISUAL_ROWS),
-    PREFILL_MEDIA: ("tokens", "positions", EMBED_ROWS, MEL, PIXELS, GRID, VISUAL_ROWS),
+    PREFILL_TEXT: ("tokens", "positions", CONTENT),
+    PREFILL_AUDIO: ("tokens", "positions", CONTENT, EMBED_ROWS, MEL),
+    PREFILL_VISION: ("tokens", "positions", CONTENT, EMBED_ROWS, PIXELS, GRID, VISUAL_ROWS),
+    PREFILL_MEDIA: ("tokens", "positions", CONTENT, EMBED_ROWS, MEL, PIXELS, GRID, VISUAL_ROWS),
 }
 TapEdge = Callable[[str], GraphEdge]
 
@@ -123,8 +126,8 @@ def first_walk(piece: str, logprobs: bool = False) -> str:
 def _thinker(inputs: list[str], taps: Mapping[str, int] | None, sampled: tuple[str, ...] = ()) -> GraphNode:
     taps = taps or {}
     token_inputs = tuple(name for name in (DEEPSTACK, VISUAL_EMBEDS, VISUAL_ROWS) if name in inputs)
-    op = append(CONTEXT, rows=ALL if taps else LAST, capture=dict(taps), token_inputs=token_inputs)
-    return GraphNode(THINKER, inputs=inputs, outputs=[*sampled, *taps], params=kv_params(op))
+    op = append(CONTEXT, rows=ALL if taps else LAST, capture=dict(taps), token_inputs=token_inputs, content=CONTENT)
+    return GraphNode(THINKER, inputs=[*inputs, CONTENT], outputs=[*sampled, *taps], params=kv_params(op))
 
 
 class AfterFirst:
@@ -157,7 +160,7 @@ def _prefill(name: str, encoders: list[GraphNode], thinker_inputs: list[str], me
     """Prefill piece ``name``; ``first`` False / True: the last piece of a text answer, which also samples
     token 0 (with its logprobs when True) in a one-iteration loop (``first_token_loop``)."""
     slots = WALK_INPUTS[name]
-    edges = [GraphEdge(f"input.{slot}", f"{THINKER}.{slot}") for slot in ("tokens", "positions", EMBED_ROWS)
+    edges = [GraphEdge(f"input.{slot}", f"{THINKER}.{slot}") for slot in ("tokens", "positions", CONTENT, EMBED_ROWS)
              if slot in slots]
     edges = [*edges, *media, GraphEdge(f"input.{STEP}", f"output.{STEP}"), *_tap_edges(taps, tap_edge)]
     if first is None:

@@ -21,7 +21,8 @@ pieces alternate, a media piece holding exactly its placeholder rows:
 Every pass over the prompt reads all the MoE experts of every layer, so fewer, longer pieces cost less
 than many short ones (five pieces ran ~1.4x one pass on the benchmark's model).
 
-Each piece carries its token ids and its [3, n] positions (``rope_index``); a media piece also its
+Each piece carries its token ids, its [3, n] positions (``rope_index``) and its rows' content keys
+(``content_keys.py``: 0 on text rows, a digest of the item's encoder input on media rows); a media piece also its
 encoder input and ``embed_rows`` (int64 [m], the piece's rows the encoder's m tokens replace); a vision
 piece ``visual_rows`` (bool [n], the same rows: where the deepstack features go); a ``prefill_media``
 piece both encoders' inputs, ``embed_rows`` the clip's rows and ``visual_rows`` the image's. ``RequestSpec.inputs``
@@ -38,6 +39,7 @@ from walkserve.core.request import Value
 from walkserve.models.common.text_walk import PROMPT_INPUT
 from walkserve.models.qwen3_omni.config import OmniTokenIds
 from walkserve.models.qwen3_omni.graph import (
+    CONTENT,
     EMBED_ROWS,
     GRID,
     LAST_INPUT,
@@ -51,6 +53,7 @@ from walkserve.models.qwen3_omni.graph import (
     WALKS_INPUT,
     step_key,
 )
+from walkserve.models.qwen3_omni.thinker.content_keys import content_keys
 from walkserve.models.qwen3_omni.thinker.prompt import MediaSpan, media_spans
 from walkserve.models.qwen3_omni.thinker.request import ThinkerRequest
 
@@ -75,12 +78,14 @@ def request_inputs(request: ThinkerRequest, tokens: OmniTokenIds, merge: bool = 
         end -= 1
         out[LAST_INPUT] = array(ids[end:])
     spans = media_spans(request.input_ids, tokens)
+    keys = content_keys(request, tokens)
     walks: list[str] = []
     for walk, lo, hi, items in _cuts(spans, end, merge):
         k = len(walks)
         walks.append(walk)
         out[step_key(k, "tokens")] = array(ids[lo:hi])
         out[step_key(k, "positions")] = array(request.positions.positions[:, lo:hi])
+        out[step_key(k, CONTENT)] = array(keys[lo:hi])
         for span in items:
             media = _media_inputs(request, span, lo, hi, alone=len(items) == 1)
             out.update({step_key(k, slot): value for slot, value in media.items()})
