@@ -13,6 +13,7 @@ BENCHMARKS = {
     "vjepa-offline": "benchmarks.vjepa_offline",
     "moe": "benchmarks.moe",
     "omni-thinker": "benchmarks.omni_thinker",
+    "omni-turns": "benchmarks.omni_turns",
     "omni": "benchmarks.omni_speech",
     "pi": "benchmarks.pi",
     "bagel": "benchmarks.bagel",
