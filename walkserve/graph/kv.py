@@ -49,6 +49,9 @@ Inputs, by slot name (``tokens``/``embeds``/``embed_rows``/``positions``/``targe
               besides its token id: 0 for a row that is its token id, else a digest of the content that fills
               it (a media item's encoder input). It makes an append with embeddings, explicit positions or token
               inputs shareable through the prefix cache, keyed on (token id, content, position) per row
+  lazy        (an append) a firing that names no output is answered once its rows are in the context's
+              history; they run with the context's next firing that computes, so a prompt cut in pieces
+              loses no prefix-cache block at the cuts (a block may then span two pieces)
 
 Outputs (the node's declared outputs the engine fills):
   token, logprob, top_logprobs, top_logprob_ids   sampled from the chunk's last row
@@ -131,6 +134,7 @@ class ContextOpSpec:
     targets: str = "targets"
     fan: str = ""
     content: str = ""
+    lazy: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reads", tuple(self.reads))
@@ -150,9 +154,12 @@ class ContextOpSpec:
             raise GraphError("only a query reads other contexts (reads=...)")
         if any(not isinstance(k, int) or k < 0 for k in self.capture.values()):
             raise GraphError(f"capture maps output names to layer indices >= 0, got {self.capture}")
+        if self.lazy and self.op != "append":
+            raise GraphError("only an append may be lazy")
         if self.content and (self.op != "append" or self.mask != "causal"):
             raise GraphError(f"content keys ({self.content!r}) are for causal appends (what the prefix cache shares)")
-        simple = self.op == "append" and self.mask == "causal" and self.rows == LAST and not self.fan and not self.content
+        simple = self.op == "append" and self.mask == "causal" and self.rows == LAST and not self.fan and not self.content \
+            and not self.lazy
         object.__setattr__(self, "_tokens_only", simple and not self.capture and not self.token_inputs)
 
     @property

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
 import torch
 
+from tests.engines.kv.kv_driver import firing
+from walkserve.core.options import KVOptions
 from walkserve.engines.kv.block_manager import BlockManager
+from walkserve.engines.kv.engine import KVCacheEngine
 from walkserve.engines.kv.ops import ContextOp, bind
 from walkserve.engines.kv.scheduler import Scheduler, SchedulerConfig
 from walkserve.graph.kv import append, kv_params
@@ -162,3 +166,32 @@ def test_bind_takes_content_keys_and_refuses_an_embedded_row_without_one():
         bind("thinker", params, {**inputs, "content": torch.tensor([0, 0, 0])})
     with pytest.raises(ValueError, match="3 content keys"):
         bind("thinker", params, {**inputs, "content": torch.tensor([0, D])})
+
+
+def _lazy(request_id: str, tokens: list[int], outputs=()):
+    return dataclasses.replace(firing(request_id, tokens, outputs=outputs),
+                               node_params=kv_params(append("main", lazy=True)))
+
+
+def test_lazy_pieces_are_answered_at_once_and_share_blocks_across_their_cut(tiny_lm, hf_lm):
+    """A prompt in two pieces, the first lazy and naming no output: it is answered before any forward, its rows run
+    with the second; a second request of the same pieces then reuses every full block, the one across the cut too."""
+    engine = KVCacheEngine("lm", tiny_lm, "cpu", torch.float32, KVOptions(block_size=4, num_blocks=32, seed=0))
+    first, second = list(range(10, 16)), list(range(30, 37))
+    for rid in ("a", "b"):
+        engine.submit(_lazy(rid, first))
+        (filled,) = engine.step()
+        assert filled.error is None and filled.outputs == {}
+        engine.submit(_lazy(rid, second, outputs=("logits",)))
+        results = []
+        while not results:
+            results = engine.step()
+        torch.testing.assert_close(results[0].outputs["logits"], _hf_logits(hf_lm, first + second), atol=1e-4, rtol=1e-4)
+    stats = engine.stats()
+    assert stats["prefix_hit_tokens"] == 12  # b: rows 0..11, blocks 0-2 (block 1 spans the cut); its last row runs
+    assert stats["prefill_tokens"] == 13 + 1
+
+
+def _hf_logits(hf_lm, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf_lm(torch.tensor([tokens])).logits[0, -1]

@@ -11,7 +11,10 @@ changes are idle (an append may queue behind appends to its own context).
 
 A firing is answered once its chunk has run, with the outputs it names
 (``outputs.OUTPUTS`` plus its capture names; an empty ``outputs`` only fills
-the KV). Sampling uses ``firing.sampling`` (greedy when None);
+the KV). A *lazy* append (``ContextOp.lazy``) that names no output is answered
+as soon as its rows are in the context's history: they are computed with the
+context's next firing that computes (or a query's restore), so the prefix
+cache may stand in for a block that spans two prompt pieces. Sampling uses ``firing.sampling`` (greedy when None);
 ``node_params["token_ranges"]`` (a list of ``[lo, hi)`` id ranges, or a
 function of the number of tokens sampled so far returning one) restricts
 which ids may be drawn. ``run_groups`` runs a cohort's step as one call (``submit``/``step`` are
@@ -320,8 +323,11 @@ class KVCacheEngine(Engine):
             ids = op.token_ids.tolist() if op.token_ids is not None else [0] * op.num_tokens
             if ctx.axes != 1 and op.positions is not None and op.positions.dim() == 1 and ctx.length:
                 raise ValueError(f"context {op.context!r} holds {ctx.axes}-axis positions; got 1-D positions")
-            ctx.append(firing, ids, op, firing.component)
+            pending = ctx.append(firing, ids, op, firing.component)
             self._check_capacity(ctx.key, ctx.length)
+            if op.lazy and not firing.outputs and not op.row_outputs and id(firing) not in self._fans:
+                ctx.pending.remove(pending)  # fills only: its rows are computed with the next firing that needs them
+                self._ready.append(FiringResult(firing, outputs={}))
         elif op.kind == "query":
             reads = tuple(s.context((rid, name), firing.component) for name in op.reads)
             blocks = sum(-(-c.length // self.block_manager.block_size) for c in {id(c): c for c in reads}.values())

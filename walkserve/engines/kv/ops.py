@@ -54,7 +54,8 @@ class ContextOp:
         ``row_mask`` bool [T] when ``rows.kind == "where"``; ``targets`` int64 [T]
         when prompt logprobs are asked; every ``token_inputs`` tensor has first dim T;
         ``content`` int64 [T] (or None): per-row content keys, nonzero at least on
-        every ``embed_rows`` row (see ``walkserve.graph.kv``);
+        every ``embed_rows`` row; ``lazy``: a firing of it naming no output is answered
+        before its rows run (both: see ``walkserve.graph.kv``);
       - query: ``reads`` lists the contexts attended, in order (never written);
       - fork: ``source`` is forked into ``context``; truncate: ``length`` >= 0.
     """
@@ -77,6 +78,7 @@ class ContextOp:
     token_inputs: Mapping[str, torch.Tensor] = _NONE
     num_tokens: int = 0
     content: torch.Tensor | None = None
+    lazy: bool = False
 
     @property
     def computes(self) -> bool:
@@ -157,7 +159,7 @@ def _fan_size(node: str, spec: ContextOpSpec, inputs: Mapping[str, Any], compute
 
 def _bind_one(node: str, spec: ContextOpSpec, inputs: Mapping[str, Any]) -> ContextOp:
     op = ContextOp(spec.op, spec.context, spec.read_contexts if spec.op == "query" else (), spec.source,
-                   mask=spec.mask, frame=spec.frame, rows=spec.rows, capture=spec.capture or _NONE)
+                   mask=spec.mask, frame=spec.frame, rows=spec.rows, capture=spec.capture or _NONE, lazy=spec.lazy)
     if spec.op == "truncate":
         op.length = _length(node, spec, inputs)
     if spec.computes:

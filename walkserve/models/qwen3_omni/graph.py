@@ -126,7 +126,8 @@ def first_walk(piece: str, logprobs: bool = False) -> str:
 def _thinker(inputs: list[str], taps: Mapping[str, int] | None, sampled: tuple[str, ...] = ()) -> GraphNode:
     taps = taps or {}
     token_inputs = tuple(name for name in (DEEPSTACK, VISUAL_EMBEDS, VISUAL_ROWS) if name in inputs)
-    op = append(CONTEXT, rows=ALL if taps else LAST, capture=dict(taps), token_inputs=token_inputs, content=CONTENT)
+    op = append(CONTEXT, rows=ALL if taps else LAST, capture=dict(taps), token_inputs=token_inputs, content=CONTENT,
+                lazy=True)
     return GraphNode(THINKER, inputs=[*inputs, CONTENT], outputs=[*sampled, *taps], params=kv_params(op))
 
 
