@@ -52,11 +52,13 @@ async def conversation(path: Path, turns: int, seconds: float, new_tokens: int, 
     messages: list[dict] = [{"role": "system", "content": "Answer briefly."}]
     rows = []
     try:
+        _, _, warm = await _ask(engine, [{"role": "system", "content": "Warm-up."}, user_turn(99, 1.0)], 2)
+        await _thinker_counters(engine, warm)  # its rows reported (it shares no block with the conversation)
         for turn in range(turns):
             messages.append(user_turn(turn, seconds * (1 - 0.1 * turn)))
-            before = await _thinker_counters(engine)
+            before = await _thinker_counters(engine, 0.0)  # every earlier request's rows are in
             tokens, ttft, prompt = await _ask(engine, messages, new_tokens)
-            after = await _thinker_counters(engine)
+            after = await _thinker_counters(engine, sum(before) + prompt)
             rows.append({"turn": turn + 1, "prompt": prompt, "prefilled": after[0] - before[0],
                          "reused": after[1] - before[1], "ttft_s": ttft, "tokens": tokens})
             messages.append({"role": "assistant", "content": engine.processor.decode(tokens)})
@@ -81,19 +83,25 @@ async def _ask(engine, messages: list[dict], n: int) -> tuple[list[int], float, 
     return tokens, first or float("nan"), int(spec.inputs["prompt_token_ids"].shape[0])
 
 
-async def _thinker_counters(engine) -> tuple[float, float]:
-    """(prefill_tokens, prefix_hit_tokens) of the thinker's pool, after the workers' next status reports."""
-    await asyncio.sleep(0.3)
-    pools = [v for (component, _), v in engine.stats().engine_ranks.items() if component == "thinker"]
-    return sum(p.get("prefill_tokens", 0.0) for p in pools), sum(p.get("prefix_hit_tokens", 0.0) for p in pools)
+async def _thinker_counters(engine, at_least: float) -> tuple[float, float]:
+    """(prefill_tokens, prefix_hit_tokens) of the thinker's pool once the workers reported ``at_least`` rows in all
+    (a text answer's prompt rows are each prefilled or reused), or after 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        pools = [v for (component, _), v in engine.stats().engine_ranks.items() if component == "thinker"]
+        counts = sum(p.get("prefill_tokens", 0.0) for p in pools), sum(p.get("prefix_hit_tokens", 0.0) for p in pools)
+        if sum(counts) >= at_least or time.monotonic() > deadline:
+            return counts
+        await asyncio.sleep(0.05)
 
 
 def report(on: list[dict], off: list[dict], args: argparse.Namespace) -> str:
-    rows = []
+    rows, previous = [], 0
     for a, b in zip(on, off):
-        rows.append((a["turn"], a["prompt"], b["prefilled"], a["prefilled"], a["reused"],
+        rows.append((a["turn"], a["prompt"], a["prompt"] - previous, b["prefilled"], a["prefilled"], a["reused"],
                      a["prefilled"] / b["prefilled"], b["ttft_s"] * 1e3, a["ttft_s"] * 1e3,
                      "same" if a["tokens"] == b["tokens"] else "DIFFERENT"))
+        previous = a["prompt"]
     lines = ["## Qwen3-Omni conversation turns with KV reuse (`./dev bench omni-turns`)", "",
              f"- workload: one conversation of {args.turns} turns; turn k: a {args.seconds:g} s x (1 - 0.1 (k - 1)) "
              f"clip and a question, {args.new_tokens} new tokens, greedy, EOS ignored; each turn re-sends the whole "
@@ -101,8 +109,9 @@ def report(on: list[dict], off: list[dict], args: argparse.Namespace) -> str:
              f"(one rank, CPU), KV block size {args.block_size}",
              f"- machine: {conditions()}",
              "- prefilled / reused: the thinker's prompt rows computed / taken from the prefix cache for that turn "
-             "(the last prompt row is always computed: it samples the first token)", ""]
-    lines.append(table(["turn", "prompt tokens", "prefilled (no reuse)", "prefilled (reuse)", "reused",
+             "(the last prompt row is always computed: it samples the first token); new since last prompt = "
+             "the earlier answer and the new user turn", ""]
+    lines.append(table(["turn", "prompt tokens", "new since last prompt", "prefilled (no reuse)", "prefilled (reuse)", "reused",
                         "prefilled ratio", "TTFT ms (no reuse)", "TTFT ms (reuse)", "answer"], rows))
     return "\n".join(lines)
 

@@ -2,8 +2,8 @@
 
 Two servers on the speech checkpoint (one rank, block size 4): one with the prefix cache, one without.
 Each greedy answer of the cached server (text out, and text + audio out) equals the uncached server's;
-/metrics shows that a follow-up turn prefills only the new turn (plus at most one block per earlier
-piece boundary), and that a turn whose earlier clip or image differs reuses nothing of it.
+/metrics shows that a follow-up turn prefills only the new turn (and the rest of the block where it
+starts), and that a turn whose earlier clip or image differs reuses nothing of it.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ import torch
 from tests.api.real_server import in_thread_server, metric, metrics
 from tests.models.qwen3_omni.conftest import rgb, wave
 from tests.models.qwen3_omni.test_serving import decoded, png_url, wav_b64
-from tests.models.qwen3_omni.test_speech_serving import assert_wave_equal
-from tests.models.qwen3_omni.test_speech_serving import served_dir  # noqa: F401  (the speech checkpoint)
+from tests.models.qwen3_omni.test_speech_serving import (
+    assert_wave_equal,
+    served_dir,  # noqa: F401  (the speech checkpoint)
+)
 from walkserve.core.config import RuntimeConfig
 from walkserve.models.qwen3_omni.processor import Qwen3OmniProcessor
 from walkserve.placements import path as placement_path
@@ -70,20 +72,25 @@ def _chat(server, messages: list[dict], **kw):
 
 
 def _counters(server) -> tuple[float, float]:
-    """(prefilled, reused) prompt tokens of the thinker's pool so far (after the workers' next status reports)."""
-    time.sleep(0.3)
+    """(prefilled, reused) prompt tokens of the thinker's pool so far, as the workers last reported them."""
     samples = metrics(server.url)
     labels = {"component": "thinker", "rank": "0"}
     return (metric(samples, "walkserve_kv_pool_prefill_tokens_total", **labels),
             metric(samples, "walkserve_kv_pool_prefix_hit_tokens_total", **labels))
 
 
-def _measured(server, messages: list[dict], **kw):
-    """The answer, and the prompt tokens it prefilled and reused."""
+def _measured(server, messages: list[dict], last_apart: bool = False, **kw):
+    """The answer, and the prompt tokens it prefilled and reused (once the workers reported all its prompt rows:
+    every one but the last when ``last_apart``, a spoken answer's, whose last row is a one-row firing)."""
     before = _counters(server)
     answer = _chat(server, messages, **kw)
-    after = _counters(server)
-    return answer, after[0] - before[0], after[1] - before[1]
+    rows = answer.usage.prompt_tokens - (1 if last_apart else 0)
+    deadline = time.monotonic() + 20
+    while True:
+        after = _counters(server)
+        if after[0] + after[1] - before[0] - before[1] >= rows or time.monotonic() > deadline:
+            return answer, after[0] - before[0], after[1] - before[1]
+        time.sleep(0.05)
 
 
 def _wave(answer) -> torch.Tensor:
@@ -114,18 +121,18 @@ def test_a_follow_up_turn_prefills_only_the_new_turn_and_answers_the_same(cached
     assert second.choices[0].message.content == _chat(fresh, turn2).choices[0].message.content
     n1, n2 = len(_ids(processor, turn1)), second.usage.prompt_tokens
     assert n2 == len(_ids(processor, turn2)) and prefilled2 + reused2 == n2
-    # turn 1's prompt, but for the block its first piece ends in (that piece's last row is computed)
-    assert reused2 >= (n1 // BS - 1) * BS
-    assert prefilled2 <= n2 - n1 + 2 * BS
-    # the same follow-up again: its last row only (and the rest of that block) is computed
+    # every full block of turn 1's prompt, the one its first piece (the first clip) ends in too
+    assert reused2 >= n1 // BS * BS
+    assert prefilled2 < n2 - n1 + BS
+    # the same follow-up again: only the block holding its last row is computed
     again, prefilled3, reused3 = _measured(cached, turn2)
     assert again.choices[0].message.content == second.choices[0].message.content
-    assert prefilled3 <= 2 * BS and prefilled3 + reused3 == n2
+    assert prefilled3 <= BS and prefilled3 + reused3 == n2
 
 
 def test_other_audio_with_the_same_text_reuses_nothing_of_the_clip(cached, fresh, processor):
     turn = [{"role": "system", "content": "Be brief"}, _user(_audio(CLIP_A), "Who speaks?")]
-    _chat(cached, turn)
+    _measured(cached, turn)
     other = [turn[0], _user(_audio(CLIP_C), "Who speaks?")]  # same length, same tokens, another clip
     assert _ids(processor, other) == _ids(processor, turn)
     answer, prefilled, reused = _measured(cached, other)
@@ -136,7 +143,7 @@ def test_other_audio_with_the_same_text_reuses_nothing_of_the_clip(cached, fresh
 
 def test_another_image_reuses_nothing_of_it(cached, fresh, processor):
     turn = [_user({"type": "image_url", "image_url": {"url": png_url(rgb(56, 56, seed=5))}}, "Describe it")]
-    _chat(cached, turn)
+    _measured(cached, turn)
     other = [_user({"type": "image_url", "image_url": {"url": png_url(rgb(56, 56, seed=6))}}, "Describe it")]
     assert _ids(processor, other) == _ids(processor, turn)
     answer, prefilled, reused = _measured(cached, other)
@@ -144,7 +151,7 @@ def test_another_image_reuses_nothing_of_it(cached, fresh, processor):
     image_start = _ids(processor, turn).index(processor.config.tokens.image_token_id)
     assert reused <= image_start and prefilled >= answer.usage.prompt_tokens - image_start
     _, _, same = _measured(cached, turn)  # the first image again: its blocks are reused
-    assert same >= (len(_ids(processor, turn)) // BS - 1) * BS
+    assert same == (len(_ids(processor, turn)) - 1) // BS * BS
 
 
 def test_a_spoken_follow_up_answers_the_same_and_reuses_its_text_pieces(cached, fresh, processor):
@@ -152,11 +159,11 @@ def test_a_spoken_follow_up_answers_the_same_and_reuses_its_text_pieces(cached, 
     again; the text pieces around them come from the cache. Transcript and audio equal the uncached server's."""
     speech = dict(modalities=["text", "audio"], audio={"voice": "Chelsie", "format": "wav", "max_frames": 8})
     turn1 = [{"role": "system", "content": "Be brief"}, _user("Say hello", _audio(CLIP_B), "please")]
-    first, _, _ = _measured(cached, turn1, **speech)
+    first, _, _ = _measured(cached, turn1, last_apart=True, **speech)
     want = _chat(fresh, turn1, **speech)
     assert first.choices[0].message.audio.transcript == want.choices[0].message.audio.transcript
     assert_wave_equal(_wave(first), _wave(want), quantum=1 / 32768)
-    again, prefilled, reused = _measured(cached, turn1, **speech)
+    again, prefilled, reused = _measured(cached, turn1, last_apart=True, **speech)
     assert again.choices[0].message.audio.transcript == want.choices[0].message.audio.transcript
     assert_wave_equal(_wave(again), _wave(want), quantum=1 / 32768)
     assert reused > 0 and prefilled + reused == again.usage.prompt_tokens - 1  # the last token: thinker_first
