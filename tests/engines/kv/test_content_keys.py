@@ -195,3 +195,29 @@ def test_lazy_pieces_are_answered_at_once_and_share_blocks_across_their_cut(tiny
 def _hf_logits(hf_lm, tokens: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return hf_lm(torch.tensor([tokens])).logits[0, -1]
+
+
+def test_content_keys_and_laziness_are_declared_on_causal_appends_only():
+    from walkserve.core.errors import GraphError
+    from walkserve.graph.kv import query
+
+    with pytest.raises(GraphError, match="causal appends"):
+        append("main", mask="full", content="content")
+    with pytest.raises(GraphError, match="causal appends"):
+        query("main", content="content")
+    with pytest.raises(GraphError, match="only an append may be lazy"):
+        query("main", lazy=True)
+    assert not append("main", lazy=True).tokens_only and not append("main", content="content").tokens_only
+
+
+def test_a_moved_keyed_context_is_not_shared_on_the_target(tiny_lm):
+    """The moved history carries no row keys: its keyed rows stay out of the target's prefix cache."""
+    source = KVCacheEngine("lm", tiny_lm, "cpu", torch.float32, KVOptions(block_size=4, num_blocks=32))
+    keyed = dataclasses.replace(
+        firing("r", list(range(10, 19)), positions=torch.arange(9), content=torch.tensor([0, 0, D, D, D, 0, 0, 0, 0])),
+        node_params=kv_params(append("main", content="content")))
+    source.submit(keyed)
+    while not source.step():
+        pass
+    [state] = source.export_contexts("r", ["main"])
+    assert state.cache_limit == 0 and state.k.shape[1] == 9
