@@ -102,6 +102,7 @@ def test_kv_pool_series(samples):
     assert used + free == pool["_value"]
     assert value(samples, "walkserve_kv_pool_preemptions_total", **labels) == 0
     assert value(samples, "walkserve_kv_pool_prefix_hit_tokens_total", **labels) >= 0
+    assert value(samples, "walkserve_kv_pool_prefill_tokens_total", **labels) > 0  # the speech request's prompt ran
 
 
 def test_labels_are_bounded(samples):
