@@ -221,3 +221,24 @@ def test_a_moved_keyed_context_is_not_shared_on_the_target(tiny_lm):
         pass
     [state] = source.export_contexts("r", ["main"])
     assert state.cache_limit == 0 and state.k.shape[1] == 9
+
+
+def test_a_lazy_piece_run_with_the_next_firing_yields_between_chunks(tiny_lm, hf_lm):
+    """With may_yield, the rows a lazy piece left run as prefill chunks of the firing after it: each call that ran a
+    chunk short of that firing answers LATER (other cohorts step in between), and no row runs twice."""
+    from walkserve.engines.base import LATER, Group
+
+    def group(tokens: list[int], outputs: tuple[str, ...]) -> Group:
+        return Group("w", "lm", "lm", "forward", outputs, kv_params(append("main", lazy=True)), ["r"], [()],
+                     [{"tokens": torch.tensor(tokens)}], [{}], [None])
+
+    engine = KVCacheEngine("lm", tiny_lm, "cpu", torch.float32,
+                           KVOptions(block_size=4, num_blocks=32, max_batch_tokens=16, seed=0))
+    first, second = list(range(10, 30)), list(range(40, 45))
+    assert engine.run_groups([group(first, ())], may_yield=True) == [[{}]]
+    assert engine.stats()["forward_steps"] == 0  # answered before any forward
+    (answer,) = engine.run_groups([group(second, ("logits",))], may_yield=True)
+    assert answer == [LATER]  # rows 0..15 ran: the piece's rows are the next firing's prefill
+    (last,) = engine.run_groups([group(second, ("logits",))], may_yield=True)  # rows 16..24 (plain rows merge)
+    torch.testing.assert_close(last[0]["logits"], _hf_logits(hf_lm, first + second), atol=1e-4, rtol=1e-4)
+    assert engine.stats()["forward_rows.lm"] == 25

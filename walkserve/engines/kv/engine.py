@@ -145,7 +145,8 @@ class KVCacheEngine(Engine):
     def step(self) -> list[FiringResult]:
         results, self._ready = self._ready, []
         plan = self.scheduler.schedule()
-        self._partial = any(c.pending is not None and c.completes is None for c in plan.chunks)
+        self._partial = any(c.completes is None and c.context is not None and _head_waits(c.context)
+                            for c in plan.chunks)
         if not plan.chunks:
             return results
         self.forwards += 1
@@ -452,3 +453,9 @@ def _pool_dtype(model: nn.Module, dtype: torch.dtype | str | None) -> torch.dtyp
         return resolved
     param = next(model.parameters(), None)
     return param.dtype if param is not None else torch.float32
+
+
+def _head_waits(ctx: Any) -> bool:
+    """Whether a firing waits on ``ctx``'s rows: a chunk that does not finish it is a prefill that goes on (its own
+    rows, or rows before it: a lazy piece's, or a preempted history's)."""
+    return bool(ctx.pending) and ctx.pending[0].firing is not None
