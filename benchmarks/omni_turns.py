@@ -1,8 +1,9 @@
 """``./dev bench omni-turns``: a spoken-question conversation with Qwen3-Omni's thinker, with and without KV reuse.
 
 One conversation of ``turns`` turns, each a user turn of one audio clip and a question, answered greedily
-(text out), the next turn re-sending the whole conversation (as a chat client, or the realtime route, does).
-It runs twice on the same checkpoint, side by side in one run: (1) prefix caching on, (2) off. Per turn:
+(text out; ``--speak``: text and audio out), the next turn re-sending the whole conversation (as a chat client,
+or the realtime route, does). It runs twice on the same checkpoint, side by side in one run: (1) prefix caching
+on, (2) off. Per turn:
 the prompt's tokens, the thinker's prefilled and reused prompt tokens (``walkserve_kv_pool_prefill_tokens``
 and ``walkserve_kv_pool_prefix_hit_tokens``, read from the engine's stats) and the TTFT; the answers of (1)
 and (2) must be equal token for token.
@@ -39,7 +40,7 @@ def user_turn(turn: int, seconds: float) -> dict:
 
 
 async def conversation(path: Path, turns: int, seconds: float, new_tokens: int, caching: bool,
-                       block_size: int) -> list[dict]:
+                       block_size: int, speak: bool = False) -> list[dict]:
     """One conversation on a fresh engine: per turn its prompt tokens, prefilled / reused tokens, TTFT, answer."""
     from walkserve.core.config import RuntimeConfig
     from walkserve.entrypoint.engine import AsyncEngine
@@ -52,13 +53,13 @@ async def conversation(path: Path, turns: int, seconds: float, new_tokens: int, 
     messages: list[dict] = [{"role": "system", "content": "Answer briefly."}]
     rows = []
     try:
-        _, _, warm = await _ask(engine, [{"role": "system", "content": "Warm-up."}, user_turn(99, 1.0)], 2)
-        await _thinker_counters(engine, warm)  # its rows reported (it shares no block with the conversation)
+        _, _, warm = await _ask(engine, [{"role": "system", "content": "Warm-up."}, user_turn(99, 1.0)], 2, speak)
+        await _thinker_counters(engine, warm - speak)  # its rows reported (it shares no block with the conversation)
         for turn in range(turns):
             messages.append(user_turn(turn, seconds * (1 - 0.1 * turn)))
             before = await _thinker_counters(engine, 0.0)  # every earlier request's rows are in
-            tokens, ttft, prompt = await _ask(engine, messages, new_tokens)
-            after = await _thinker_counters(engine, sum(before) + prompt)
+            tokens, ttft, prompt = await _ask(engine, messages, new_tokens, speak)
+            after = await _thinker_counters(engine, sum(before) + prompt - speak)  # spoken: the last row apart
             rows.append({"turn": turn + 1, "prompt": prompt, "prefilled": after[0] - before[0],
                          "reused": after[1] - before[1], "ttft_s": ttft, "tokens": tokens})
             messages.append({"role": "assistant", "content": engine.processor.decode(tokens)})
@@ -67,17 +68,20 @@ async def conversation(path: Path, turns: int, seconds: float, new_tokens: int, 
     return rows
 
 
-async def _ask(engine, messages: list[dict], n: int) -> tuple[list[int], float, int]:
+async def _ask(engine, messages: list[dict], n: int, speak: bool = False) -> tuple[list[int], float, int]:
     from walkserve.core.outputs import OutputEvent
 
     t0 = time.perf_counter()
     sampling = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-    spec = await asyncio.to_thread(engine.processor.build_request, "chat", {"messages": messages}, sampling, {})
+    payload = {"messages": messages, **({"modalities": ["text", "audio"]} if speak else {})}
+    params = {"max_audio_frames": 8} if speak else {}
+    spec = await asyncio.to_thread(engine.processor.build_request, "chat", payload, sampling, params)
     tokens, first = [], None
     async for event in engine.generate(spec):
         if isinstance(event, OutputEvent):
-            tokens.extend(int(t) for t in event.data.tolist())
-            first = first if first is not None else time.perf_counter() - t0
+            if event.modality == "text":
+                tokens.extend(int(t) for t in event.data.tolist())
+                first = first if first is not None else time.perf_counter() - t0
         elif event.error:
             raise RuntimeError(f"request failed: {event.error}")
     return tokens, first or float("nan"), int(spec.inputs["prompt_token_ids"].shape[0])
@@ -85,7 +89,8 @@ async def _ask(engine, messages: list[dict], n: int) -> tuple[list[int], float, 
 
 async def _thinker_counters(engine, at_least: float) -> tuple[float, float]:
     """(prefill_tokens, prefix_hit_tokens) of the thinker's pool once the workers reported ``at_least`` rows in all
-    (a text answer's prompt rows are each prefilled or reused), or after 10 s."""
+    (a text answer's prompt rows are each prefilled or reused; a spoken answer's but its last, a one-row firing),
+    or after 10 s."""
     deadline = time.monotonic() + 10
     while True:
         pools = [v for (component, _), v in engine.stats().engine_ranks.items() if component == "thinker"]
@@ -104,12 +109,14 @@ def report(on: list[dict], off: list[dict], args: argparse.Namespace) -> str:
         previous = a["prompt"]
     lines = ["## Qwen3-Omni conversation turns with KV reuse (`./dev bench omni-turns`)", "",
              f"- workload: one conversation of {args.turns} turns; turn k: a {args.seconds:g} s x (1 - 0.1 (k - 1)) "
-             f"clip and a question, {args.new_tokens} new tokens, greedy, EOS ignored; each turn re-sends the whole "
+             f"clip and a question, {args.new_tokens} new tokens, greedy, EOS ignored, "
+             f"{'spoken answers (text + audio out, 8 codec frames)' if args.speak else 'text out'}; each turn re-sends the whole "
              f"conversation (earlier answers as assistant text); tiny random-weight checkpoint, placement qwen3-omni "
              f"(one rank, CPU), KV block size {args.block_size}",
              f"- machine: {conditions()}",
              "- prefilled / reused: the thinker's prompt rows computed / taken from the prefix cache for that turn "
-             "(the last prompt row is always computed: it samples the first token); new since last prompt = "
+             "(the last prompt row is always computed: it samples the first token"
+             f"{'; not counted for a spoken answer, a one-row firing' if args.speak else ''}); new since last prompt = "
              "the earlier answer and the new user turn", ""]
     lines.append(table(["turn", "prompt tokens", "new since last prompt", "prefilled (no reuse)", "prefilled (reuse)", "reused",
                         "prefilled ratio", "TTFT ms (no reuse)", "TTFT ms (reuse)", "answer"], rows))
@@ -122,6 +129,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seconds", type=float, default=3.0, help="the first clip's length (later ones 10%% shorter each)")
     p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--speak", action="store_true", help="spoken answers (text + audio out): the thinker's media "
+                   "pieces feed the talker their rows, so they run again each turn")
     args = p.parse_args(argv)
     from walkserve.models.qwen3_omni.tiny import write_tiny_qwen3_omni
 
@@ -131,7 +140,7 @@ def main(argv: list[str]) -> int:
         for caching in (True, False):
             print(f"prefix caching {'on' if caching else 'off'}: {args.turns} turns ...", flush=True)
             runs[caching] = asyncio.run(conversation(path, args.turns, args.seconds, args.new_tokens, caching,
-                                                     args.block_size))
+                                                     args.block_size, args.speak))
         print()
         print(report(runs[True], runs[False], args))
     return 0
