@@ -242,3 +242,24 @@ def test_a_lazy_piece_run_with_the_next_firing_yields_between_chunks(tiny_lm, hf
     (last,) = engine.run_groups([group(second, ("logits",))], may_yield=True)  # rows 16..24 (plain rows merge)
     torch.testing.assert_close(last[0]["logits"], _hf_logits(hf_lm, first + second), atol=1e-4, rtol=1e-4)
     assert engine.stats()["forward_rows.lm"] == 25
+
+
+def test_truncating_a_keyed_context_forgets_the_keys_of_the_rows_it_drops():
+    s = _sched()
+    _submit(s, "a", _op(PROMPT, MEDIA))
+    _run(s)
+    s.truncate(("a", "main"), 3)  # back to the text before the clip
+    assert s.contexts[("a", "main")].row_keys() == [1, 2, 3]
+    _submit(s, "a", None, [40, 41, 42, 43, 44, 45])  # plain rows where the clip was
+    _run(s)
+    _submit(s, "b", None, [1, 2, 3, 40, 41, 42, 43, 44, 45, 46])
+    assert _run(s) == [("b", 8, 2)]  # a's new blocks are keyed by their ids alone
+
+
+def test_a_fork_keeps_the_keys_of_its_source():
+    s = _sched()
+    _submit(s, "a", _op(PROMPT, MEDIA))
+    _run(s)
+    s.fork(("a", "main"), ("a", "copy"))
+    assert s.contexts[("a", "copy")].row_keys()[:12] == s.contexts[("a", "main")].row_keys()[:12]
+    assert s.contexts[("a", "copy")].row_keys()[4] == (9, D, (4, 4, 4))

@@ -238,7 +238,9 @@ class RowKeys:
     def __len__(self) -> int:
         return len(self._ids)
 
-    def __getitem__(self, rows: slice) -> list:
+    def __getitem__(self, rows: int | slice) -> Any:
+        if isinstance(rows, int):
+            return self._overrides.get(rows % len(self._ids), self._ids[rows])
         start, stop, _ = rows.indices(len(self._ids))
         return [self._overrides.get(r, self._ids[r]) for r in range(start, stop)]
 
