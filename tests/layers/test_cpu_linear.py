@@ -1,4 +1,4 @@
-"""``linear``: the chunked float32 and upcast bf16 CPU paths equal F.linear up to summation order."""
+"""``linear``: the oneDNN, chunked float32 and upcast bf16 CPU paths equal F.linear up to summation order."""
 
 from __future__ import annotations
 
@@ -23,12 +23,47 @@ def _case(dtype: torch.dtype, rows: int, seed: int = 0):
     return x, w, b
 
 
+@pytest.mark.parametrize("kernel", cpu_linear.KERNELS)
 @pytest.mark.parametrize("rows", [1, 3, 4, 16, 64, 65])
-def test_float32_matches_f_linear(rows):
+def test_float32_matches_f_linear(rows, kernel):
     x, w, b = _case(torch.float32, rows)
-    got = linear(x, w, b)
+    w = nn.Parameter(w, requires_grad=False)  # "packed" packs parameters only
+    with cpu_linear.use_kernel(kernel):
+        got = linear(x, w, b)
     assert got.dtype == torch.float32 and got.shape == (rows, N)
     torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_packed_copy_is_rebuilt_when_the_weight_changes():
+    x, w, b = _case(torch.float32, 16)
+    w = nn.Parameter(w, requires_grad=False)
+    with cpu_linear.use_kernel("packed"):
+        first = linear(x, w, b)
+        packed = cpu_linear._packed(w)
+        assert cpu_linear._packed(w) is packed  # reused while the weight is unchanged
+        with torch.no_grad():
+            w.mul_(2)  # a loader writing new values in place
+        second = linear(x, w, b)
+        assert cpu_linear._packed(w) is not packed
+    torch.testing.assert_close(second - b, 2 * (first - b), rtol=1e-5, atol=1e-4)
+    key = id(w)
+    del w
+    assert key not in cpu_linear._PACKED  # dropped with its weight
+
+
+def test_use_kernel_selects_and_restores(monkeypatch):
+    x, w, _ = _case(torch.float32, 3)  # below the chunked path: "mkl" is plain F.linear
+    real, calls = F.linear, []
+    monkeypatch.setattr(F, "linear", lambda *a: calls.append(1) or real(*a))
+    before = cpu_linear.KERNEL
+    with cpu_linear.use_kernel("mkl"):
+        assert cpu_linear.KERNEL == "mkl" and not cpu_linear._onednn(x, w)
+        linear(x, w)
+    assert cpu_linear.KERNEL == before and calls == [1]
+    if cpu_linear._HAVE_ONEDNN:
+        with cpu_linear.use_kernel("onednn"):
+            linear(x, w)
+        assert calls == [1]  # oneDNN, not F.linear
 
 
 @pytest.mark.parametrize("rows", [1, 4, 16, 200])
@@ -74,8 +109,10 @@ def test_linear_module_loads_like_nn_linear():
     ours = Linear(K, 7)
     ours.load_state_dict(ref.state_dict())
     x = torch.randn(5, K)
-    with torch.no_grad():
+    with torch.no_grad(), cpu_linear.use_kernel("mkl"):
         torch.testing.assert_close(ours(x), ref(x), rtol=0, atol=0)
+    with torch.no_grad():  # oneDNN (the default): the same up to summation order
+        torch.testing.assert_close(ours(x), ref(x), rtol=1e-5, atol=1e-5)
 
 
 def test_scratch_buffer_survives_switching_inference_mode():

@@ -83,6 +83,13 @@ WALKSERVE_PLACEMENT_TIMEOUT_S = _knob(
     float,
     "How long a Ray placement waits for the cluster to reserve every rank's resources before it fails, naming what is missing.",
 )
+WALKSERVE_CPU_LINEAR = _knob(
+    "WALKSERVE_CPU_LINEAR",
+    "onednn",
+    str,
+    "float32 linears on the CPU: onednn (default), packed (oneDNN on pre-packed copies: faster, each float32 "
+    "linear weight held twice) or mkl (F.linear, the previous path).",
+)
 WALKSERVE_LOG_LEVEL = _knob("WALKSERVE_LOG_LEVEL", "INFO", str, "Log level of every walkserve process.")
 WALKSERVE_ZYGOTE = _knob(
     "WALKSERVE_ZYGOTE",

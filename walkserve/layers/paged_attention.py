@@ -22,16 +22,33 @@ row is ever NaN: every row sees at least itself.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from walkserve.layers.attention import AttentionContext
+from walkserve.layers.decode_mirror import DecodeMirror
 
 MASKS = ("causal", "full", "block_causal")
+DECODES = ("mirror", "gather")  # how a CPU batch of decodes reads its keys (see TorchPagedAttention)
+DECODE = "mirror"
+
+
+@contextlib.contextmanager
+def use_decode(name: str) -> Iterator[None]:
+    """Run the block with CPU decode batches read the ``name`` way (benchmarks and tests compare them)."""
+    global DECODE
+    assert name in DECODES, name
+    before, DECODE = DECODE, name
+    try:
+        yield
+    finally:
+        DECODE = before
 
 Read = tuple[list[int], int]  # (block table, tokens) of one context a query reads
 
@@ -132,6 +149,11 @@ class PagedIndex:
         positions = torch.arange(width * bs, device=self.tables.device)  # [W * bs]
         mask = positions[None, :] < self.kv_lens[rows][:, None]  # [B, W * bs]
         return blocks.reshape(-1), mask
+
+
+def _all_decodes(batch: PagedBatch) -> bool:
+    """Only one-row causal appends (a plain decode step)."""
+    return batch.plain and all(n == 1 for n in batch.query_lens)
 
 
 def _slots(tables: torch.Tensor, seqs: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -240,11 +262,19 @@ class TorchPagedAttention(AttentionContext):
     unwritten tail, a full-mask query gathers exactly its contexts' written
     slots and its own rows after them (an unmasked SDPA call is ~25% faster
     than a masked one on the CPU). A batch of decodes only skips every row scatter.
+
+    On the CPU a batch of decodes only reads its keys from the backend's
+    ``DecodeMirror`` (``DECODE`` "mirror"): the dense copy the last step left,
+    appended to, instead of a gather of every sequence's past in every layer.
     """
 
-    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch, scratch: Scratch):
+    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch, scratch: Scratch,
+                 mirror: DecodeMirror | None = None):
         self.k_cache, self.v_cache, self.scratch = k_cache, v_cache, scratch
         device = k_cache.device
+        self.mirror, self.plan = mirror, None
+        if mirror is not None and DECODE == "mirror" and device.type == "cpu" and _all_decodes(batch):
+            self.plan = mirror.prepare(k_cache, v_cache, batch.kv_lens, batch.block_tables, mask_bias(k_cache.dtype))
         index = batch.tensors(device)
         self.slot_mapping, self.written = index.slots, index.written  # [W], [W] or None
         starts = [0]
@@ -254,7 +284,7 @@ class TorchPagedAttention(AttentionContext):
         self.only_decodes = len(decodes) == len(batch.query_lens)
         self.decode_rows = torch.tensor([starts[i] for i in decodes], dtype=torch.long, device=device)
         self.decode_blocks = self.decode_bias = None
-        if decodes:
+        if decodes and self.plan is None:
             self.decode_blocks, mask = index.padded_blocks(decodes)  # [B * W], [B, W * bs]
             bias = torch.zeros(mask.shape, dtype=k_cache.dtype, device=device).masked_fill_(~mask, mask_bias(k_cache.dtype))
             self.decode_bias = bias[:, None, None, :]  # [B, 1, 1, W * bs]
@@ -310,6 +340,10 @@ class TorchPagedAttention(AttentionContext):
         k_new, v_new = (k, v) if self.written is None else (k[self.written], v[self.written])
         k_cache.view(-1, hkv, dh).index_copy_(0, self.slot_mapping, k_new.to(k_cache.dtype))
         v_cache.view(-1, hkv, dh).index_copy_(0, self.slot_mapping, v_new.to(v_cache.dtype))
+        if self.plan is not None:
+            keys, values = self.mirror.write(layer, self.plan, k, v)  # [B, width, Hkv, Dh]
+            self.mirror.written(self.k_cache, self.v_cache)
+            return decode_attention(q, keys, values, self.plan.bias, scale)
         if self.only_decodes:
             keys, values = self._gather(k_cache, v_cache, self.decode_blocks, len(self.decode_rows))
             return decode_attention(q, keys, values, self.decode_bias, scale)

@@ -13,6 +13,7 @@ import torch
 
 from walkserve.core.errors import ConfigError
 from walkserve.layers.attention import AttentionContext
+from walkserve.layers.decode_mirror import DecodeMirror
 from walkserve.layers.graph_attention import TorchGraphDecode
 from walkserve.layers.paged_attention import (
     PagedAttentionBackend,
@@ -23,13 +24,15 @@ from walkserve.layers.paged_attention import (
 
 
 class TorchPagedBackend(PagedAttentionBackend):
-    """The pure-PyTorch backend (CPU, or any device as a reference); owns the gather scratch buffers."""
+    """The pure-PyTorch backend (CPU, or any device as a reference); owns the gather scratch buffers and the
+    decode mirror (the dense keys of the last decode batch, carried across steps)."""
 
     def __init__(self) -> None:
         self.scratch = Scratch()
+        self.mirror = DecodeMirror()
 
     def context(self, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch) -> AttentionContext:
-        return TorchPagedAttention(k_cache, v_cache, batch, self.scratch)
+        return TorchPagedAttention(k_cache, v_cache, batch, self.scratch, self.mirror)
 
     def graph_decode(self, k_cache: torch.Tensor, v_cache: torch.Tensor, size: int, max_blocks: int) -> TorchGraphDecode:
         return TorchGraphDecode(k_cache, v_cache, size, max_blocks)
