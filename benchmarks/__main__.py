@@ -8,6 +8,7 @@ import sys
 BENCHMARKS = {
     "runtime": "benchmarks.runtime",
     "lm": "benchmarks.lm",
+    "lm-step": "benchmarks.lm_step",
     "tts": "benchmarks.tts",
     "vjepa": "benchmarks.vjepa",
     "vjepa-offline": "benchmarks.vjepa_offline",

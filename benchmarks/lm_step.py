@@ -9,7 +9,8 @@ paged pool. Then, step after step, each generates one greedy token per row:
                    booking), once per engine variant (kernels selected per step, see VARIANTS)
 
 The variants take turns within every step (so the machine's load hits them
-alike) on one engine, whose contexts grow by one token per variant and step.
+alike), each on an engine of its own (so the decode mirror of one is not
+invalidated by another's pool writes); all contexts grow by one token a step.
 The report gives the median per-step wall time of each and its ratio to
 transformers'; the target is engine step <= transformers forward.
 """
@@ -117,14 +118,20 @@ class _Engine:
         return made
 
 
-def measure(path: Path, prompts: tuple[tuple[int, ...], ...], steps: int, threads: int) -> dict[str, list[float]]:
-    """Per-step wall seconds of transformers and of each engine variant, taking turns within every step."""
+def measure(path: Path, prompts: tuple[tuple[int, ...], ...], steps: int,
+            threads: int) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """Per-step wall seconds of transformers and of each engine variant, taking turns within every step; and per
+    variant, the rows whose tokens equal transformers'."""
     torch.set_num_threads(threads)
     variants = _variants()
     times: dict[str, list[float]] = {"transformers forward (DynamicCache, left-padded)": []}
     times.update({name: [] for name in variants})
+    engines = {}
+    for name, enter in variants.items():  # loaded outside inference mode, as a worker loads them
+        with enter():
+            engines[name] = _Engine(path, prompts)
     with torch.inference_mode():
-        hf, ours = _Transformers(path, prompts), _Engine(path, prompts)
+        hf = _Transformers(path, prompts)
         for _ in range(steps):
             t0 = time.perf_counter()
             hf.step()
@@ -132,18 +139,20 @@ def measure(path: Path, prompts: tuple[tuple[int, ...], ...], steps: int, thread
             for name, enter in variants.items():
                 with enter():
                     t0 = time.perf_counter()
-                    made = ours.step()
+                    made = engines[name].step()
                     times[name].append(time.perf_counter() - t0)
                 assert made == len(prompts), f"{name}: {made} decodes in a step, not {len(prompts)}"
-    return times
+    agree = {name: sum(e[:len(h)] == h for e, h in zip(ours.tokens, hf.tokens)) for name, ours in engines.items()}
+    return times, agree
 
 
-def report(shape: Shape, args: argparse.Namespace, times: dict[str, list[float]], load: tuple[float, float]) -> str:
+def report(shape: Shape, args: argparse.Namespace, times: dict[str, list[float]], agree: dict[str, int],
+           load: tuple[float, float]) -> str:
     skip = min(2, args.steps - 1)  # the first steps warm caches and allocators
     medians = {name: statistics.median(t[skip:]) * 1e3 for name, t in times.items()}
     base = next(iter(medians.values()))
-    rows = [(name, medians[name], min(t[skip:]) * 1e3, max(t[skip:]) * 1e3, medians[name] / base)
-            for name, t in times.items()]
+    rows = [(name, medians[name], min(t[skip:]) * 1e3, max(t[skip:]) * 1e3, medians[name] / base,
+             f"{agree[name]}/{args.batch}" if name in agree else "") for name, t in times.items()]
     lens = shape.prompt_lengths()[: args.batch]
     lines = [
         "## One decode step at batch 16 (`./dev bench lm-step`)", "",
@@ -152,7 +161,8 @@ def report(shape: Shape, args: argparse.Namespace, times: dict[str, list[float]]
         f"taking turns within every step (medians over the last {args.steps - skip})",
         f"- machine: {conditions()}; torch threads {args.threads}; load average {load[0]:.2f} before, {load[1]:.2f} after",
         "",
-        table(["what", "ms per step (median)", "min", "max", "x transformers"], rows),
+        table(["what", "ms per step (median)", "min", "max", "x transformers", "rows with transformers' tokens"],
+              rows),
     ]
     ours = [v for k, v in medians.items() if "default" in k]
     if ours:
@@ -182,5 +192,5 @@ def main(argv: list[str]) -> int:
         thread.join()
     if not box:
         return 1
-    print(report(shape, args, box[0], (before, os.getloadavg()[0])))
+    print(report(shape, args, *box[0], (before, os.getloadavg()[0])))
     return 0

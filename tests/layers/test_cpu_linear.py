@@ -49,6 +49,11 @@ def test_packed_copy_is_rebuilt_when_the_weight_changes():
     key = id(w)
     del w
     assert key not in cpu_linear._PACKED  # dropped with its weight
+    with torch.inference_mode():
+        w = nn.Parameter(_case(torch.float32, 1)[1], requires_grad=False)  # no version counter: never cached
+        with cpu_linear.use_kernel("packed"):
+            torch.testing.assert_close(linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+    assert id(w) not in cpu_linear._PACKED
 
 
 def test_use_kernel_selects_and_restores(monkeypatch):

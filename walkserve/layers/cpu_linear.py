@@ -59,7 +59,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """
     if _onednn(x, weight):
         rows = x.reshape(-1, x.shape[-1])  # [M, K]
-        w = _packed(weight) if KERNEL == "packed" and isinstance(weight, torch.nn.Parameter) else weight
+        w = _packed(weight) if KERNEL == "packed" and _versioned(weight) else weight
         out = torch.ops.mkldnn._linear_pointwise(rows, w, bias, "none", [], "")  # [M, N]
         return out.reshape(*x.shape[:-1], weight.shape[0])
     mode = _chunk_mode(x, weight)
@@ -93,6 +93,11 @@ def _onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
 _HAVE_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 # id(weight) -> (the weight, weakly; its data pointer and version when packed; the packed copy)
 _PACKED: dict[int, tuple[weakref.ref, int, int, torch.Tensor]] = {}
+
+
+def _versioned(weight: torch.Tensor) -> bool:
+    """A parameter whose writes are counted (not one made under inference mode): its packed copy can be cached."""
+    return isinstance(weight, torch.nn.Parameter) and not weight.is_inference()
 
 
 def _packed(weight: torch.nn.Parameter) -> torch.Tensor:

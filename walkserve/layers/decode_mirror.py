@@ -81,10 +81,17 @@ class DecodeMirror:
 
     def _rebuild(self, k_cache: torch.Tensor, v_cache: torch.Tensor, shape: tuple[int, ...],
                  source: list[int | None], keys: list[tuple[tuple[int, ...], int]]) -> None:
-        """New mirror tensors of ``shape``: rows the old mirror holds are copied from it, the rest from the pool."""
-        k = torch.zeros(shape, dtype=k_cache.dtype)  # masked keys are still multiplied: no NaN garbage
-        v = torch.zeros(shape, dtype=v_cache.dtype)
+        """Rows the old mirror holds stay or are copied from it, the rest come from the pool. The old tensors
+        are reused when they are large enough and no row moves; new ones are zeroed (masked keys are still
+        multiplied: stale keys are harmless, uninitialised memory could hold NaN)."""
+        old = self.k.shape if self.k is not None else None
         kept = [(i, r) for i, r in enumerate(source) if r is not None]
+        in_place = old is not None and old[1] >= shape[1] and old[2] >= shape[2] and all(i == r for i, r in kept)
+        if in_place:
+            k, v, kept = self.k, self.v, []
+        else:
+            k = torch.zeros(shape, dtype=k_cache.dtype)
+            v = torch.zeros(shape, dtype=v_cache.dtype)
         if kept:
             dst, src = torch.tensor([i for i, _ in kept]), torch.tensor([r for _, r in kept])
             n = max(keys[i][1] for i, _ in kept)
