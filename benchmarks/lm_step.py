@@ -155,7 +155,7 @@ def report(shape: Shape, args: argparse.Namespace, times: dict[str, list[float]]
              f"{agree[name]}/{args.batch}" if name in agree else "") for name, t in times.items()]
     lens = shape.prompt_lengths()[: args.batch]
     lines = [
-        "## One decode step at batch 16 (`./dev bench lm-step`)", "",
+        f"## One decode step at batch {len(lens)} (`./dev bench lm-step`)", "",
         f"- model: {shape.describe()}, float32",
         f"- batch: {len(lens)} rows, prompts of {lens[0]}-{lens[-1]} tokens; {args.steps} steps of each variant, "
         f"taking turns within every step (medians over the last {args.steps - skip})",

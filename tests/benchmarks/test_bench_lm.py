@@ -29,3 +29,18 @@ def test_quick_lm_benchmark_prints_the_table():
     assert re.search(r"^\| float32 \| \(d\) \| [\d.,]+ \| [\d.,]+ \| [\d.,]+ \| [\d.,]+ \| \d+ / \d+ \| 0 \|", out,
                      re.MULTILINE), out  # TTFT / ITL percentiles, KV blocks, no preemption
     assert "d/c = " in out and "d/a = " in out
+
+
+@pytest.mark.slow
+def test_quick_lm_step_benchmark_compares_every_variant_with_transformers():
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "lm-step", "--quick"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    rows = re.findall(r"^\| (transformers|engine)[^|]*\| ([\d.,]+) \|[^|]+\|[^|]+\| ([\d.]+) \|([^|]*)\|$", out, re.MULTILINE)
+    assert len(rows) == 4 and rows[0][0] == "transformers" and rows[0][2] == "1", out
+    assert all(float(ms.replace(",", "")) > 0 for _, ms, _, _ in rows), out
+    # every engine variant (previous kernels, default, packed) generates transformers' greedy tokens
+    assert [agree.strip() for _, _, _, agree in rows[1:]] == ["4/4"] * 3, out
+    assert "engine step / transformers forward = " in out

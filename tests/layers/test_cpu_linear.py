@@ -64,7 +64,7 @@ def test_use_kernel_selects_and_restores(monkeypatch):
     with cpu_linear.use_kernel("mkl"):
         assert cpu_linear.KERNEL == "mkl" and not cpu_linear._onednn(x, w)
         linear(x, w)
-    assert cpu_linear.KERNEL == before and calls == [1]
+    assert before == cpu_linear.KERNEL and calls == [1]
     if cpu_linear._HAVE_ONEDNN:
         with cpu_linear.use_kernel("onednn"):
             linear(x, w)
