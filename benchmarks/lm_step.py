@@ -159,7 +159,7 @@ def report(shape: Shape, args: argparse.Namespace, times: dict[str, list[float]]
         f"- model: {shape.describe()}, float32",
         f"- batch: {len(lens)} rows, prompts of {lens[0]}-{lens[-1]} tokens; {args.steps} steps of each variant, "
         f"taking turns within every step (medians over the last {args.steps - skip})",
-        f"- machine: {conditions()}; torch threads {args.threads}; load average {load[0]:.2f} before, {load[1]:.2f} after",
+        f"- machine: {conditions()}; load average {load[0]:.2f} before, {load[1]:.2f} after",
         "",
         table(["what", "ms per step (median)", "min", "max", "x transformers", "rows with transformers' tokens"],
               rows),
@@ -182,6 +182,7 @@ def main(argv: list[str]) -> int:
     args.steps = args.steps or (4 if args.quick else 24)
     from walkserve.models.llama.tiny import write_tiny
 
+    torch.set_num_threads(args.threads)  # here too, so the report's conditions say it
     before = os.getloadavg()[0]
     box: list = []
     with tempfile.TemporaryDirectory(prefix="walkserve-bench-lm-step-") as tmp:
