@@ -19,6 +19,7 @@ from walkserve.api.routes import (
     native,
     openpi,
     playground,
+    realtime,
     system,
     text,
     timeline,
@@ -43,7 +44,7 @@ def build_app(engine: EngineClient, config: ServerConfig | None = None) -> FastA
     app = FastAPI(title="walkserve", version="0.1.0", description=DESCRIPTION, docs_url="/docs", redoc_url=None)
     app.router.route_class = StrictRoute
     app.state.walkserve = state
-    for module in (system, text, audio, transcriptions, images, native, embeddings, openpi, playground, timeline):
+    for module in (system, text, audio, transcriptions, images, native, embeddings, openpi, realtime, playground, timeline):
         app.include_router(module.routes)
     app.openapi = lambda: openapi_document(app, state)  # type: ignore[method-assign]
     install_error_handlers(app)

@@ -19,7 +19,10 @@ class ServerConfig:
     ``model_aliases`` are extra names accepted in the ``model`` field.
     ``default_max_tokens`` replaces the model card's default ``max_tokens``
     for requests that set none (the only bound a ``/v1/audio/speech``
-    request has on its length).
+    request has on its length). ``realtime_*`` bound the ``/v1/realtime``
+    sessions: how many at once, how long one lasts, how much input audio one
+    buffers before a commit, the largest client event, and how long a session
+    may stay silent (no client event) before it is closed.
     """
 
     host: str = "127.0.0.1"
@@ -38,12 +41,19 @@ class ServerConfig:
     max_speech_chars: int = 4096
     max_stop_strings: int = 16
     default_max_tokens: int | None = None
+    realtime_max_sessions: int = 32
+    realtime_max_session_s: float = 1800.0
+    realtime_max_buffer_s: float = 120.0
+    realtime_max_event_bytes: int = 15 * MIB
+    realtime_idle_timeout_s: float = 300.0
     log_level: str = "info"
 
     def __post_init__(self) -> None:
         self._positive("max_body_bytes", "max_media_parts", "max_image_pixels", "max_n", "max_speech_chars",
                        "max_ws_message_bytes")
         self._positive("max_audio_seconds", "media_fetch_timeout_s", "max_stop_strings")
+        self._positive("realtime_max_sessions", "realtime_max_session_s", "realtime_max_buffer_s",
+                       "realtime_max_event_bytes", "realtime_idle_timeout_s")
         n = self.default_max_tokens
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ConfigError(f"ServerConfig.default_max_tokens must be a positive integer or None, got {n!r}")

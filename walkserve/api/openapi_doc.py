@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from walkserve.api.openpi.policy_socket import ROUTE as OPENPI_ROUTE
+from walkserve.api.realtime.response import ROUTE as REALTIME_ROUTE
 from walkserve.api.state import AppState
 
 WEBSOCKET_ROUTES = [
@@ -28,7 +29,9 @@ WEBSOCKET_ROUTES = [
      "description": "openpi's policy protocol: binary msgpack-numpy frames (metadata, then one observation -> one "
                     "action chunk); errors come back as a text frame holding the ErrorEnvelope"}
     for path in (OPENPI_ROUTE, "/")
-]
+] + [{"path": REALTIME_ROUTE, "protocol": "openai-realtime", "capability": "chat",
+      "description": "the OpenAI Realtime API (GA events): JSON client events in, server events out, audio as base64 "
+                     "pcm16 at 24 kHz; GET /v1/realtime?model=ID upgrades (docs/api.md)"}]
 N_FIELDS = ("CompletionRequest", "ChatCompletionRequest", "ImageGenerationRequest", "Body_edits_v1_images_edits_post")
 
 

@@ -44,6 +44,13 @@ LIMIT_FLAGS = (
     ("--max-stop-strings", "max_stop_strings", int, "entries of stop"),
     ("--media-fetch-timeout", "media_fetch_timeout_s", float, "seconds to fetch one allowlisted media URL"),
     ("--drain-timeout", "drain_timeout_s", float, "seconds SIGTERM waits for in-flight requests"),
+    ("--realtime-max-sessions", "realtime_max_sessions", int, "/v1/realtime sessions at once"),
+    ("--realtime-max-session-seconds", "realtime_max_session_s", float, "length of one /v1/realtime session"),
+    ("--realtime-max-buffer-seconds", "realtime_max_buffer_s", float,
+     "input audio a /v1/realtime session buffers before a commit"),
+    ("--realtime-max-event-bytes", "realtime_max_event_bytes", int, "one /v1/realtime client event in bytes"),
+    ("--realtime-idle-timeout", "realtime_idle_timeout_s", float,
+     "seconds a /v1/realtime session may send nothing before it is closed"),
     ("--default-max-tokens", "default_max_tokens", int,
      "max_tokens of requests that set none (speech: bounds the audio; Orpheus makes 7 tokens per 85 ms)"),
 )

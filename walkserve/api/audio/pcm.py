@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import struct
 
 import numpy as np
@@ -15,6 +16,12 @@ def pcm16(samples: np.ndarray) -> bytes:
     """float32 [-1, 1] -> little-endian int16 bytes."""
     clipped = np.clip(np.asarray(samples, dtype=np.float32), -1.0, 1.0)
     return np.round(clipped * 32767.0).astype("<i2").tobytes()
+
+
+def pcm16_base64(samples: np.ndarray) -> str:
+    """One streamed chunk of spoken output (talker -> Code2Wav float32) as base64 pcm16: the ``delta.audio.data`` of
+    streamed chat completions and the ``delta`` of the realtime route's ``response.output_audio.delta``."""
+    return base64.b64encode(pcm16(samples)).decode()
 
 
 def wav_header(sample_rate: int, data_bytes: int | None, channels: int = 1) -> bytes:

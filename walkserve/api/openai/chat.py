@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from walkserve.api.audio.pcm import pcm16
+from walkserve.api.audio.pcm import pcm16_base64
 from walkserve.api.errors import bad_request
 from walkserve.api.openai.chat_input import convert_messages
 from walkserve.api.openai.choices import (
@@ -65,13 +65,15 @@ def _audio_out(state: AppState, body: ChatCompletionRequest) -> AudioOut | None:
     return AudioOut(voice, fmt, [f"audio_{secrets.token_hex(8)}" for _ in range(body.n)])
 
 
-async def plan_chat(state: AppState, body: ChatCompletionRequest) -> TextPlan:
+async def plan_chat(state: AppState, body: ChatCompletionRequest, messages: list[dict[str, Any]] | None = None) -> TextPlan:
+    """The requests of one chat call. ``messages``: the conversation already in the processor's shape (the
+    realtime route's items, whose audio is decoded already); None converts ``body.messages``."""
     _reject_unsupported(body)
     check_n(body.n, state.config)
     stops = body.stop_strings()
     check_stops(stops, state.config)
     audio = _audio_out(state, body)
-    payload: dict[str, Any] = {"messages": await convert_messages(state, body.messages)}
+    payload: dict[str, Any] = {"messages": messages if messages is not None else await convert_messages(state, body.messages)}
     payload["modalities"] = ["text", "audio"] if audio else ["text"]
     explicit = body.max_completion_tokens or body.max_tokens
     overrides = body.sampling_overrides() | {"max_tokens": explicit}
@@ -131,7 +133,7 @@ class ChatChunks:
             logprobs = chat_logprobs(update.logprobs) if update.logprobs else None
             out.append(self.chunk([self.choice(update.index, delta, logprobs=logprobs)]))
         if update.audio is not None and audio is not None and len(update.audio):
-            data = base64.b64encode(pcm16(update.audio)).decode()
+            data = pcm16_base64(update.audio)
             out.append(self.chunk([self.choice(update.index, {"audio": {"id": audio.ids[update.index], "data": data}})]))
         if update.finish_reason:
             out.append(self.chunk([self.choice(update.index, {}, update.finish_reason)]))
