@@ -1,0 +1,160 @@
+"""/v1/realtime on a tiny random Qwen3-Omni, through the openai package's realtime client.
+
+One server per module (the default one-rank placement). With greedy sampling a realtime response is the
+chat completion of the conversation so far (session instructions as the system message): its transcript
+and its pcm16 audio are equal, byte for byte, to ``POST /v1/chat/completions`` with ``modalities
+["text", "audio"]``, for text in, audio in (pcm16 24 kHz appended in chunks, then committed) and a
+multi-turn session whose earlier answers the chat request carries as assistant messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import time
+
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+
+from tests.api.real_server import in_thread_server
+from tests.api.realtime_client import answer, append_audio, pcm16
+from walkserve.core.config import RuntimeConfig
+from walkserve.models.qwen3_omni.tiny import write_tiny_qwen3_omni
+
+pytestmark = [pytest.mark.slow]
+MAX_TOKENS = 6
+INSTRUCTIONS = "Be brief"
+VOICE = "Chelsie"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    path = write_tiny_qwen3_omni(tmp_path_factory.mktemp("omni_rt") / "tiny-omni", seed=5)
+    with in_thread_server("qwen3-omni", path, RuntimeConfig(max_running=8), default_max_tokens=MAX_TOKENS,
+                          max_audio_seconds=5.0) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def speech(seconds: float, seed: int) -> bytes:
+    """A voiced, pitch-gliding signal at 24 kHz as pcm16."""
+    t = np.arange(int(24000 * seconds)) / 24000
+    f0 = 120 + 60 * t / seconds
+    rng = np.random.default_rng(seed)
+    x = sum(np.sin(2 * np.pi * k * np.cumsum(f0) / 24000) / k for k in range(1, 12))
+    return pcm16(0.25 * x / np.abs(x).max() + 0.01 * rng.standard_normal(t.shape))
+
+
+def wav_b64(pcm: bytes) -> str:
+    buffer = io.BytesIO()
+    sf.write(buffer, np.frombuffer(pcm, "<i2"), 24000, format="WAV", subtype="PCM_16")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def chat(client: openai.OpenAI, messages: list[dict], modalities=("text", "audio")) -> tuple[str, bytes]:
+    """(transcript, pcm16) of the greedy chat completion."""
+    kw = {"modalities": list(modalities), "audio": {"voice": VOICE, "format": "pcm16"}} if "audio" in modalities else {}
+    reply = client.chat.completions.create(model="tiny-omni", messages=[{"role": "system", "content": INSTRUCTIONS},
+                                                                        *messages], temperature=0, **kw)
+    message = reply.choices[0].message
+    if "audio" not in modalities:
+        return message.content, b""
+    return message.audio.transcript, base64.b64decode(message.audio.data)
+
+
+def user_turn(turn) -> dict:
+    if isinstance(turn, str):
+        return {"role": "user", "content": turn}
+    return {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": wav_b64(turn), "format": "wav"}}]}
+
+
+async def session(url: str, turns: list, modalities=("audio",)) -> list:
+    """Each turn (text, or pcm16 audio to append and commit) then a response; the answers in order."""
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    answers = []
+    async with client.realtime.connect(model="tiny-omni") as conn:
+        assert (await conn.recv()).type == "session.created"
+        await conn.session.update(session={"type": "realtime", "instructions": INSTRUCTIONS, "temperature": 0,
+                                           "output_modalities": list(modalities),
+                                           "audio": {"input": {"turn_detection": None}, "output": {"voice": VOICE}}})
+        assert (await conn.recv()).type == "session.updated"
+        for turn in turns:
+            if isinstance(turn, str):
+                await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                          "content": [{"type": "input_text", "text": turn}]})
+                assert [(await conn.recv()).type for _ in range(2)] == ["conversation.item.added", "conversation.item.done"]
+            else:
+                await append_audio(conn, turn)
+                await conn.input_audio_buffer.commit()
+                assert [(await conn.recv()).type for _ in range(3)] == [
+                    "input_audio_buffer.committed", "conversation.item.added", "conversation.item.done"]
+            await conn.response.create()
+            answers.append(await answer(conn))
+    return answers
+
+
+SPOKEN = ["response.created", "response.output_item.added", "conversation.item.added", "response.content_part.added"]
+CLOSING = ["response.output_audio.done", "response.output_audio_transcript.done", "response.content_part.done",
+           "response.output_item.done", "conversation.item.done", "response.done"]
+
+
+def test_text_and_audio_turns_equal_chat_completions(server, client) -> None:
+    turns = ["Hi", speech(0.8, seed=1), "and?"]
+    answers = asyncio.run(session(server.url, turns))
+    history: list[dict] = []
+    for turn, got in zip(turns, answers, strict=True):
+        history.append(user_turn(turn))
+        transcript, audio = chat(client, history)
+        assert not got.errors  # cut at max_tokens (the server's default here), as the chat's finish_reason "length"
+        assert got.done.status == "incomplete" and got.done.status_details.reason == "max_output_tokens"
+        assert got.types[:4] == SPOKEN and got.types[-6:] == CLOSING
+        assert got.transcript == transcript and transcript
+        assert got.audio == audio and len(audio) > 0
+        assert got.done.usage.output_token_details.text_tokens == MAX_TOKENS
+        history.append({"role": "assistant", "content": transcript})
+    # the history is a real part of the prompt: the last turn alone gets another answer
+    assert chat(client, [user_turn("and?")])[1] != answers[2].audio
+
+
+def test_text_output_equals_a_text_chat(server, client) -> None:
+    got = asyncio.run(session(server.url, ["Hi"], modalities=("text",)))[0]
+    assert "response.output_text.delta" in got.types and "response.output_audio.delta" not in got.types
+    assert got.transcript == chat(client, [user_turn("Hi")], modalities=("text",))[0] and not got.audio
+
+
+async def cancelled(url: str) -> tuple[object, float]:
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    async with client.realtime.connect(model="tiny-omni") as conn:
+        await conn.recv()
+        await conn.session.update(session={"type": "realtime", "max_output_tokens": 400, "temperature": 0,
+                                           "audio": {"input": {"turn_detection": None}}})
+        await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "Talk"}]})
+        await conn.response.create()
+        said = ""
+        while (event := await conn.recv()).type != "response.output_audio.delta":
+            said += getattr(event, "delta", "") if event.type.endswith("transcript.delta") else ""
+        t0 = time.monotonic()
+        await conn.response.cancel()
+        got = await answer(conn, event)
+        got.transcript = said + got.transcript
+        return got, time.monotonic() - t0
+
+
+def test_cancel_ends_the_response_and_its_request(server) -> None:
+    got, latency = asyncio.run(cancelled(server.url))
+    assert got.done.status == "cancelled" and got.done.status_details.reason == "client_cancelled"
+    assert got.done.output[0].status == "incomplete"
+    assert got.done.output[0].content[0].transcript == got.transcript  # the item keeps what was sent
+    assert latency < 5
+    deadline = time.monotonic() + 10
+    while server.engine.stats().running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.engine.stats().running == 0
