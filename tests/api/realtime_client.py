@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from dataclasses import dataclass, field
 
 import numpy as np
 
 CHUNK = 4800  # samples per append: 200 ms at 24 kHz
+WAIT_S = 60  # the longest wait for one event
 
 
 @dataclass
@@ -33,7 +35,7 @@ async def append_audio(conn, pcm: bytes, chunk: int = CHUNK) -> None:
 async def until(conn, kind: str, seen: list | None = None):
     """Events up to (and returning) the first of type ``kind``; the ones before go to ``seen``."""
     while True:
-        event = await conn.recv()
+        event = await asyncio.wait_for(conn.recv(), WAIT_S)
         if event.type == kind:
             return event
         if seen is not None:
@@ -43,7 +45,7 @@ async def until(conn, kind: str, seen: list | None = None):
 async def answer(conn, first=None) -> Answer:
     """Read one response's events (from ``first`` on, when already received) up to its response.done."""
     out = Answer()
-    event = first or await conn.recv()
+    event = first or await asyncio.wait_for(conn.recv(), WAIT_S)
     while True:
         out.types.append(event.type)
         if event.type in ("response.output_audio_transcript.delta", "response.output_text.delta"):
@@ -55,4 +57,4 @@ async def answer(conn, first=None) -> Answer:
         elif event.type == "response.done":
             out.done = event.response
             return out
-        event = await conn.recv()
+        event = await asyncio.wait_for(conn.recv(), WAIT_S)

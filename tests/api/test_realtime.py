@@ -1,0 +1,290 @@
+"""/v1/realtime through the openai package's realtime client, against the fake engine (fast): the handshake,
+bad input answered with error events (the session goes on), limits, cancel and barge-in, server VAD, and a
+client that vanishes mid-response (its request is aborted, its session freed)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+import websockets
+
+from tests.api.helpers import live_server
+from tests.api.realtime_client import answer, append_audio, pcm16, until
+from walkserve.testing.fake_engine import FakeEngine, FakeEngineConfig
+
+MODEL = "fake-tiny"
+MIB = 1024 * 1024
+
+
+def fake(**more) -> FakeEngine:
+    """A fake model that speaks until max_tokens (ignore_eos), a token every 5 ms."""
+    return FakeEngine(FakeEngineConfig(audio=True, token_delay_s=0.005, default_sampling={"ignore_eos": True}, **more))
+
+
+@pytest.fixture(scope="module")
+def engine() -> FakeEngine:
+    return fake()
+
+
+@pytest.fixture(scope="module")
+def url(engine):
+    with live_server(engine, realtime_max_sessions=4, realtime_max_event_bytes=MIB, realtime_max_buffer_s=3.0) as u:
+        yield u
+
+
+def connect(url: str, **kw):
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=kw.pop("api_key", "unused"), max_retries=0)
+    return client.realtime.connect(model=kw.pop("model", MODEL), **kw)
+
+
+async def opened(conn, **session) -> None:
+    assert (await conn.recv()).type == "session.created"
+    await conn.session.update(session={"type": "realtime", **session})
+    event = await conn.recv()
+    assert event.type == "session.updated", event
+
+
+async def say(conn, text: str) -> None:
+    await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                              "content": [{"type": "input_text", "text": text}]})
+    await until(conn, "conversation.item.done")
+
+
+def tone(seconds: float, level: float = 0.3) -> bytes:
+    t = np.arange(int(24000 * seconds)) / 24000
+    x = sum(np.sin(2 * np.pi * 140 * k * t) / k for k in range(1, 16))
+    return pcm16(level * x / np.abs(x).max() * (0.6 + 0.4 * np.sin(2 * np.pi * 4 * t)))
+
+
+def silence(seconds: float) -> bytes:
+    return bytes(2 * int(24000 * seconds))
+
+
+async def wait_idle(engine: FakeEngine, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while engine.active_requests and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert engine.active_requests == 0
+
+
+def test_session_created_and_update(url) -> None:
+    async def run():
+        async with connect(url) as conn:
+            created = await conn.recv()
+            session = created.session
+            assert session.model == MODEL and session.output_modalities == ["audio"]
+            assert session.audio.output.voice == "tara" and session.audio.input.turn_detection.type == "server_vad"
+            await conn.session.update(session={"type": "realtime", "audio": {"output": {"voice": "nobody"}}})
+            error = await conn.recv()
+            assert error.type == "error" and error.error.param == "session.audio.output.voice"
+            assert error.error.code == "unknown_voice"
+            await conn.session.update(session={"type": "realtime", "instructions": "Be kind", "temperature": 0,
+                                               "output_modalities": ["text"], "audio": {"output": {"voice": "Leo"}}})
+            updated = (await conn.recv()).session
+            assert updated.instructions == "Be kind" and updated.audio.output.voice == "leo"
+            assert updated.output_modalities == ["text"] and updated.model_extra["temperature"] == 0
+    asyncio.run(run())
+
+
+BAD = [
+    ("{not json", "invalid_json", None),
+    ("[1, 2]", "invalid_event", None),
+    (json.dumps({"type": "session.teleport"}), "invalid_event_type", "type"),
+    (json.dumps({"type": "input_audio_buffer.append", "audio": "@@@not base64"}), "invalid_base64", "audio"),
+    (json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"abc").decode()}),
+     "invalid_audio_format", "audio"),
+    (json.dumps({"type": "session.update", "session": {"type": "realtime",
+                 "audio": {"input": {"format": {"type": "audio/pcmu"}}}}}), "unsupported_format",
+     "session.audio.input.format"),
+    (json.dumps({"type": "session.update", "session": {"type": "realtime", "temperature": -1}}), "invalid_value",
+     "session.temperature"),
+    (json.dumps({"type": "session.update", "session": {"type": "realtime",
+                 "audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}}), "unsupported_parameter",
+     "session.audio.input.turn_detection"),
+    (json.dumps({"type": "input_audio_buffer.commit"}), "input_audio_buffer_commit_empty", None),
+    (json.dumps({"type": "response.cancel"}), "response_cancel_not_active", "response_id"),
+    (json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "robot", "content": []}}),
+     "invalid_value", "item.role"),
+    (json.dumps({"type": "conversation.item.delete", "item_id": "item_nope"}), "item_not_found", "item_id"),
+    (json.dumps({"type": "input_audio_buffer.append", "event_id": "mine", "audio": "A" * (MIB + 10)}),
+     "event_too_large", None),
+    (json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(silence(3.5)).decode()}),
+     "audio_too_long", "audio"),
+]
+
+
+def test_bad_events_get_error_events_and_the_session_goes_on(url, engine) -> None:
+    async def run():
+        async with connect(url) as conn:
+            await opened(conn, audio={"input": {"turn_detection": None}}, max_output_tokens=5)
+            for text, code, param in BAD:
+                await conn.send_raw(text)
+                event = await conn.recv()
+                assert event.type == "error", (text[:80], event)
+                assert (event.error.code, event.error.param) == (code, param), (text[:80], event.error)
+            await append_audio(conn, silence(2.0))  # within the 3 s buffer: no answer
+            await append_audio(conn, silence(1.5), chunk=36000)
+            assert (await conn.recv()).error.code == "input_audio_buffer_full"
+            await conn.input_audio_buffer.clear()
+            assert (await conn.recv()).type == "input_audio_buffer.cleared"
+            await say(conn, "still here?")
+            await conn.response.create()
+            got = await answer(conn)
+            assert got.done.status == "incomplete" and got.transcript and got.audio and not got.errors
+    asyncio.run(run())
+
+
+def test_a_second_response_while_one_runs_is_an_error_then_cancel_frees_it(url, engine) -> None:
+    async def run():
+        async with connect(url) as conn:
+            await opened(conn, audio={"input": {"turn_detection": None}}, max_output_tokens=1500)
+            await say(conn, "talk")
+            await conn.response.create()
+            first = await until(conn, "response.output_audio.delta")
+            await conn.response.create()
+            error = await until(conn, "error")
+            assert error.error.code == "conversation_already_has_active_response"
+            await conn.response.cancel()
+            got = await answer(conn, first)
+            assert got.done.status == "cancelled" and got.done.status_details.reason == "client_cancelled"
+            await wait_idle(engine)
+            # the next turn runs as usual
+            await conn.response.create(response={"max_output_tokens": 3, "output_modalities": ["text"]})
+            again = await answer(conn)
+            assert again.done.status == "incomplete" and not again.audio and again.transcript
+    asyncio.run(run())
+
+
+def test_server_vad_commits_answers_and_barge_in_cancels(url, engine) -> None:
+    async def run():
+        async with connect(url) as conn:
+            await opened(conn, max_output_tokens=1500, audio={"input": {"turn_detection": {
+                "type": "server_vad", "silence_duration_ms": 400, "prefix_padding_ms": 200}}})
+            await append_audio(conn, silence(0.6) + tone(1.0) + silence(0.6))
+            seen: list = []
+            started = await until(conn, "input_audio_buffer.speech_started", seen)
+            assert 560 <= started.audio_start_ms <= 700, started
+            stopped = await until(conn, "input_audio_buffer.speech_stopped", seen)
+            assert 1900 <= stopped.audio_end_ms <= 2200, stopped
+            committed = await until(conn, "input_audio_buffer.committed", seen)
+            assert committed.item_id == started.item_id == stopped.item_id
+            await until(conn, "response.created", seen)
+            said = await until(conn, "response.output_audio.delta", seen)
+            # barge-in: speech while the answer plays cancels it
+            await append_audio(conn, tone(0.5))
+            got = await answer(conn, said)
+            assert got.done.status == "cancelled" and got.done.status_details.reason == "turn_detected"
+            assert "input_audio_buffer.speech_started" in [t for t in got.types]
+            item = got.done.output[0]
+            assert item.status == "incomplete" and item.content[0].transcript is not None
+            await wait_idle(engine)
+            await append_audio(conn, silence(0.6))
+            await until(conn, "input_audio_buffer.committed")
+            await until(conn, "response.created")
+            await conn.response.cancel()
+            await until(conn, "response.done")
+    asyncio.run(run())
+
+
+def test_truncate_and_delete(url) -> None:
+    async def run():
+        async with connect(url) as conn:
+            await opened(conn, audio={"input": {"turn_detection": None}}, max_output_tokens=12)
+            await say(conn, "hello")
+            await conn.response.create()
+            got = await answer(conn)
+            item = got.done.output[0]
+            sent_ms = len(got.audio) // 2 * 1000 // 24000
+            await conn.conversation.item.truncate(item_id=item.id, content_index=0, audio_end_ms=sent_ms + 100)
+            assert (await conn.recv()).error.param == "audio_end_ms"
+            await conn.conversation.item.truncate(item_id=item.id, content_index=0, audio_end_ms=sent_ms // 2)
+            truncated = await conn.recv()
+            assert truncated.type == "conversation.item.truncated" and truncated.audio_end_ms == sent_ms // 2
+            await conn.conversation.item.retrieve(item_id=item.id)
+            assert (await conn.recv()).item.content[0].transcript == ""  # no text the user did not hear
+            await conn.conversation.item.delete(item_id=item.id)
+            assert (await conn.recv()).type == "conversation.item.deleted"
+            await conn.conversation.item.retrieve(item_id=item.id)
+            assert (await conn.recv()).error.code == "item_not_found"
+    asyncio.run(run())
+
+
+def test_session_cap_and_unknown_model(url) -> None:
+    async def run():
+        async with connect(url, model="gpt-realtime") as conn:
+            error = await conn.recv()
+            assert error.type == "error" and error.error.code == "model_not_found"
+        held = [await connect(url).enter() for _ in range(4)]
+        try:
+            async with connect(url) as conn:
+                error = await conn.recv()
+                assert error.error.code == "session_limit_reached"
+                with pytest.raises(websockets.ConnectionClosed) as closed:
+                    await conn.recv()
+                assert closed.value.rcvd.code == 1013
+        finally:
+            for conn in held:
+                await conn.close()
+    asyncio.run(run())
+
+
+def test_api_key_idle_timeout_and_session_length() -> None:
+    async def run(url):
+        with pytest.raises(websockets.InvalidStatus):
+            async with connect(url, api_key="wrong") as conn:
+                await conn.recv()
+        async with connect(url, api_key="k") as conn:
+            assert (await conn.recv()).type == "session.created"
+            error = await conn.recv()  # nothing sent for 0.5 s
+            assert error.type == "error" and error.error.code == "session_idle_timeout"
+        async with connect(url, api_key="k") as conn:
+            await conn.recv()
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 2:
+                await conn.session.update(session={"type": "realtime"})
+                event = await conn.recv()
+                if event.type == "error":
+                    assert event.error.code == "session_expired"
+                    return
+            raise AssertionError("the session outlived its limit")
+    with live_server(fake(), api_key="k", realtime_idle_timeout_s=0.5, realtime_max_session_s=1.0) as url:
+        asyncio.run(run(url))
+
+
+CLIENT = """
+import asyncio, sys, openai
+async def main():
+    client = openai.AsyncOpenAI(base_url=sys.argv[1] + "/v1", api_key="x", max_retries=0)
+    async with client.realtime.connect(model="fake-tiny") as conn:
+        await conn.session.update(session={"type": "realtime", "max_output_tokens": 1500})
+        await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "go"}]})
+        await conn.response.create()
+        async for event in conn:
+            if event.type == "response.output_audio.delta":
+                print("speaking", flush=True)
+                await asyncio.sleep(60)
+asyncio.run(main())
+"""
+
+
+def test_a_killed_client_frees_its_request_and_session(url, engine, tmp_path: Path) -> None:
+    script = tmp_path / "client.py"
+    script.write_text(CLIENT)
+    process = subprocess.Popen([sys.executable, str(script), url], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "speaking"
+        assert engine.active_requests == 1
+    finally:
+        process.kill()
+        process.wait(10)
+    asyncio.run(wait_idle(engine))
