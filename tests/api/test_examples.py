@@ -43,6 +43,7 @@ ROUTE_USES = {
     "/v1/audio/speech": (r"\.audio\.speech\.", r"\bclient\.speech(_stream|_to_file)?\("),
     "/v1/audio/transcriptions": (r"\.audio\.transcriptions\.create\(",),
     "/v1/audio/translations": (r"\.audio\.translations\.create\(",),
+    "/v1/realtime": (r"\.realtime\.connect\(",),
     "/v1/images/generations": (r"\.images\.generate\(", r"\bclient\.images\("),
     "/v1/images/edits": (r"\.images\.edit\(", r"\bclient\.image_edit\("),
     "/v1/generate": (r"\bclient\.generate\(",),
@@ -112,7 +113,7 @@ def test_a_new_route_without_an_example_is_missing() -> None:
 
 @pytest.mark.parametrize("route, stem", [("/v1/completions", "completions"), ("/v1/generate", "generate"),
                                          ("/v1/images/generations", "images"), ("/v1/chat/completions", "chat"),
-                                         ("/v1/audio/translations", "transcriptions"),
+                                         ("/v1/audio/translations", "transcriptions"), ("/v1/realtime", "realtime"),
                                          ("/v1/models/{model}", "speech")])
 def test_a_route_whose_examples_are_removed_is_missing(route: str, stem: str) -> None:
     """The check cannot be fooled by a neighbour: chat/completions is not completions, images/generations is not generate."""

@@ -131,7 +131,8 @@ def test_the_server_limits_and_names_are_in_the_schema():
 
 def test_websocket_routes_are_listed_as_documented_exceptions(doc):
     listed = {route["path"]: route for route in doc["x-websocket-routes"]}
-    assert set(listed) == {"/v1/openpi", "/"} and all(r["protocol"] == "openpi" for r in listed.values())
+    assert set(listed) == {"/v1/openpi", "/", "/v1/realtime"}
+    assert [listed[p]["protocol"] for p in ("/v1/openpi", "/", "/v1/realtime")] == ["openpi", "openpi", "openai-realtime"]
     assert all(f"`{path}`" in doc["info"]["description"] for path in listed)
     assert not set(listed) & set(doc["paths"])  # not HTTP operations
     api_doc = (ROOT / "docs" / "api.md").read_text()

@@ -13,7 +13,13 @@ from typing import Any
 
 from walkserve.api.errors import ApiError, to_api_error
 from walkserve.api.realtime.audio_buffer import AudioBuffer, ms
-from walkserve.api.realtime.conversation import Conversation, Item, Part, decode_pcm, item_from_client
+from walkserve.api.realtime.conversation import (
+    Conversation,
+    Item,
+    Part,
+    decode_pcm,
+    item_from_client,
+)
 from walkserve.api.realtime.events import error_event, event, invalid, new_id
 from walkserve.api.realtime.response import Response
 from walkserve.api.realtime.session_config import RATE, SessionConfig, apply_update
