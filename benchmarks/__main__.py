@@ -19,6 +19,7 @@ BENCHMARKS = {
     "pi": "benchmarks.pi",
     "bagel": "benchmarks.bagel",
     "plan": "benchmarks.plan",
+    "realtime": "benchmarks.realtime",
 }
 
 

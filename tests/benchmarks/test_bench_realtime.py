@@ -1,0 +1,29 @@
+"""``./dev bench realtime --quick`` runs end to end and prints both sides and the cancellation latency."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_quick_realtime_benchmark_prints_the_table():
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "realtime", "--quick"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "| utterance | realtime p50 ms | realtime p99 ms | chat p50 ms | chat p99 ms | realtime / chat p50 |" in out, out
+    rows = re.findall(r"^\| (\d) s \(turn \d\) \| ([\d,]+) \| [\d,]+ \| ([\d,]+) \| [\d,]+ \| [\d.]+ \|$", out, re.MULTILINE)
+    assert [r[0] for r in rows] == ["1", "2"], out
+    assert all(int(r[1].replace(",", "")) > 0 and int(r[2].replace(",", "")) > 0 for r in rows), out
+    cancel = re.search(r"cancellation \(response.cancel -> response.done cancelled\): p50 (\d+) ms, p99 \d+ ms over 4 "
+                       r"responses", out)
+    assert cancel and int(cancel.group(1)) > 0, out
