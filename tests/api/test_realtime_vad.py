@@ -1,0 +1,55 @@
+"""Server VAD (api/realtime/vad.py) on synthetic audio: where speech starts and stops, whatever the append sizes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from walkserve.api.realtime.session_config import TurnDetection
+from walkserve.api.realtime.vad import ServerVad
+
+RATE = 24000
+
+
+def voiced(seconds: float) -> np.ndarray:
+    t = np.arange(int(RATE * seconds)) / RATE
+    x = sum(np.sin(2 * np.pi * 130 * k * t) / k for k in range(1, 16))
+    return 0.3 * x / np.abs(x).max() * (0.6 + 0.4 * np.sin(2 * np.pi * 4 * t))
+
+
+def noise(seconds: float, level: float, seed: int = 0) -> np.ndarray:
+    return level * np.random.default_rng(seed).standard_normal(int(RATE * seconds))
+
+
+def pcm(x: np.ndarray) -> bytes:
+    return (np.clip(x, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def run(audio: bytes, piece: int, **settings) -> list[tuple[str, int]]:
+    vad, out = ServerVad(TurnDetection(**settings)), []
+    for start in range(0, len(audio), piece):
+        out += vad.push(audio[start:start + piece])
+    return out
+
+
+@pytest.mark.parametrize("piece", [2 * 4800, 2 * 333, 2 * 24000])  # 200 ms, an odd 13.9 ms, 1 s
+def test_speech_starts_and_stops_where_it_is(piece: int) -> None:
+    audio = pcm(np.concatenate([noise(0.5, 0.003), voiced(1.0), noise(1.0, 0.003, seed=1)]))
+    events = run(audio, piece, silence_duration_ms=400)
+    assert [kind for kind, _ in events] == ["speech_started", "speech_stopped"]
+    start, stop = (position / RATE for _, position in events)
+    assert 0.48 <= start <= 0.56  # the first voiced 20 ms frame
+    assert 1.5 + 0.38 <= stop <= 1.5 + 0.5  # the end of speech plus the hangover
+
+
+def test_quiet_noise_and_silence_are_not_speech() -> None:
+    audio = pcm(np.concatenate([np.zeros(RATE), noise(2.0, 0.003)]))
+    assert run(audio, 2 * 4800) == []
+
+
+def test_a_short_pause_does_not_end_the_turn() -> None:
+    audio = pcm(np.concatenate([voiced(0.6), np.zeros(RATE // 5), voiced(0.6), np.zeros(RATE)]))
+    kinds = [kind for kind, _ in run(audio, 2 * 4800, silence_duration_ms=500)]
+    assert kinds == ["speech_started", "speech_stopped"]
+    kinds = [kind for kind, _ in run(audio, 2 * 4800, silence_duration_ms=100)]
+    assert kinds == ["speech_started", "speech_stopped"] * 2
