@@ -288,3 +288,12 @@ def test_a_killed_client_frees_its_request_and_session(url, engine, tmp_path: Pa
         process.kill()
         process.wait(10)
     asyncio.run(wait_idle(engine))
+
+    async def full_house():  # the killed client's session is freed: the cap (4) still admits four
+        held = [await connect(url).enter() for _ in range(4)]
+        try:
+            assert all((await conn.recv()).type == "session.created" for conn in held)
+        finally:
+            for conn in held:
+                await conn.close()
+    asyncio.run(full_house())

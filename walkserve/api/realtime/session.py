@@ -41,7 +41,8 @@ class RealtimeSession:
         self.speech_item: str | None = None  # the id the committed speech will get
         self.speech_start = 0
         self.response: Response | None = None
-        self.outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue(OUTBOX)
+        self.outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(OUTBOX)
+        self.closing = False
         self.handlers = {
             "session.update": self._session_update, "input_audio_buffer.append": self._append,
             "input_audio_buffer.commit": self._commit, "input_audio_buffer.clear": self._clear,
@@ -51,7 +52,10 @@ class RealtimeSession:
         }
 
     async def send(self, message: dict[str, Any]) -> None:
-        await self.outbox.put(message)
+        if not self.closing:
+            await self.outbox.put(message)
+        elif not self.outbox.full():  # closing: what fits still goes out, nothing waits for a writer that may be gone
+            self.outbox.put_nowait(message)
 
     @property
     def responding(self) -> bool:
@@ -62,6 +66,7 @@ class RealtimeSession:
 
     async def close(self) -> None:
         """The client left (or the session ended): abort a running response."""
+        self.closing = True
         if self.response is not None:
             await self.response.cancel("client_cancelled")
 
@@ -91,6 +96,7 @@ class RealtimeSession:
         return ServerVad(settings, self.buffer.end) if settings else None
 
     async def _append(self, message: dict[str, Any]) -> None:
+        self.state.require("audio_in", "audio input", "audio")
         pcm = decode_pcm(message.get("audio"), "audio", self.buffer.max_bytes)
         self.buffer.append(pcm)
         if self.vad is None:
@@ -191,6 +197,10 @@ class RealtimeSession:
     async def _start_response(self, config: SessionConfig, add: bool) -> None:
         if "audio" in config.output_modalities:
             self.state.require("audio_out", "audio output", "output_modalities")
+            if self.state.card.sample_rate != RATE:
+                raise ApiError(400, f"this model speaks at {self.state.card.sample_rate} Hz; the realtime route sends "
+                               'pcm16 at 24 kHz only: ask for output_modalities ["text"]', "output_modalities",
+                               "unsupported_format")
         messages = self.conversation.messages(config.instructions)
         self.response = Response(self.state, config, messages, self.send, self.conversation.add if add else None)
         self.response.start()

@@ -61,9 +61,9 @@ async def serve_realtime(websocket: WebSocket, state: AppState) -> None:
         await websocket.send_text(json.dumps(error_event(refused)))
         await websocket.close(code=TRY_AGAIN_LATER if refused.status in (429, 503) else POLICY_VIOLATION)
         return
-    state.realtime_sessions += 1
     session = RealtimeSession(state, model or state.card.id)
     writer = asyncio.ensure_future(_write(websocket, session))
+    state.realtime_sessions += 1
     try:
         await session.open()
         reason = await _receive(websocket, session, state)
