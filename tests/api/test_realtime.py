@@ -292,7 +292,7 @@ def test_a_killed_client_frees_its_request_and_session(url, engine, tmp_path: Pa
     async def full_house():  # the killed client's session is freed: the cap (4) still admits four
         held = [await connect(url).enter() for _ in range(4)]
         try:
-            assert all((await conn.recv()).type == "session.created" for conn in held)
+            assert [(await conn.recv()).type for conn in held] == ["session.created"] * 4
         finally:
             for conn in held:
                 await conn.close()
