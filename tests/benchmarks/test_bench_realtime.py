@@ -24,6 +24,6 @@ def test_quick_realtime_benchmark_prints_the_table():
     rows = re.findall(r"^\| (\d) s \(turn \d\) \| ([\d,]+) \| [\d,]+ \| ([\d,]+) \| [\d,]+ \| [\d.]+ \|$", out, re.MULTILINE)
     assert [r[0] for r in rows] == ["1", "2"], out
     assert all(int(r[1].replace(",", "")) > 0 and int(r[2].replace(",", "")) > 0 for r in rows), out
-    cancel = re.search(r"cancellation \(response.cancel -> response.done cancelled\): p50 (\d+) ms, p99 \d+ ms over 4 "
+    cancel = re.search(r"cancellation \(response.cancel -> response.done cancelled\): p50 (\d+) ms, p99 \d+ ms over [1-4] "
                        r"responses", out)
     assert cancel and int(cancel.group(1)) > 0, out
