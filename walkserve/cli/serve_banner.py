@@ -14,6 +14,7 @@ ROUTES = (
     ("POST", "/v1/audio/speech", ("speech",)),
     ("POST", "/v1/audio/transcriptions", ("audio_in",)),
     ("POST", "/v1/audio/translations", ("audio_in",)),
+    ("WS", "/v1/realtime", ("audio_in", "audio_out")),  # the Realtime API's voice sessions (a WebSocket)
     ("POST", "/v1/images/generations", ("images",)),
     ("POST", "/v1/images/edits", ("image_edit",)),
     ("POST", "/v1/generate", ("generate", "completions", "chat", "speech", "images", "encode")),
