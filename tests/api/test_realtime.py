@@ -297,3 +297,57 @@ def test_a_killed_client_frees_its_request_and_session(url, engine, tmp_path: Pa
             for conn in held:
                 await conn.close()
     asyncio.run(full_house())
+
+
+CLIENT_TYPES = ["session.update", "input_audio_buffer.append", "input_audio_buffer.commit", "input_audio_buffer.clear",
+                "conversation.item.create", "conversation.item.delete", "conversation.item.truncate",
+                "conversation.item.retrieve", "response.create", "response.cancel", "output_audio_buffer.clear"]
+
+
+def drawn_events():
+    from hypothesis import strategies as st
+
+    scalar = st.none() | st.booleans() | st.integers(-2**64, 2**64) | st.floats(allow_nan=False) | st.text(max_size=12)
+    value = st.recursive(scalar, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["type", "role", "content", "text", "audio", "item", "session", "response", "voice", "format",
+                         "turn_detection", "input", "output", "threshold", "rate", "item_id", "audio_end_ms"]),
+        inner, max_size=4), max_leaves=12)
+    fields = st.dictionaries(st.sampled_from(["session", "audio", "item", "item_id", "content_index", "audio_end_ms",
+                                              "response", "response_id", "previous_item_id", "event_id"]), value, max_size=4)
+    return st.builds(lambda kind, more: {**more, "type": kind}, st.sampled_from(CLIENT_TYPES), fields)
+
+
+def test_drawn_events_get_answers_never_internal_errors(url, engine) -> None:
+    """Hypothesis draws client events of every type with odd fields; each is answered (an error event names
+    the problem, or the event's own answer), never an internal error, and the session keeps answering."""
+    from hypothesis import HealthCheck, given, settings
+
+    async def probe(conn, text: str) -> list:
+        await conn.send_raw(text)
+        await conn.send_raw(json.dumps({"type": "conversation.item.retrieve", "item_id": "probe", "event_id": "probe"}))
+        seen: list = []
+        while True:
+            event = await asyncio.wait_for(conn.recv(), 30)
+            if event.type == "error" and event.error.event_id == "probe":
+                return seen
+            seen.append(event)
+
+    async def run(events: list[dict]) -> None:
+        async with connect(url) as conn:
+            await opened(conn, audio={"input": {"turn_detection": None}}, max_output_tokens=3)
+            for drawn in events:
+                seen = await probe(conn, json.dumps(drawn))
+                for event in seen:
+                    if event.type == "error":
+                        assert event.error.type != "server_error", (drawn, event.error)
+                kinds = [e.type for e in seen]
+                if "response.created" in kinds and "response.done" not in kinds:
+                    await until(conn, "response.done")  # let a drawn response finish before the next event
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(events=__import__("hypothesis").strategies.lists(drawn_events(), min_size=1, max_size=6))
+    def check(events: list[dict]) -> None:
+        asyncio.run(run(events))
+
+    check()
+    asyncio.run(wait_idle(engine))
