@@ -90,7 +90,7 @@ async def serve_async(
             log_level=config.log_level,
             timeout_graceful_shutdown=GRACE_AFTER_DRAIN_S,
             access_log=False,
-            ws_max_size=max(config.max_ws_message_bytes, config.realtime_max_event_bytes) + WS_SLACK_BYTES,
+            ws_max_size=config.max_ws_message_bytes + WS_SLACK_BYTES,
         )
         server = DrainingServer(uv_config, app.state.walkserve, config.drain_timeout_s, on_started)
         await server.serve(list(sockets) if sockets else None)
