@@ -20,7 +20,7 @@ import pytest
 import soundfile as sf
 
 from tests.api.real_server import in_thread_server
-from tests.api.realtime_client import answer, append_audio, pcm16
+from tests.api.realtime_client import answer, append_audio, pcm16, until
 from walkserve.core.config import RuntimeConfig
 from walkserve.models.qwen3_omni.tiny import write_tiny_qwen3_omni
 
@@ -158,3 +158,33 @@ def test_cancel_ends_the_response_and_its_request(server) -> None:
     while server.engine.stats().running and time.monotonic() < deadline:
         time.sleep(0.05)
     assert server.engine.stats().running == 0
+
+
+async def barge_in(url: str, engine) -> tuple[object, object, int]:
+    """Server VAD ends a spoken turn and answers it; speech during the answer cancels it. Also returns the
+    runtime's running requests a moment later, the session still open."""
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    async with client.realtime.connect(model="tiny-omni") as conn:
+        await conn.recv()
+        await conn.session.update(session={"type": "realtime", "max_output_tokens": 400, "temperature": 0,
+                                           "audio": {"input": {"turn_detection": {
+                                               "type": "server_vad", "silence_duration_ms": 300}}}})
+        await append_audio(conn, bytes(2 * 9600) + speech(1.0, seed=3) + bytes(2 * 14400))
+        seen: list = []
+        stopped = await until(conn, "input_audio_buffer.speech_stopped", seen)
+        await until(conn, "response.created", seen)
+        first = await until(conn, "response.output_audio.delta", seen)
+        await append_audio(conn, speech(0.5, seed=4))
+        got = await answer(conn, first)
+        deadline = time.monotonic() + 10
+        while engine.stats().running and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return stopped, got, engine.stats().running
+
+
+def test_server_vad_answers_and_barge_in_aborts_the_answer(server) -> None:
+    stopped, got, running = asyncio.run(barge_in(server.url, server.engine))
+    assert 1600 <= stopped.audio_end_ms <= 1800  # 0.4 s silence + 1 s speech + the 300 ms hangover
+    assert got.done.status == "cancelled" and got.done.status_details.reason == "turn_detected"
+    assert "input_audio_buffer.speech_started" in got.types
+    assert running == 0  # the cancelled answer's request was aborted, not left to run
