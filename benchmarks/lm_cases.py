@@ -289,7 +289,7 @@ def _placement(work: Workload) -> dict:
 async def _stream(engine, work: Workload, prompt: tuple[int, ...], t0: float) -> tuple[list[int], list[float]]:
     from walkserve.core.outputs import OutputEvent
 
-    spec = engine.processor.build_request("completion", {"prompt_token_ids": list(prompt)}, _greedy(work), {})
+    spec = engine.processor.build_request("completion", {"prompt_token_ids": list(prompt)}, _greedy(work), engine.processor.check_params({}))
     tokens: list[int] = []
     stamps: list[float] = []
     async for event in engine.generate(spec):

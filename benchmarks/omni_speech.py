@@ -190,7 +190,7 @@ async def _one(engine, work: Workload, i: int, tokens: int, frames: int) -> Answ
     answer = Answer(time.perf_counter())
     sampling = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
     payload = {"inputs": {"prompt_token_ids": prompt(engine.processor, i)}, "modalities": ["text", "audio"]}
-    spec = engine.processor.build_request("generate", payload, sampling, {"max_audio_frames": frames})
+    spec = engine.processor.build_request("generate", payload, sampling, engine.processor.check_params({"max_audio_frames": frames}))
     async for event in engine.generate(spec):
         now = time.perf_counter()
         if isinstance(event, OutputEvent):

@@ -226,7 +226,7 @@ async def _measure(path: Path, args) -> dict:
                                      config=RuntimeConfig(worker_threads=args.threads, status_interval_s=0.05))
     try:
         processor = engine.processor
-        specs = lambda: [processor.build_request("act", {"inputs": o}, SamplingParams(), {}) for o in obs]  # noqa: E731
+        specs = lambda: [processor.build_request("act", {"inputs": o}, SamplingParams(), processor.check_params({})) for o in obs]  # noqa: E731
         reference_run(reference, ref_inputs[:2], 1)  # warm-up both
         await served_run(engine, specs()[:2], 1)
         runs: dict[str, list[Served]] = {"ref1": [], "ws1": [], "refC": [], "wsC": []}

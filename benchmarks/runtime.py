@@ -26,6 +26,7 @@ from benchmarks.common import conditions, table
 from walkserve.core.config import RuntimeConfig
 from walkserve.core.request import RequestSpec
 from walkserve.entrypoint.sync import Engine
+from walkserve.testing.fixtures.base import FixtureParams
 
 
 def _placement(n: int, assign: dict[str, int]) -> dict:
@@ -36,7 +37,7 @@ def _placement(n: int, assign: dict[str, int]) -> dict:
 
 
 def _requests(batch: int, steps: int) -> list[RequestSpec]:
-    return [RequestSpec({}, params={"steps": steps}) for _ in range(batch)]
+    return [RequestSpec({}, params=FixtureParams(steps=steps)) for _ in range(batch)]
 
 
 def cpu_seconds(pid: int) -> float | None:

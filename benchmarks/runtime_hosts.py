@@ -24,6 +24,7 @@ from benchmarks.common import conditions, table
 from walkserve.core.config import RuntimeConfig
 from walkserve.core.request import RequestSpec
 from walkserve.entrypoint.sync import Engine
+from walkserve.testing.fixtures.base import FixtureParams
 
 HEAD, NODE = "127.0.0.2", "127.0.0.3"
 
@@ -39,7 +40,7 @@ def _placement(ray_hosts: tuple[str | None, str | None] | None) -> dict:
 
 def _run(engine: Engine, batch: int, steps: int) -> float:
     """Wall seconds for ``batch`` requests of ``steps`` loop steps in lockstep."""
-    requests = [RequestSpec({}, params={"steps": steps}) for _ in range(batch)]
+    requests = [RequestSpec({}, params=FixtureParams(steps=steps)) for _ in range(batch)]
     t0 = time.perf_counter()
     results = engine.run(requests, timeout=600)
     wall = time.perf_counter() - t0

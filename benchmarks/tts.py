@@ -71,7 +71,7 @@ class Requests:
             over = {"temperature": 0.0} if self.greedy else {}
             sampling = self.processor.sampling(max_tokens=max_tokens or self.setup.max_tokens, seed=1000 + i, **over)
             voice = self.processor.voices[i % len(self.processor.voices)]
-            specs.append(self.processor.build_request("speech", {"input": self.text(i), "voice": voice}, sampling, {}))
+            specs.append(self.processor.build_request("speech", {"input": self.text(i), "voice": voice}, sampling, self.processor.check_params({})))
         return specs
 
 

@@ -14,6 +14,7 @@ from walkserve.core.array import ArrayData
 from walkserve.core.request import RequestSpec
 from walkserve.models.base import ModelRef
 from walkserve.models.registry import load_model
+from walkserve.testing.fixtures.base import FixtureParams
 from walkserve.testing.reference import ReferenceExecutor
 
 
@@ -38,7 +39,7 @@ def test_rollout_latents_over_http_equal_the_reference():
     }
     spec = RequestSpec(
         {"frames": ArrayData("float32", (3, 6), frames.tobytes()), "action": ArrayData("float32", (6,), action.tobytes())},
-        params={"horizon": 4},
+        params=FixtureParams(horizon=4),
     )
     want = ReferenceExecutor.for_model(load_model(ModelRef("fixture-rollout"))).run(spec)
     with in_thread_server("fixture-rollout", None) as server:

@@ -29,7 +29,7 @@ def expected_text(engine: FakeEngine, prompt: str) -> str:
     from walkserve.core.sampling import SamplingParams
 
     async def run() -> str:
-        spec = engine.processor.build_request("completion", {"prompt": prompt}, SamplingParams(max_tokens=1000), {})
+        spec = engine.processor.build_request("completion", {"prompt": prompt}, SamplingParams(max_tokens=1000), engine.processor.check_params({}))
         ids = []
         async for event in engine.generate(spec):
             if not isinstance(event, RequestFinished):

@@ -37,7 +37,7 @@ def browser():
 def engine_text(server, messages: list[dict]) -> str:
     processor = server.engine.processor
     spec = processor.build_request("chat", {"messages": messages},
-                                   SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True), {})
+                                   SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True), processor.check_params({}))
     events, _ = server.run_direct(spec)
     return processor.decode([t for e in events if e.modality == "text" for t in token_ids(e.data)])
 

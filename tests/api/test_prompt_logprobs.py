@@ -237,13 +237,13 @@ def test_node_sampling_applies_per_node_and_an_unknown_node_is_refused(server):
         assert finished.error is None
         return [t for e in events if e.modality == "text" for t in (e.data.tolist() if hasattr(e.data, "tolist") else e.data)]
 
-    spec = processor.build_request("completion", {"prompt": PROMPT}, base, {})
+    spec = processor.build_request("completion", {"prompt": PROMPT}, base, processor.check_params({}))
     sampled = tokens(spec)
-    spec = processor.build_request("completion", {"prompt": PROMPT}, base, {})
+    spec = processor.build_request("completion", {"prompt": PROMPT}, base, processor.check_params({}))
     spec.node_sampling = {"lm": SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)}
     greedy = tokens(spec)
     spec = processor.build_request("completion", {"prompt": PROMPT}, SamplingParams(temperature=0.0, max_tokens=6,
-                                                                                    ignore_eos=True), {})
+                                                                                    ignore_eos=True), processor.check_params({}))
     assert greedy == tokens(spec) != sampled  # the lm node sampled with its own (greedy) params
     spec.node_sampling = {"talker": SamplingParams()}
     with pytest.raises(InvalidRequest, match="talker"):

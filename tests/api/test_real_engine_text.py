@@ -41,7 +41,7 @@ def client(server) -> openai.OpenAI:
 def direct(server, task: str, payload: dict, **sampling):
     """(token ids, text, RequestFinished, prompt length) of the request sent straight to the engine."""
     processor = server.engine.processor
-    spec = processor.build_request(task, payload, SamplingParams(**sampling), {})
+    spec = processor.build_request(task, payload, SamplingParams(**sampling), processor.check_params({}))
     events, finished = server.run_direct(spec)
     ids = [t for e in events if e.modality == "text" for t in token_ids(e.data)]
     return ids, processor.decode(ids), finished, len(spec.inputs["prompt_token_ids"].tolist())
@@ -120,7 +120,7 @@ token_name.cache = {}
 
 def direct_logprobs(server, task: str, payload: dict, k: int, **sampling) -> list[tuple[int, float, list[int], list[float]]]:
     """(token, logprob, top ids, top logprobs) per generated token, straight from the engine."""
-    spec = server.engine.processor.build_request(task, payload, SamplingParams(logprobs=k, **sampling), {})
+    spec = server.engine.processor.build_request(task, payload, SamplingParams(logprobs=k, **sampling), server.engine.processor.check_params({}))
     events, _ = server.run_direct(spec)
     by_iteration: dict = {}
     for e in events:

@@ -136,7 +136,7 @@ async def test_merger_interleaves_and_closes() -> None:
 
 async def test_fake_engine_admission_abort_and_determinism() -> None:
     engine = FakeEngine(FakeEngineConfig(max_running=1, max_waiting=1, token_delay_s=0.001))
-    spec = lambda: engine.processor.build_request("completion", {"prompt": "x"}, SamplingParams(max_tokens=500, ignore_eos=True, seed=4), {})  # noqa: E731
+    spec = lambda: engine.processor.build_request("completion", {"prompt": "x"}, SamplingParams(max_tokens=500, ignore_eos=True, seed=4), engine.processor.check_params({}))  # noqa: E731
     first = engine.generate(spec())
     await first.__anext__()
     second = engine.generate(spec())

@@ -46,6 +46,7 @@ def test_the_nested_fixture_runs_as_the_reference_says_on_a_virtual_cluster():
     from walkserve.engines.spec import BuildContext
     from walkserve.models.base import ModelRef
     from walkserve.models.registry import load_model
+    from walkserve.testing.fixtures.base import FixtureParams
     from walkserve.testing.reference import ReferenceExecutor
     from walkserve.testing.simulator import Simulator
 
@@ -53,14 +54,14 @@ def test_the_nested_fixture_runs_as_the_reference_says_on_a_virtual_cluster():
     comps = {n: s.build(BuildContext(0, "cpu")) for n, s in model.components().items()}
     graph, ref = model.graph(), ReferenceExecutor(model.graph(), comps)
     sim = Simulator(graph, comps, lambda w, n: {"talker": 0, "predictor": 1}[n], seed=3)
-    requests = [RequestSpec({}, params={"steps": 2 + i}) for i in range(3)]
+    requests = [RequestSpec({}, params=FixtureParams(steps=2 + i)) for i in range(3)]
     for r in requests:
         sim.submit(r)
     got = sim.run()
     for r in requests:
         want = ref.run(r)
         assert [o.value.tolist() for o in got[r.id].outputs] == [o.value.tolist() for o in want.outputs]
-        assert len(want.outputs) == r.params["steps"] and want.walk_outputs[0]["codes"].shape == (15 * r.params["steps"],)
+        assert len(want.outputs) == r.params.steps and want.walk_outputs[0]["codes"].shape == (15 * r.params.steps,)
 
 
 @pytest.mark.slow

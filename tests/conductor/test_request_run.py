@@ -13,13 +13,15 @@ from walkserve.core.sampling import SamplingParams
 from walkserve.graph import FunctionStateMachine, WalkGraph
 from walkserve.models.orpheus.graph import build_graph as orpheus_graph
 from walkserve.protocol.arrays import plain_value, wire_value
+from walkserve.testing.fixtures.base import FixtureParams
 from walkserve.testing.fixtures.lm import build_graph
 
 GRAPH = build_graph()
 
 
 def run_of(prompt: list[int], rank: int = 0, **params) -> RequestRun:
-    spec = RequestSpec({"prompt_ids": ArrayData.from_list(prompt)}, sampling=SamplingParams(max_tokens=5), params=params,
+    spec = RequestSpec({"prompt_ids": ArrayData.from_list(prompt)}, sampling=SamplingParams(max_tokens=5),
+                       params=FixtureParams(**params),
                        id="r1")
     return RequestRun(spec, GRAPH, lambda plan, node, sticky: rank)
 
@@ -30,6 +32,8 @@ def test_begin_sends_the_first_walk_with_the_inputs_its_ranks_read():
     assert rank == 1 and (start.request_id, start.walk, start.ranks) == ("r1", "prefill", {"lm": 1})
     assert plain_value(start.inputs["prompt"]).tolist() == [5, 6]
     assert run.walk == "prefill" and run.pending == {"lm"} and run.involved_ranks() == {1}
+    # the model's typed params travel as they are, the sampling beside them (not merged into them)
+    assert start.params == FixtureParams(eos_at=3) and start.sampling == SamplingParams(max_tokens=5)
 
 
 def test_a_walk_completes_when_every_node_reported_and_every_output_arrived():

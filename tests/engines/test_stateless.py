@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from walkserve.core.params import Params
 from walkserve.core.sampling import SamplingParams
 from walkserve.engines.base import Firing, Group
 from walkserve.engines.spec import Batch, Item
 from walkserve.engines.stateless import StatelessEngine
 from walkserve.streaming.policy import Span
+
+
+class Flags(Params, frozen=True, tag="test.stateless"):
+    fail: bool = False
 
 
 class Recorder:
@@ -17,14 +22,14 @@ class Recorder:
 
     def forward_batch(self, batch: Batch) -> list[dict]:
         self.batches.append(batch)
-        if any(item.params.get("fail") for item in batch):
+        if any(item.params.fail for item in batch):
             raise RuntimeError("bad item")
         return [{"y": item.inputs["x"] * 2} for item in batch]
 
 
-def _firing(i: int, node: str = "n", op: str = "forward", **params) -> Firing:
+def _firing(i: int, node: str = "n", op: str = "forward", fail: bool = False) -> Firing:
     span = Span(index=i, start=0, end=1, n_context=0)
-    return Firing(i, f"r{i}", "w", node, "c", op, (0, i), {"x": i}, ("y",), params=params,
+    return Firing(i, f"r{i}", "w", node, "c", op, (0, i), {"x": i}, ("y",), params=Flags(fail=fail),
                   sampling=SamplingParams(seed=i), node_params={"k": 1}, spans={"x": span})
 
 
@@ -46,7 +51,7 @@ def test_a_batch_carries_each_firings_fields_and_the_shared_node_and_op():
     second = batch.items[1]
     assert isinstance(second, Item)
     assert (second.request_id, second.walk, second.path, second.iteration, second.outputs) == ("r1", "w", (0, 1), 1, ("y",))
-    assert second.sampling.seed == 1 and second.node_params == {"k": 1} and second.spans["x"].index == 1
+    assert second.params == Flags() and second.sampling.seed == 1 and second.node_params == {"k": 1} and second.spans["x"].index == 1
     assert other == [{"y": 6}] and len(comp.batches) == 2 and comp.batches[-1].op == "other"
 
 

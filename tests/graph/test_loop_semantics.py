@@ -6,6 +6,7 @@ import torch
 
 from walkserve.core.array import ArrayData
 from walkserve.core.finish import FinishReason
+from walkserve.core.params import Params
 from walkserve.core.request import RequestSpec
 from walkserve.graph import (
     ACCUMULATE,
@@ -40,11 +41,15 @@ class Recorder:
         return self.fn(f)
 
 
+class Limit(Params, frozen=True, tag="test.limit"):
+    limit: int = 1
+
+
 def run(walk, components, params=None, inputs=None):
     sm = FunctionStateMachine(lambda r: WalkStart(walk.name, r.inputs))
     g = WalkGraph("t", [walk], sm)
     ex = ReferenceExecutor(g, {k: FunctionComponent(v) for k, v in components.items()})
-    return ex.run(RequestSpec(inputs or {"x": one(10.0), "zero": one(0.0)}, params=params or {}))
+    return ex.run(RequestSpec(inputs or {"x": one(10.0), "zero": one(0.0)}, params=params or Params()))
 
 
 def test_carry_fills_the_next_iteration_and_invariants_every_iteration():
@@ -97,7 +102,7 @@ def countdown(f):
 def test_each_request_stops_at_its_own_iteration():
     for start, limit in [(3, 10), (5, 10), (8, 4)]:
         for include in (False, True):
-            res = run(dyn_walk(include), {"n": countdown}, {"limit": limit}, {"x": ArrayData.from_list([start])})
+            res = run(dyn_walk(include), {"n": countdown}, Limit(limit=limit), {"x": ArrayData.from_list([start])})
             values = [int(v) for v in res.stream("text")]
             natural = list(range(start - 1, -1, -1))  # start-1 ... 0
             if start <= limit:
@@ -113,10 +118,13 @@ def test_each_request_stops_at_its_own_iteration():
 def test_nested_loops_exit_through_both_levels():
     from walkserve.models.base import ModelRef
     from walkserve.testing.fixtures import nested
+    from walkserve.testing.fixtures.base import FixtureParams
+
+    nested_params = FixtureParams(outer=3, inner_len=2)
 
     model = nested.build(ModelRef("fixture-nested"))
     ex = ReferenceExecutor.for_model(model)
-    res = ex.run(RequestSpec({"x": one(1.0)}, params={"outer": 3, "inner_len": 2}))
+    res = ex.run(RequestSpec({"x": one(1.0)}, params=nested_params))
     assert res.error is None
     # plain-Python restatement of the fixture
     acc, all_y, paths = 0.0, [], []

@@ -8,20 +8,33 @@ import msgspec
 import pytest
 
 from walkserve.core.array import ArrayData
+from walkserve.core.params import Params
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
 from walkserve.protocol import messages as m
 from walkserve.protocol.arrays import array_rows, event_values, plain_value, wire_value
 from walkserve.protocol.codec import BadMessage, decode, encode
 
+
+class RolloutParams(Params, frozen=True, tag="test.rollout"):
+    horizon: int = 4
+    window: tuple[int, int] = (0, 1)
+    label: str | None = None
+
+
+class PlainParams(Params, frozen=True):  # no tag given: the class name is the tag
+    steps: int = 2
+
+
 TENSOR = m.TensorMsg("float32", (2, 2), data=bytes(16), nbytes=16)
 ONE_OF_EACH = [
-    m.Submit(RequestSpec({"prompt": ArrayData.from_list([1, 2])}, sampling=SamplingParams(max_tokens=3), id="r1")),
+    m.Submit(RequestSpec({"prompt": ArrayData.from_list([1, 2])}, sampling=SamplingParams(max_tokens=3), id="r1",
+                         params=RolloutParams(horizon=7, window=(2, 5), label="x"))),
     m.Abort("r1"), m.Abort("r1", "stop"), m.Shutdown(2.5), m.StatusQuery(4),
     m.Events("decode", "lm", "text", "token", ["r1", "r2"], [(1,), (2,)], [0, 1], stacked=TENSOR),
     m.Finished("r1", "stop", None, {"firings": 3}, {"total_s": 0.5}), m.Rejected("r2", "full", 2.0, invalid=False),
     m.Status("ready", "serving", {0: True}, m.RuntimeSnapshot(running=1, workers={0: m.RankStats(walk_states=2)}), 4),
-    m.StartWalk("r1", "prefill", {"lm": 0}, {"prompt": TENSOR}, {"eos_at": 3}, SamplingParams(max_tokens=3)),
+    m.StartWalk("r1", "prefill", {"lm": 0}, {"prompt": TENSOR}, PlainParams(steps=3), SamplingParams(max_tokens=3)),
     m.Release("r1"), m.Stop(), m.StatsQuery(), m.MoveContexts("r1", {"lm": ["main"]}, 1),
     m.Contexts("r1", 0, [m.ContextState("main", "lm", [1, 2], [2], [m.SegmentState(0, 2, "causal", 0, 0, None, None, None, {}, 1)],
                                              None, 2, 1, TENSOR, TENSOR)]),
@@ -40,6 +53,28 @@ def test_every_message_kind_is_covered_and_round_trips():
     kinds = set(m.Message.__args__)
     assert {type(x) for x in ONE_OF_EACH} == kinds
     assert decode(encode("tok", ONE_OF_EACH), "tok") == ONE_OF_EACH
+
+
+def test_typed_params_cross_as_their_family_struct():
+    spec = RequestSpec({}, params=RolloutParams(horizon=9, window=(1, 2)), id="r9")
+    start = m.StartWalk("r9", "w", {}, {}, PlainParams(), SamplingParams(), spec=spec)
+    [submit, got] = decode(encode("t", [m.Submit(spec), start]), "t")
+    assert type(submit.request.params) is RolloutParams and submit.request.params == RolloutParams(horizon=9, window=(1, 2))
+    assert type(got.params) is PlainParams and type(got.spec.params) is RolloutParams
+    assert type(decode(encode("t", [m.Submit(RequestSpec({}))]), "t")[0].request.params) is Params  # a model with none
+
+
+@pytest.mark.parametrize(("params", "error"), [
+    ({"family": "test.nope", "horizon": 1}, "no params class with the tag 'test.nope'"),
+    ({"horizon": 1}, "no params class with the tag None"),
+    ({"family": "test.rollout", "horizon": "far"}, r"Expected `int`, got `str` - at `\$\.horizon`"),
+    ({"family": "test.rollout", "hops": 1}, "unknown field `hops`"),
+])
+def test_params_of_no_known_family_or_off_their_schema_are_refused(params, error):
+    start = msgspec.to_builtins(m.StartWalk("r", "w", {}, {}, RolloutParams(), SamplingParams()))
+    start[5] = params  # array_like: the tag, then the fields in order; params is the fifth field
+    with pytest.raises(BadMessage, match=error):
+        decode(msgspec.msgpack.encode(["t", [start]]), "t")
 
 
 def test_status_stats_decode_typed_and_keyed_by_int_rank():

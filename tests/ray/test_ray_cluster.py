@@ -26,6 +26,7 @@ import signal
 import threading
 import time
 
+import msgspec
 import pytest
 
 from tests.polling import alive, wait_for
@@ -178,7 +179,7 @@ def orpheus_job(cluster, path: str) -> None:
     proc = load_model(ModelRef("orpheus", path)).processor()
     texts = ("Hello there, how are you today?", "One, two, three, four.", "A short one.")
     specs = [proc.build_request("speech", {"input": t, "voice": proc.voices[i]},
-                                proc.sampling(temperature=0.0 if i < 2 else 0.6, max_tokens=40 + 7 * i, seed=100 + i), {})
+                                proc.sampling(temperature=0.0 if i < 2 else 0.6, max_tokens=40 + 7 * i, seed=100 + i), proc.check_params({}))
              for i, t in enumerate(texts)]
     with Engine.start("orpheus", model_path=path, placement=str(walkserve.placements.path("orpheus-colocated"))) as local:
         want = local.run(specs, timeout=120)
@@ -230,7 +231,7 @@ def four(local_cluster):
 def long_requests(n: int, seed: int) -> list:
     reqs = [fixture_request("fixture-image", seed + i) for i in range(n)]
     for r in reqs:
-        r.params.update(steps=400, sleep_ms=10)
+        r.params = msgspec.structs.replace(r.params, steps=400, sleep_ms=10)
     return reqs
 
 

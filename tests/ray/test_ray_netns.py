@@ -25,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from tests.polling import alive, wait_for
@@ -181,7 +182,7 @@ def test_two_namespaces_each_rank_on_its_host_outputs_tensors_and_a_killed_rank(
         # (d) SIGKILL of rank 2 on B: its requests end within 1 s, it restarts, the next request is served
         long = [fixture_request("fixture-image", 600 + i) for i in range(2)]
         for r in long:
-            r.params.update(steps=400, sleep_ms=10)
+            r.params = msgspec.structs.replace(r.params, steps=400, sleep_ms=10)
         box: dict = {}
         runner = threading.Thread(target=lambda: box.update(results=engine.run(long, timeout=60)), daemon=True)
         runner.start()

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 
+import msgspec
 import pytest
 
 from tests.polling import alive
@@ -27,7 +28,7 @@ def tts():
 def test_component_exception_fails_only_its_request(tts):
     good = [fixture_request("fixture-tts", i) for i in (1, 2, 3)]
     bad = fixture_request("fixture-tts", 7)
-    bad.params.update(fail_node="lm", fail_at=3)
+    bad.params = msgspec.structs.replace(bad.params, fail_node="lm", fail_at=3)
     results = tts.run([*good, bad])
     assert [r.finished.reason for r in results[:3]] == [FinishReason.STOP] * 3
     failed = results[3].finished
@@ -40,7 +41,7 @@ def test_component_exception_fails_only_its_request(tts):
 def test_admission_queue_then_rejection(tts):
     slow = [fixture_request("fixture-tts", i) for i in range(10)]
     for r in slow:
-        r.params["sleep_ms"] = 20
+        r.params = msgspec.structs.replace(r.params, sleep_ms=20)
     results = tts.run(slow)
     rejected = [r for r in results if r.rejected]
     assert len(rejected) == 2  # 4 running + 4 waiting admitted; the last two rejected
@@ -62,7 +63,7 @@ def test_a_batch_that_repeats_a_request_id_is_refused_before_anything_runs(tts):
 def test_abort_releases_state(tts):
     req = fixture_request("fixture-tts", 3)
     req.sampling = type(req.sampling)(max_tokens=400, stop_token_ids=(0,))
-    req.params.update(eos_at=1000, sleep_ms=5)
+    req.params = msgspec.structs.replace(req.params, eos_at=1000, sleep_ms=5)
     for seen, _out in enumerate(tts.stream(req), start=1):
         if seen == 2:
             break  # leaving the loop aborts the request
@@ -76,7 +77,7 @@ def test_loop_cohort_members_fail_alone_and_their_state_is_released():
         good = [fixture_request("fixture-lm", i) for i in range(4)]
         bad = fixture_request("fixture-lm", 9)
         bad.sampling = type(bad.sampling)(max_tokens=50, stop_token_ids=(0,))
-        bad.params.update(fail_node="lm", fail_at=2, eos_at=1000)
+        bad.params = msgspec.structs.replace(bad.params, fail_node="lm", fail_at=2, eos_at=1000)
         results = engine.run([*good, bad])
         assert all(r.finished.reason in (FinishReason.STOP, FinishReason.LENGTH) for r in results[:4])
         assert results[4].finished.reason == FinishReason.ERROR
@@ -84,7 +85,7 @@ def test_loop_cohort_members_fail_alone_and_their_state_is_released():
         assert [e.iteration for e in results[4].events] == [(0,), (1,)]  # the iterations before the failure
         long = fixture_request("fixture-lm", 11)
         long.sampling = type(long.sampling)(max_tokens=5000, stop_token_ids=(0,))
-        long.params.update(eos_at=10_000, sleep_ms=2)
+        long.params = msgspec.structs.replace(long.params, eos_at=10_000, sleep_ms=2)
         for seen, _out in enumerate(engine.stream(long), start=1):
             if seen == 3:
                 break  # leaving the loop aborts the request mid-cohort
@@ -101,7 +102,7 @@ def test_killed_worker_fails_its_requests_fast_and_comes_back():
         long = [fixture_request("fixture-tts", i) for i in range(3)]
         for r in long:
             r.sampling = type(r.sampling)(max_tokens=300, stop_token_ids=(0,))
-            r.params.update(eos_at=1000, sleep_ms=10)
+            r.params = msgspec.structs.replace(r.params, eos_at=1000, sleep_ms=10)
         import threading
 
         box = {}

@@ -62,7 +62,7 @@ def requests(processor):
         sampling = processor.sampling(
             temperature=0.0 if greedy else 0.6, max_tokens=40 + 7 * i, seed=None if i == 0 else 100 + i
         )
-        specs.append(processor.build_request("speech", {"input": text, "voice": processor.voices[i]}, sampling, {}))
+        specs.append(processor.build_request("speech", {"input": text, "voice": processor.voices[i]}, sampling, processor.check_params({})))
     return specs
 
 
@@ -129,7 +129,7 @@ def test_greedy_requests_match_the_offline_loop(served, requests, orpheus_dir):
 def test_audio_streams_while_the_lm_is_still_decoding(engines, processor):
     spec = processor.build_request(
         "speech", {"input": "This one is long enough for many windows of audio.", "voice": "leo"},
-        processor.sampling(temperature=0.0, max_tokens=STREAM_TOKENS, seed=5), {},
+        processor.sampling(temperature=0.0, max_tokens=STREAM_TOKENS, seed=5), processor.check_params({}),
     )
     arrivals: list[tuple[float, OutputEvent | RequestFinished]] = []
     start = time.monotonic()

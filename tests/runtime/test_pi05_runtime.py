@@ -157,8 +157,8 @@ def test_requests_that_join_a_running_flow_loop_get_the_actions_they_get_alone(s
     engine = server.engine
     processor = engine.processor
     observations = [_observation(10 + i) for i in range(4)]
-    specs = [processor.build_request("act", {"inputs": o}, SamplingParams(), {}) for o in observations]
-    alone = [server.call(_actions(engine, processor.build_request("act", {"inputs": o}, SamplingParams(), {})))[0]
+    specs = [processor.build_request("act", {"inputs": o}, SamplingParams(), processor.check_params({})) for o in observations]
+    alone = [server.call(_actions(engine, processor.build_request("act", {"inputs": o}, SamplingParams(), processor.check_params({}))))[0]
              for o in observations]
 
     async def scenario():

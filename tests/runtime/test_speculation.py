@@ -12,13 +12,14 @@ import pytest
 from tests.runtime.conftest import placement, start, wait_until
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
+from walkserve.testing.fixtures.base import FixtureParams
 from walkserve.testing.fixtures.requests import prompt
 
 
 @pytest.mark.parametrize("cohorts", [True, False], ids=["batched", "alone"])
 def test_stop_at_k_yields_k_outputs_and_runs_k_plus_one_steps(cohorts):
     requests = [
-        RequestSpec({"prompt_ids": prompt(k, 4)}, sampling=SamplingParams(max_tokens=40, stop_token_ids=(0,)), params={"eos_at": k})
+        RequestSpec({"prompt_ids": prompt(k, 4)}, sampling=SamplingParams(max_tokens=40, stop_token_ids=(0,)), params=FixtureParams(eos_at=k))
         for k in range(12)
     ]
     with start("fixture-lm", placement(1, {"lm": 0}), cohorts=cohorts) as engine:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -32,7 +33,7 @@ def test_lm(i):
     state = sum(ids[:-1]) % 1000 if len(ids) > 1 else 0
     token, want = ids[-1], []
     for k in range(req.sampling.max_tokens):
-        token = lm.EOS if k == req.params["eos_at"] else 1 + mix(token, state, k) % (lm.VOCAB - 1)
+        token = lm.EOS if k == req.params.eos_at else 1 + mix(token, state, k) % (lm.VOCAB - 1)
         if token == lm.EOS:
             break
         want.append(token)
@@ -53,7 +54,7 @@ def test_image(i):
 
     cond = image.encode_fn(F({"prompt": prompt}))["cond"]
     latent = torch.from_numpy(array(req.inputs["noise"]).copy())
-    for k in range(req.params["steps"]):
+    for k in range(req.params.steps):
         v = {c: image.llm_fn(F({"latent": latent, "cond": cond}, k, c))["v"] for c in ("text", "image")}
         vu = image.llm_fn(F({"latent": latent}, k, "none"))["v"]
         latent = image.combine_fn(F({"v_text": v["text"], "v_image": v["image"], "v_uncond": vu, "latent_in": latent}))["latent"]
@@ -69,7 +70,7 @@ def test_omni(i):
     salt = sum(req.inputs["prompt_ids"].tolist())
     token, texts, hiddens = 1, [], []
     for k in range(req.sampling.max_tokens):
-        token = omni.EOS if k == req.params["text_len"] else 1 + mix(token, salt, k) % 50
+        token = omni.EOS if k == req.params.text_len else 1 + mix(token, salt, k) % 50
         if token == omni.EOS:
             break
         texts.append(token)
@@ -77,7 +78,7 @@ def test_omni(i):
     code, frames = 1, []
     for k in range(64):
         h = int(hiddens[k].sum().item() * 10) if k < len(hiddens) else 0
-        code = omni.CODEC_EOS if k == req.params["audio_len"] else 1 + mix(code, h, k) % 200
+        code = omni.CODEC_EOS if k == req.params.audio_len else 1 + mix(code, h, k) % 200
         if code == omni.CODEC_EOS:
             break
         c, frame = code, [code]
@@ -102,7 +103,7 @@ def test_tts_window_emission_covers_every_frame_once(i):
     state = sum(ids[:-1]) % 1000
     token, toks = ids[-1], []
     for k in range(req.sampling.max_tokens):
-        token = lm.EOS if k == req.params["eos_at"] else 1 + mix(token, state, k) % (lm.VOCAB - 1)
+        token = lm.EOS if k == req.params.eos_at else 1 + mix(token, state, k) % (lm.VOCAB - 1)
         if token == lm.EOS:
             break
         toks.append(token)
@@ -131,7 +132,7 @@ def test_rollout_runs_to_each_horizon():
     for i in range(7):
         req = fixture_request("fixture-rollout", i)
         res = ex.run(req)
-        assert [o.path for o in res.outputs] == [(k,) for k in range(req.params["horizon"])]
+        assert [o.path for o in res.outputs] == [(k,) for k in range(req.params.horizon)]
         assert np.allclose(array(res.walk_outputs[0]["final"]) * 2, res.outputs[-1].value.numpy())
 
 
@@ -143,6 +144,6 @@ def test_multimodal_walk_choice():
 
 def test_component_failure_becomes_the_request_error():
     req = fixture_request("fixture-lm", 3)
-    req.params.update(fail_node="lm", fail_at=1)
+    req.params = msgspec.structs.replace(req.params, fail_node="lm", fail_at=1)
     res = executor("fixture-lm").run(req)
     assert res.finish == FinishReason.ERROR and "injected failure in lm at iteration 1" in res.error

@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 
+from walkserve.core.params import Params
 from walkserve.core.sampling import SamplingParams
 from walkserve.engines.base import LATER, Engine, Group
 from walkserve.engines.values import concat
@@ -32,10 +33,16 @@ from walkserve.testing.simulator import GroupOnlyEngine
 from walkserve.worker.executor import Executor
 
 
+class LoopParams(Params, frozen=True, tag="test.cohort"):
+    steps: int = 1
+    stop_at: int | None = None
+    bad_rule: int | None = None
+
+
 def stop_rule(value, params, k):
-    if params.get("bad_rule") == k:
+    if params.model.bad_rule == k:
         raise RuntimeError("rule broke")
-    return params.get("stop_at") == k
+    return params.model.stop_at == k
 
 
 def _graph() -> WalkGraph:
@@ -120,13 +127,13 @@ def _executor(a: Engine | None = None, b: Engine | None = None) -> tuple[Executo
     return Executor(0, _graph(), {"a": a, "b": b}, concat), a, b
 
 
-def _start(ex: Executor, rid: str, x: int, bias: int, steps: int, **params) -> None:
+def _start(ex: Executor, rid: str, x: int, bias: int, steps: int, **params: int) -> None:
     ex.receive(_walk(rid, x, bias, steps, **params))
 
 
-def _walk(rid: str, x: int, bias: int, steps: int, **params) -> m.StartWalk:
+def _walk(rid: str, x: int, bias: int, steps: int, **params: int) -> m.StartWalk:
     inputs = {"x": torch.tensor([x]), "bias": torch.tensor([bias])}
-    return m.StartWalk(rid, "w", {"a": 0, "b": 0}, inputs, {"steps": steps, **params}, SamplingParams())
+    return m.StartWalk(rid, "w", {"a": 0, "b": 0}, inputs, LoopParams(steps=steps, **params), SamplingParams())
 
 
 def _drive(ex: Executor, limit: int = 1000) -> list:
@@ -349,7 +356,7 @@ def test_independent_nodes_of_one_engine_run_in_one_call_per_step():
     passes = Passes()
     ex = Executor(0, graph, {"p": passes, "c": Combine()}, concat)
     for rid, x in (("r1", 1), ("r2", 2)):
-        ex.receive(m.StartWalk(rid, "w", {"p1": 0, "p2": 0, "c": 0}, {"x": torch.tensor([x])}, {"steps": 3},
+        ex.receive(m.StartWalk(rid, "w", {"p1": 0, "p2": 0, "c": 0}, {"x": torch.tensor([x])}, LoopParams(steps=3),
                                SamplingParams()))
     sent = _drive(ex)
     assert passes.calls == [[("p1", ["r1", "r2"]), ("p2", ["r1", "r2"])]] * 3

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import msgspec
 import pytest
 
 import walkserve.testing.fixtures as fixtures
@@ -12,6 +13,7 @@ from walkserve.core.sampling import SamplingParams
 from walkserve.engines.spec import BuildContext
 from walkserve.models.base import ModelRef
 from walkserve.models.registry import load_model
+from walkserve.testing.fixtures.base import FixtureParams
 from walkserve.testing.fixtures.requests import fixture_request, prompt
 from walkserve.testing.reference import ReferenceExecutor
 from walkserve.testing.simulator import Simulator
@@ -58,7 +60,7 @@ def test_loop_that_stops_at_k_yields_exactly_k_outputs_after_k_plus_one_steps():
     for k in range(0, 9):
         for batched, groups in ((True, 1.0), (False, 0.0), (True, 0.0)):
             sim = Simulator(graph, comps, lambda w, n: 0, seed=k, batched=batched, groups=groups)
-            spec = RequestSpec({"prompt_ids": prompt(k, 3)}, sampling=SamplingParams(max_tokens=20), params={"eos_at": k})
+            spec = RequestSpec({"prompt_ids": prompt(k, 3)}, sampling=SamplingParams(max_tokens=20), params=FixtureParams(eos_at=k))
             sim.submit(spec)
             res = sim.run()[spec.id]
             assert len(res.stream("text")) == k  # the EOS iteration itself is not exposed
@@ -69,7 +71,7 @@ def test_component_failure_fails_only_that_request():
     graph, comps, _ = setup("fixture-tts")
     sim = Simulator(graph, comps, lambda w, n: {"lm": 0, "codec": 1}[n], seed=1)
     good, bad = fixture_request("fixture-tts", 4), fixture_request("fixture-tts", 5)
-    bad.params.update(fail_node="codec", fail_at=0)
+    bad.params = msgspec.structs.replace(bad.params, fail_node="codec", fail_at=0)
     sim.submit(good)
     sim.submit(bad)
     results = sim.run()
@@ -114,7 +116,7 @@ def test_a_long_loop_holds_a_bounded_number_of_values():
     graph, comps, ref = setup("fixture-lm")
     sim = _Peak(graph, comps, lambda w, n: 0, seed=1)
     request = RequestSpec({"prompt_ids": prompt(1, 4)}, sampling=SamplingParams(max_tokens=300, stop_token_ids=(0,)),
-                          params={"eos_at": -1})
+                          params=FixtureParams(eos_at=-1))
     sim.submit(request)
     result = sim.run()[request.id]
     assert len(result.outputs) == 300 and normalized(result, False) == normalized(ref.run(request), False)

@@ -26,13 +26,6 @@ from walkserve.protocol.arrays import plain_value, wire_value
 from walkserve.protocol.messages import MoveContexts, StartWalk
 
 
-def request_params(spec: RequestSpec) -> dict[str, Any]:
-    """The mapping stop rules and iteration counts read: sampling fields, then model params."""
-    params = spec.sampling.to_dict()
-    params.update(spec.params)
-    return params
-
-
 @dataclass
 class RequestRun:
     spec: RequestSpec
@@ -87,7 +80,7 @@ class RequestRun:
                         needs[ranks[r.node]].add(out)
                     elif isinstance(r, ToOutput):  # a walk input handed on as a walk output (input.x -> output.y)
                         self.outputs[r.name] = start.inputs[out]
-        params, sampling, per_node = request_params(self.spec), self.spec.sampling, self.spec.node_sampling
+        params, sampling, per_node = self.spec.params, self.spec.sampling, self.spec.node_sampling
         whole = self.local_walks and len(set(ranks.values())) == 1
         spec, sticky = (self.spec, dict(self.sticky)) if whole else (None, {})
         if whole:  # the rank may start the next walk itself: it needs every output, handed-on inputs too

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from walkserve.core.array import ArrayData
 from walkserve.core.ids import RequestId, new_request_id
+from walkserve.core.params import AnyParams, Params, RequestParams
 from walkserve.core.sampling import SamplingParams
 
 # A value that can cross the conductor: an array, or a small msgpack-able scalar/list/str.
@@ -21,7 +21,8 @@ class RequestSpec:
     ``inputs`` holds the request's named inputs (token ids, pixels, audio, a
     voice name ...) that the model's state machine turns into walk inputs.
     ``task`` and ``modalities`` let the state machine choose the first walk.
-    ``params`` holds model-specific settings (horizon, steps, voice ...).
+    ``params`` holds the model's typed settings (horizon, steps, voice ...): an
+    instance of the family's ``Params`` struct, which crosses processes as it is.
     ``sampling`` is how every node samples unless ``node_sampling`` names the
     node (Qwen3-Omni's thinker, talker and code predictor each sample their
     own way); the processor fills both, the conductor refuses unknown nodes.
@@ -31,15 +32,12 @@ class RequestSpec:
     task: str = "generate"
     modalities: tuple[str, ...] = ("text",)
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    params: dict[str, Any] = field(default_factory=dict)
+    params: AnyParams = field(default_factory=Params)
     node_sampling: dict[str, SamplingParams] = field(default_factory=dict)
     id: RequestId = field(default_factory=new_request_id)
     arrival_time: float = field(default_factory=time.time)
 
-    def param(self, name: str, default: Any = None) -> Any:
-        """A request parameter by name: ``params`` first, then sampling fields."""
-        if name in self.params:
-            return self.params[name]
-        if hasattr(self.sampling, name):
-            return getattr(self.sampling, name)
-        return default
+    @property
+    def request_params(self) -> RequestParams:
+        """What the request's stop rules and iteration counts read."""
+        return RequestParams(self.params, self.sampling)

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from walkserve.core.params import Params
 from walkserve.core.sampling import SamplingParams
 from walkserve.streaming.policy import Span
 
@@ -46,7 +47,7 @@ class Firing:
     path: tuple[int, ...]
     inputs: dict[str, Any]
     outputs: tuple[str, ...]
-    params: Mapping[str, Any] = field(default_factory=dict)
+    params: Params = field(default_factory=Params)  # the request's typed model params (its family's struct)
     sampling: SamplingParams | None = None
     node_params: Mapping[str, Any] = field(default_factory=dict)
     spans: dict[str, Span] = field(default_factory=dict)
@@ -78,7 +79,7 @@ class Group:
     request_ids: list[str]
     paths: list[tuple[int, ...]]
     inputs: list[dict[str, Any]]
-    params: list[Mapping[str, Any]]
+    params: list[Params]
     sampling: list[SamplingParams | None]
     kv: list[tuple[Any, ...] | None] | None = None
     spans: list[dict[str, Span]] | None = None

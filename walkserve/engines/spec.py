@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from walkserve.core.params import Params
 from walkserve.core.sampling import SamplingParams
 from walkserve.streaming.policy import Span
 
@@ -77,7 +78,7 @@ class Item:
     walk: str = ""
     path: tuple[int, ...] = ()
     outputs: tuple[str, ...] = ()
-    params: Mapping[str, Any] = field(default_factory=dict)
+    params: Params = field(default_factory=Params)  # the request's typed model params (its family's struct)
     sampling: SamplingParams | None = None
     node_params: Mapping[str, Any] = field(default_factory=dict)
     spans: Mapping[str, Span] = field(default_factory=dict)

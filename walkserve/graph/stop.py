@@ -3,26 +3,32 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from walkserve.core.errors import GraphError
+from walkserve.core.params import RequestParams
 
-# An iteration count: a constant, the name of a request parameter, or a function of the parameters.
-Count = int | str | Callable[[Mapping[str, Any]], int]
+# An iteration count: a constant, the name of a field of the model's params, or a function of the request's params.
+Count = int | str | Callable[[RequestParams], int]
 
 
-def resolve_count(count: Count, params: Mapping[str, Any], what: str) -> int:
+def max_tokens(params: RequestParams) -> int:
+    """The iteration count of a token loop: the request's ``sampling.max_tokens``."""
+    return params.sampling.max_tokens  # type: ignore[return-value]  # a processor always fills it
+
+
+def resolve_count(count: Count, params: RequestParams, what: str) -> int:
     """The count for one request; raises ValueError naming ``what`` when it is not a positive int."""
     if isinstance(count, bool):
         raise ValueError(f"{what}: {count!r} is not an iteration count")
     if isinstance(count, int):
         value = count
     elif isinstance(count, str):
-        if count not in params:
-            raise ValueError(f"{what}: the request has no parameter {count!r}")
-        value = params[count]
+        if count not in params.model.__struct_fields__:
+            raise ValueError(f"{what}: the request's {type(params.model).__name__} has no field {count!r}")
+        value = getattr(params.model, count)
     else:
         value = count(params)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -32,7 +38,7 @@ def resolve_count(count: Count, params: Mapping[str, Any], what: str) -> int:
 
 def check_count(count: Count, what: str) -> None:
     if isinstance(count, bool) or not (isinstance(count, (int, str)) or callable(count)):
-        raise GraphError(f"{what} must be an int, a request parameter name or a function, got {count!r}")
+        raise GraphError(f"{what} must be an int, a model params field name or a function, got {count!r}")
     if isinstance(count, int) and count < 1:
         raise GraphError(f"{what} must be >= 1, got {count}")
 
@@ -60,7 +66,7 @@ class StopRule(ABC):
     include_stopping: bool
 
     @abstractmethod
-    def should_stop(self, value: Any, params: Mapping[str, Any], iteration: int) -> bool: ...
+    def should_stop(self, value: Any, params: RequestParams, iteration: int) -> bool: ...
 
     @abstractmethod
     def describe(self) -> str: ...
@@ -68,21 +74,22 @@ class StopRule(ABC):
 
 @dataclass(frozen=True)
 class StopOnValue(StopRule):
-    """Stop when the output's value is one of ``values`` or of the request parameter ``param``."""
+    """Stop when the output's value is one of ``values`` or, with ``stop_token_ids``, of the request's
+    ``sampling.stop_token_ids``."""
 
     output: str
     values: Sequence[int] = ()
-    param: str | None = None
+    stop_token_ids: bool = False
     include_stopping: bool = False
 
-    def should_stop(self, value: Any, params: Mapping[str, Any], iteration: int) -> bool:
+    def should_stop(self, value: Any, params: RequestParams, iteration: int) -> bool:
         v = scalar(value)
         if v in self.values:
             return True
-        return self.param is not None and v in (params.get(self.param) or ())
+        return self.stop_token_ids and v in params.sampling.stop_token_ids
 
     def describe(self) -> str:
-        what = list(self.values) if self.values else f"param {self.param}"
+        what = list(self.values) if self.values else "sampling.stop_token_ids"
         return f"stop when {self.output} in {what}"
 
 
@@ -91,11 +98,11 @@ class StopWhen(StopRule):
     """Stop when ``predicate(value, params, iteration)`` is true."""
 
     output: str
-    predicate: Callable[[Any, Mapping[str, Any], int], bool] = field(compare=False)
+    predicate: Callable[[Any, RequestParams, int], bool] = field(compare=False)
     include_stopping: bool = True
     label: str = "predicate"
 
-    def should_stop(self, value: Any, params: Mapping[str, Any], iteration: int) -> bool:
+    def should_stop(self, value: Any, params: RequestParams, iteration: int) -> bool:
         return bool(self.predicate(value, params, iteration))
 
     def describe(self) -> str:

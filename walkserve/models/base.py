@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from walkserve.core.params import Params
 from walkserve.engines.spec import ComponentSpec
 from walkserve.graph.walk import WalkGraph
 
@@ -34,6 +35,9 @@ class Model(ABC):
     """A model family instance: graph, components, processor, default placement."""
 
     ref: ModelRef
+    # The family's request params (a ``Params`` struct, torch-free): what ``RequestSpec.params`` holds for this
+    # model. Naming it here also imports it in every process that builds the model, so the codec can decode it.
+    params_type: type[Params] = Params
 
     @abstractmethod
     def graph(self) -> WalkGraph:
@@ -47,7 +51,7 @@ class Model(ABC):
         """The frontend's request/response converter. The default takes raw inputs on ``/v1/generate``."""
         from walkserve.models.processor import TensorProcessor
 
-        return TensorProcessor(self.ref.family, self.ref.family)
+        return TensorProcessor(self.ref.family, self.ref.family, self.params_type)
 
     def memory_report(self, placement: Placement, device_memory: Callable[[str], int | None] | None = None) -> list[str]:
         """Lines saying what each rank of ``placement`` will hold (``walkserve serve`` prints them), from the

@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from walkserve.core.params import Params, as_fields, parse_params
+from walkserve.core.params import Params, parse_params
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
 
@@ -61,24 +61,24 @@ class Processor(ABC):
     room left, an explicit value that does not fit is an error).
     ``params_type`` is the model's request parameters struct: the API checks a
     request's parameters against it (``check_params``) before ``build_request``
-    sees them, so an unknown or out-of-range one is a 400 naming it; None
-    passes them on unchecked (a model without declared parameters).
+    sees them, so an unknown or out-of-range one is a 400 naming it; the
+    checked struct is what ``build_request`` gets and what the spec carries
+    (a processor may resolve it into its family's own ``Params`` first). The
+    base ``Params`` takes none.
     """
 
-    params_type: type[Params] | None = None
+    params_type: type[Params] = Params
 
-    def check_params(self, params: dict[str, Any]) -> dict[str, Any]:
-        """The request's parameters checked against ``params_type``, every field filled (InvalidRequest naming a bad one)."""
-        if self.params_type is None:
-            return dict(params)
-        return as_fields(parse_params(self.params_type, params))
+    def check_params(self, params: dict[str, Any]) -> Params:
+        """The request's parameters as a ``params_type``, every field filled (InvalidRequest naming a bad one)."""
+        return parse_params(self.params_type, params)
 
     @abstractmethod
     def card(self) -> ModelCard: ...
 
     @abstractmethod
     def build_request(
-        self, task: str, payload: dict[str, Any], sampling: SamplingParams, params: dict[str, Any]
+        self, task: str, payload: dict[str, Any], sampling: SamplingParams, params: Params
     ) -> RequestSpec: ...
 
     def policy_metadata(self) -> dict[str, Any]:
@@ -127,14 +127,15 @@ class TensorProcessor(Processor):
     actions in, latents out).
     """
 
-    def __init__(self, model_id: str, family: str):
+    def __init__(self, model_id: str, family: str, params_type: type[Params] = Params):
         self._card = ModelCard(id=model_id, family=family, capabilities=frozenset({"generate"}))
+        self.params_type = params_type
 
     def card(self) -> ModelCard:
         return self._card
 
     def build_request(
-        self, task: str, payload: dict[str, Any], sampling: SamplingParams, params: dict[str, Any]
+        self, task: str, payload: dict[str, Any], sampling: SamplingParams, params: Params
     ) -> RequestSpec:
         from walkserve.core.array import ArrayData
         from walkserve.core.errors import InvalidRequest
@@ -154,7 +155,7 @@ class TensorProcessor(Processor):
         modalities = tuple(payload.get("modalities") or ("latent",))
         if sampling.max_tokens is None:  # no context to take the room of: SamplingParams' default bound
             sampling = dataclasses.replace(sampling, max_tokens=DEFAULT_MAX_TOKENS)
-        return RequestSpec(converted, task=task, modalities=modalities, sampling=sampling, params=dict(params))
+        return RequestSpec(converted, task=task, modalities=modalities, sampling=sampling, params=params)
 
 
 def list_to_array(value: list, param: str):

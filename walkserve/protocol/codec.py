@@ -1,13 +1,18 @@
-"""The one codec: msgpack via msgspec, schema-checked on decode, never pickle."""
+"""The one codec: msgpack via msgspec, schema-checked on decode, never pickle.
+
+A request's typed params (``AnyParams``) decode through ``decode_params``: to the imported ``Params``
+class whose tag they carry, checked against its schema like every other field.
+"""
 
 from __future__ import annotations
 
 import msgspec
 
+from walkserve.core.params import decode_params
 from walkserve.protocol.messages import Batch, Message
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(Batch)
+_decoder = msgspec.msgpack.Decoder(Batch, dec_hook=decode_params)
 
 
 class BadMessage(Exception):

@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 
+from walkserve.core.params import AnyParams
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
 
@@ -112,7 +113,8 @@ class StartWalk(msgspec.Struct, tag=True, array_like=True):
 
     ``ranks`` maps each node of the walk to the rank that runs it for this
     request; ``inputs`` holds the walk inputs this rank's nodes read;
-    ``sampling`` is the request's sampling, ``node_sampling`` a node's own.
+    ``params`` is the request's typed model params (its family's ``Params``),
+    ``sampling`` the request's sampling, ``node_sampling`` a node's own.
     When every node of the walk is on the receiving rank, ``spec`` is the
     request and ``sticky`` the ranks its components were given, so the worker
     can start the next walk itself if the state machine's choice is all local
@@ -125,7 +127,7 @@ class StartWalk(msgspec.Struct, tag=True, array_like=True):
     walk: str
     ranks: dict[str, int]
     inputs: dict[str, Wire]
-    params: dict[str, Any]
+    params: AnyParams
     sampling: SamplingParams
     node_sampling: dict[str, SamplingParams] = {}
     spec: RequestSpec | None = None

@@ -13,6 +13,7 @@ from typing import Any
 from walkserve.core.array import ArrayData
 from walkserve.core.context import max_new_tokens
 from walkserve.core.errors import InvalidRequest
+from walkserve.core.params import Params
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
 from walkserve.models.processor import Detokenizer, ModelCard, Processor
@@ -42,6 +43,15 @@ class ByteDetokenizer(Detokenizer):
         return self._decoder.decode(b"", final=True)
 
 
+class FakeParams(Params, frozen=True, tag="fake", forbid_unknown_fields=False):
+    """What the routes pass the fake model; it reads ``voice`` and ``size`` and ignores any other field."""
+
+    voice: str | None = None
+    speed: float = 1.0
+    size: tuple[int, int] | None = None  # (width, height)
+    steps: int | None = None
+
+
 class FakeProcessor(Processor):
     """Builds RequestSpecs for the fake model.
 
@@ -54,6 +64,8 @@ class FakeProcessor(Processor):
     generate ``{"inputs": {...}, "modalities": [...]}``. Settings (voice,
     speed, size) arrive in ``params``.
     """
+
+    params_type = FakeParams
 
     def __init__(self, card: ModelCard):
         self._card = card
@@ -68,7 +80,7 @@ class FakeProcessor(Processor):
         return ByteDetokenizer(skip_special_tokens)
 
     def build_request(
-        self, task: str, payload: dict[str, Any], sampling: SamplingParams, params: dict[str, Any]
+        self, task: str, payload: dict[str, Any], sampling: SamplingParams, params: FakeParams
     ) -> RequestSpec:
         builders = {
             "completion": self._completion,
@@ -87,7 +99,7 @@ class FakeProcessor(Processor):
             length = prompt.numel if isinstance(prompt, ArrayData) else len(prompt)
             max_tokens = max_new_tokens(length, self._card.max_context, sampling.max_tokens, field)
             sampling = dataclasses.replace(sampling, max_tokens=max_tokens)
-        return RequestSpec(inputs=inputs, task=task, modalities=modalities, sampling=sampling, params=dict(params))
+        return RequestSpec(inputs=inputs, task=task, modalities=modalities, sampling=sampling, params=params)
 
     def _check_modalities(self, modalities: tuple[str, ...]) -> None:
         caps = self._card.capabilities
@@ -103,12 +115,12 @@ class FakeProcessor(Processor):
             raise InvalidRequest("the prompt is empty", param=param)
         return {PROMPT_IDS: ArrayData.from_list(ids, "int64")}
 
-    def _completion(self, payload: dict, params: dict) -> tuple[dict, tuple[str, ...]]:
+    def _completion(self, payload: dict, params: FakeParams) -> tuple[dict, tuple[str, ...]]:
         if "prompt_token_ids" in payload:
             return self._ids(list(payload["prompt_token_ids"]), "prompt"), ("text",)
         return self._ids(self.tokenize(str(payload.get("prompt", ""))), "prompt"), ("text",)
 
-    def _chat(self, payload: dict, params: dict) -> tuple[dict, tuple[str, ...]]:
+    def _chat(self, payload: dict, params: FakeParams) -> tuple[dict, tuple[str, ...]]:
         lines, images, audio = [], [], []
         for message in payload.get("messages", []):
             text = []
@@ -129,16 +141,16 @@ class FakeProcessor(Processor):
             inputs["audio"] = audio
         return inputs, tuple(payload.get("modalities") or ("text",))
 
-    def _speech(self, payload: dict, params: dict) -> tuple[dict, tuple[str, ...]]:
+    def _speech(self, payload: dict, params: FakeParams) -> tuple[dict, tuple[str, ...]]:
         return self._ids(self.tokenize(str(payload.get("input", ""))), "input"), ("audio",)
 
-    def _image(self, payload: dict, params: dict) -> tuple[dict, tuple[str, ...]]:
+    def _image(self, payload: dict, params: FakeParams) -> tuple[dict, tuple[str, ...]]:
         inputs = self._ids(self.tokenize(str(payload.get("prompt", ""))), "prompt")
         if payload.get("images"):
             inputs["images"] = list(payload["images"])
         return inputs, ("image",)
 
-    def _generate(self, payload: dict, params: dict) -> tuple[dict, tuple[str, ...]]:
+    def _generate(self, payload: dict, params: FakeParams) -> tuple[dict, tuple[str, ...]]:
         inputs = dict(payload.get("inputs") or {})
         prompt = inputs.pop("prompt", None)
         if isinstance(prompt, str):

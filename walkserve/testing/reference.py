@@ -71,19 +71,12 @@ class ReferenceResult:
         return [o.value for o in self.outputs if o.modality == modality]
 
 
-def request_params(request: RequestSpec) -> dict[str, Any]:
-    """The parameter mapping stop rules and iteration counts read: sampling fields, then model params."""
-    params = request.sampling.to_dict()
-    params.update(request.params)
-    return params
-
-
 class _WalkRun:
     def __init__(self, plan: WalkPlan, inputs: Mapping[str, Any], request: RequestSpec, call: Callable[[Firing], dict]):
         self.plan = plan
         self.inputs = {k: to_tensor(v) for k, v in inputs.items()}
         self.request = request
-        self.params = request_params(request)
+        self.params = request.request_params
         self.call = call
         self.env: dict[tuple[str, str, tuple[int, ...]], Any] = {}
         self.exits: dict[tuple[str, str, str, tuple[int, ...]], Any] = {}
@@ -170,7 +163,7 @@ class _WalkRun:
             path=path,
             inputs=inputs,
             outputs=node.outputs,
-            params=self.params,
+            params=self.request.params,
             sampling=self.request.sampling,
             node_params=node.params,
             spans=spans,

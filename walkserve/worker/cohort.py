@@ -365,7 +365,7 @@ class Cohorts:
         bound = None
         if level.loop_like:
             try:
-                bound = resolve_count(level.bound, run.request.params, f"loop {level.id!r}")
+                bound = resolve_count(level.bound, run.request.request_params, f"loop {level.id!r}")
             except ValueError as e:
                 self.fx.fail(run, str(e))
                 return False

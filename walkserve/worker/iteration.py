@@ -101,7 +101,7 @@ def _stop_rule(fx: Effects, m: Member) -> int | None:
         fx.fail(run, f"node {node!r} returned no output {out!r}, which the stop rule of loop {level.id!r} reads")
         return None
     try:
-        stop = rule.should_stop(value, run.request.params, k)
+        stop = rule.should_stop(value, run.request.request_params, k)
     except Exception as e:
         fx.fail(run, f"stop rule of loop {level.id!r} failed: {type(e).__name__}: {e}")
         return None

@@ -25,12 +25,13 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from walkserve.core.params import Params, RequestParams
+from walkserve.core.sampling import SamplingParams
 from walkserve.engines.base import LATER
 from walkserve.streaming.buffer import StreamBuffer
 
 if TYPE_CHECKING:
     from walkserve.core.request import RequestSpec
-    from walkserve.core.sampling import SamplingParams
     from walkserve.worker.local import LocalLevel
     from walkserve.worker.program import WalkProgram
 
@@ -60,15 +61,17 @@ _LEGAL: dict[Phase, frozenset[Phase]] = {
 class RequestState:
     """A request on this rank, from its first StartWalk until its Release."""
 
-    __slots__ = ("failed", "id", "node_sampling", "params", "sampling", "spec", "sticky", "stream", "walks")
+    __slots__ = ("failed", "id", "node_sampling", "params", "request_params", "sampling", "spec", "sticky", "stream",
+                 "walks")
 
     def __init__(
-        self, request_id: str, params: Mapping[str, Any], sampling: SamplingParams | None,
+        self, request_id: str, params: Params, sampling: SamplingParams | None,
         node_sampling: Mapping[str, SamplingParams] | None = None, stream: bool = False,
     ):
         self.stream = stream  # its audio plays as it streams: scheduled by playback deadlines (StartWalk.stream)
         self.id = request_id
-        self.params, self.sampling = params, sampling
+        self.params, self.sampling = params, sampling  # the family's typed params go to the components as they are
+        self.request_params = RequestParams(params, sampling or SamplingParams())  # what stop rules and counts read
         self.node_sampling = node_sampling or {}  # node -> its own sampling, overriding ``sampling``
         self.spec: RequestSpec | None = None  # set when this rank may pick the request's next walk itself
         self.sticky: dict[str, int] = {}  # component -> the rank it runs on for this request

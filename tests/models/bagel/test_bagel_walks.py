@@ -79,7 +79,7 @@ def test_each_flow_runs_its_walks_in_the_release_order(model, proc):
     und = proc.build_request("chat", {"messages": [{"role": "user", "content": [
         {"type": "text", "text": "and?"}, {"type": "image", "image": image(20, 20)}, {"type": "image", "image": image(40, 20)}]}]},
         greedy, proc.check_params({"think": True}))
-    assert und.params["flow"] == FLOW_UND
+    assert und.params.flow == FLOW_UND
     assert [s.walk for s in walks_of(model, und)] == ["prefill_text_gen", "prefill_vit", "prefill_vit_2",
                                                       "prefill_text_gen_2", "decode"]
 

@@ -12,7 +12,7 @@ from walkserve.core.array import ArrayData
 from walkserve.core.errors import InvalidRequest
 from walkserve.core.sampling import SamplingParams
 from walkserve.models.common.lm_config import LMConfig
-from walkserve.models.llama.processor import TextLMProcessor
+from walkserve.models.llama.processor import TextLMProcessor, TextParams
 from walkserve.models.llama.tiny import write_tiny
 
 
@@ -39,32 +39,32 @@ def test_card(llama, qwen, tiny_dirs):
 
 
 def test_completion_prompt(llama):
-    spec = llama.build_request("completion", {"prompt": "The river"}, SamplingParams(max_tokens=5), {"x": 1})
+    spec = llama.build_request("completion", {"prompt": "The river"}, SamplingParams(max_tokens=5), llama.check_params({"add_generation_prompt": False}))
     ids = spec.inputs["prompt_token_ids"]
     assert ids.dtype == "int64" and ids.tolist() == llama.tokenize("The river")
     assert ids.tolist()[0] == llama.tokenizer.bos_token_id
-    assert (spec.task, spec.modalities, spec.params) == ("completion", ("text",), {"x": 1})
+    assert (spec.task, spec.modalities, spec.params) == ("completion", ("text",), TextParams(add_generation_prompt=False))
     assert llama.decode(ids.tolist()) == "The river"
 
 
 def test_completion_token_ids_and_stop_ids(llama, tiny_dirs):
     sampling = SamplingParams(max_tokens=3, stop_token_ids=(7,))
-    spec = llama.build_request("completion", {"prompt_token_ids": [1, 2, 3]}, sampling, {})
+    spec = llama.build_request("completion", {"prompt_token_ids": [1, 2, 3]}, sampling, llama.check_params({}))
     assert spec.inputs["prompt_token_ids"].tolist() == [1, 2, 3]
-    as_prompt = llama.build_request("completion", {"prompt": [4, 5]}, sampling, {})
+    as_prompt = llama.build_request("completion", {"prompt": [4, 5]}, sampling, llama.check_params({}))
     assert as_prompt.inputs["prompt_token_ids"].tolist() == [4, 5]
     eos = llama.config.eos_token_ids
     assert spec.sampling.stop_token_ids == (7, *eos) and len(eos) == 2
     assert spec.sampling.max_tokens == 3
     kept = llama.build_request("completion", {"prompt_token_ids": [1]},
-                               SamplingParams(stop_token_ids=(7,), ignore_eos=True), {})
+                               SamplingParams(stop_token_ids=(7,), ignore_eos=True), llama.check_params({}))
     assert kept.sampling.stop_token_ids == (7,)
 
 
 def test_chat_renders_template_and_flattens_parts(qwen):
     messages = [{"role": "system", "content": "Be brief."},
                 {"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "world"}]}]
-    spec = qwen.build_request("chat", {"messages": messages}, SamplingParams(), {})
+    spec = qwen.build_request("chat", {"messages": messages}, SamplingParams(), qwen.check_params({}))
     text = qwen.decode(spec.inputs["prompt_token_ids"].tolist(), skip_special_tokens=False)
     assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello\nworld<|im_end|>\n" \
                    "<|im_start|>assistant\n"
@@ -96,14 +96,14 @@ def test_chat_renders_template_and_flattens_parts(qwen):
 ])
 def test_invalid_requests(llama, task, payload, sampling, param):
     with pytest.raises(InvalidRequest) as e:
-        llama.build_request(task, payload, SamplingParams(**sampling), {})
+        llama.build_request(task, payload, SamplingParams(**sampling), llama.check_params({}))
     assert e.value.param == param
 
 
 def test_generate_task_takes_a_prompt_or_token_ids(llama):
     """The native route's task: the same prompt ids as a completion, from a string, a list or an int array."""
     sampling = SamplingParams(max_tokens=4)
-    want = llama.build_request("completion", {"prompt": "The river"}, sampling, {})
+    want = llama.build_request("completion", {"prompt": "The river"}, sampling, llama.check_params({}))
     ids = want.inputs["prompt_token_ids"].tolist()
     payloads = [
         {"inputs": {"prompt": "The river"}, "modalities": ["text"]},
@@ -111,9 +111,9 @@ def test_generate_task_takes_a_prompt_or_token_ids(llama):
         {"inputs": {"prompt_token_ids": ArrayData.from_list(ids, "int32")}, "modalities": ["text"]},
     ]
     for payload in payloads:
-        spec = llama.build_request("generate", payload, sampling, {"p": 1})
+        spec = llama.build_request("generate", payload, sampling, llama.check_params({"add_generation_prompt": False}))
         assert spec.inputs["prompt_token_ids"].tolist() == ids
-        assert (spec.task, spec.modalities, spec.params) == ("generate", ("text",), {"p": 1})
+        assert (spec.task, spec.modalities, spec.params) == ("generate", ("text",), TextParams(add_generation_prompt=False))
         assert spec.sampling == want.sampling  # the model's stop ids merged in the same way
 
 
@@ -139,7 +139,7 @@ def test_processor_is_torch_free():
 def test_without_max_tokens_a_request_gets_the_room_left_in_the_context(llama):
     """What most OpenAI clients send (no max_tokens): the request runs to a stop or to the end of the context."""
     messages = [{"role": "user", "content": "hi"}]
-    spec = llama.build_request("chat", {"messages": messages}, SamplingParams(max_tokens=None), {})
+    spec = llama.build_request("chat", {"messages": messages}, SamplingParams(max_tokens=None), llama.check_params({}))
     assert spec.sampling.max_tokens == 1024 - len(spec.inputs["prompt_token_ids"].tolist())
-    spec = llama.build_request("completion", {"prompt_token_ids": [1] * 1000}, SamplingParams(max_tokens=None), {})
+    spec = llama.build_request("completion", {"prompt_token_ids": [1] * 1000}, SamplingParams(max_tokens=None), llama.check_params({}))
     assert spec.sampling.max_tokens == 24

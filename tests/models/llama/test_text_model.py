@@ -38,7 +38,7 @@ class Served:
 
     def request(self, prompt: list[int], **sampling) -> RequestSpec:
         params = SamplingParams(temperature=0.0, **sampling)
-        return self.processor.build_request("completion", {"prompt_token_ids": prompt}, params, {})
+        return self.processor.build_request("completion", {"prompt_token_ids": prompt}, params, self.processor.check_params({}))
 
     def run(self, spec: RequestSpec) -> tuple[list[int], object]:
         result = self.executor.run(spec)

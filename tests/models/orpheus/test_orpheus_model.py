@@ -127,12 +127,12 @@ def test_card(processor, tiny_orpheus_dir):
 
 
 def test_speech_request(processor):
-    spec = processor.build_request("speech", {"input": "Hello there.", "voice": "leo"}, processor.sampling(), {})
+    spec = processor.build_request("speech", {"input": "Hello there.", "voice": "leo"}, processor.sampling(), processor.check_params({}))
     ids = spec.inputs["prompt_token_ids"].tolist()
     assert ids == build_prompt_ids(processor.tokenize, "leo", "Hello there.")
     assert ids[:2] == [128259, 128000] and ids[-4:] == [128009, 128260, 128261, 128257]
     assert all(t < 1000 for t in ids[2:-4])  # the tiny tokenizer's text ids
-    assert spec.modalities == ("audio",) and spec.task == "speech" and spec.params["voice"] == "leo"
+    assert spec.modalities == ("audio",) and spec.task == "speech" and spec.params.voice == "leo"
     s = spec.sampling
     assert (s.temperature, s.top_p, s.repetition_penalty, s.max_tokens) == (0.6, 0.8, 1.3, DEFAULT_MAX_TOKENS)
     assert s.stop_token_ids == (END_OF_SPEECH, 128009)
@@ -140,25 +140,25 @@ def test_speech_request(processor):
 
 def test_client_sampling_and_voice_from_params(processor):
     sampling = SamplingParams(temperature=0.0, max_tokens=50, stop_token_ids=(5,), seed=9)
-    spec = processor.build_request("speech", {"input": "Hi"}, sampling, {"voice": "zoe"})
-    assert spec.params["voice"] == "zoe"
+    spec = processor.build_request("speech", {"input": "Hi"}, sampling, processor.check_params({"voice": "zoe"}))
+    assert spec.params.voice == "zoe"
     assert spec.sampling.stop_token_ids == (5, END_OF_SPEECH, 128009)
     assert (spec.sampling.temperature, spec.sampling.max_tokens, spec.sampling.seed) == (0.0, 50, 9)
-    default = processor.build_request("speech", {"input": "Hi"}, sampling, {})
-    assert default.params["voice"] == "tara"
-    no_eos = processor.build_request("speech", {"input": "Hi"}, SamplingParams(ignore_eos=True), {})
+    default = processor.build_request("speech", {"input": "Hi"}, sampling, processor.check_params({}))
+    assert default.params.voice == "tara"
+    no_eos = processor.build_request("speech", {"input": "Hi"}, SamplingParams(ignore_eos=True), processor.check_params({}))
     assert no_eos.sampling.stop_token_ids == (END_OF_SPEECH,)
 
 
 def test_generate_task_and_context_room(processor):
     """No max_tokens: the room left in the context; an explicit one that does not fit is refused, not shrunk."""
     payload = {"inputs": {"text": "Good morning", "voice": "mia"}, "modalities": ["audio"]}
-    spec = processor.build_request("generate", payload, processor.sampling(max_tokens=None), {})
+    spec = processor.build_request("generate", payload, processor.sampling(max_tokens=None), processor.check_params({}))
     n_prompt = len(spec.inputs["prompt_token_ids"].tolist())
-    assert spec.params["voice"] == "mia" and spec.sampling.max_tokens == 8192 - n_prompt
-    assert processor.build_request("generate", payload, processor.sampling(), {}).sampling.max_tokens == 2465
+    assert spec.params.voice == "mia" and spec.sampling.max_tokens == 8192 - n_prompt
+    assert processor.build_request("generate", payload, processor.sampling(), processor.check_params({})).sampling.max_tokens == 2465
     with pytest.raises(InvalidRequest) as err:
-        processor.build_request("generate", payload, processor.sampling(max_tokens=100_000), {})
+        processor.build_request("generate", payload, processor.sampling(max_tokens=100_000), processor.check_params({}))
     assert (err.value.param, err.value.code) == ("max_tokens", "context_length_exceeded")
 
 
@@ -180,7 +180,7 @@ def test_generate_task_and_context_room(processor):
 )
 def test_invalid_requests_name_the_parameter(processor, task, payload, params, param):
     with pytest.raises(InvalidRequest) as err:
-        processor.build_request(task, payload, processor.sampling(), params)
+        processor.build_request(task, payload, processor.sampling(), processor.check_params(params))
     assert err.value.param == param
 
 
@@ -188,7 +188,7 @@ def test_custom_voices(tiny_orpheus_dir):
     model = load_model(ModelRef("orpheus", str(tiny_orpheus_dir), {"voices": ["anna"], "model_id": "orpheus-ft"}))
     proc = model.processor()
     assert proc.card().voices == ("anna",) and proc.card().default_voice == "anna" and proc.card().id == "orpheus-ft"
-    assert proc.build_request("speech", {"input": "Hi"}, proc.sampling(), {}).params["voice"] == "anna"
+    assert proc.build_request("speech", {"input": "Hi"}, proc.sampling(), proc.check_params({})).params.voice == "anna"
 
 
 # ---- tiny writer ---------------------------------------------------------------------------------
@@ -235,7 +235,7 @@ def test_frontend_side_never_imports_torch(tiny_orpheus_dir):
         "from walkserve.models.registry import load_model\n"
         "from walkserve.models.base import ModelRef\n"
         f"m = load_model(ModelRef('orpheus', {str(tiny_orpheus_dir)!r}))\n"
-        "m.graph(); m.processor().build_request('speech', {'input': 'hi'}, m.processor().sampling(), {})\n"
+        "m.graph(); m.processor().build_request('speech', {'input': 'hi'}, m.processor().sampling(), m.processor().check_params({}))\n"
         "assert m.components()['lm'].weight_bytes > 0\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )

@@ -67,7 +67,7 @@ class Pipeline:
 
     def speak(self, text: str, voice: str = "tara", **sampling):
         spec = self.processor.build_request(
-            "speech", {"input": text, "voice": voice}, self.processor.sampling(temperature=0.0, **sampling), {}
+            "speech", {"input": text, "voice": voice}, self.processor.sampling(temperature=0.0, **sampling), self.processor.check_params({})
         )
         result = self.executor.run(spec)
         assert result.error is None, result.error

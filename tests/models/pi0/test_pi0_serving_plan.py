@@ -143,7 +143,7 @@ def _inputs(**over):
 def test_bad_inputs_name_the_field(models, change, param, code):
     proc = models["pi05"].processor()
     with pytest.raises(InvalidRequest) as e:
-        proc.build_request("act", {"inputs": _inputs(**change)}, SamplingParams(), {})
+        proc.build_request("act", {"inputs": _inputs(**change)}, SamplingParams(), proc.check_params({}))
     assert e.value.param == param and (code is None or e.value.code == code), (e.value.param, e.value.code, str(e.value))
 
 
@@ -152,27 +152,27 @@ def test_openpi_observations_map_and_their_errors_name_the_observation_key(model
     img = np.zeros((18, 32, 3), dtype=np.uint8)
     droid = {"observation/exterior_image_1_left": img, "observation/wrist_image_left": img,
              "observation/joint_position": np.zeros(7), "observation/gripper_position": np.zeros(1), "prompt": "wipe"}
-    spec = proc.build_request("act", {"observation": droid}, SamplingParams(), {"seed": 3})
+    spec = proc.build_request("act", {"observation": droid}, SamplingParams(), proc.check_params({"seed": 3}))
     assert spec.task == "act" and spec.modalities == ("action",)
     assert spec.inputs["image_shapes"].shape == (2, 2) and spec.inputs["state"].shape == (32,)
-    again = proc.build_request("act", {"observation": droid}, SamplingParams(), {"seed": 3})
+    again = proc.build_request("act", {"observation": droid}, SamplingParams(), proc.check_params({"seed": 3}))
     assert again.inputs["noise"].data == spec.inputs["noise"].data  # seeded noise is reproducible
     with pytest.raises(InvalidRequest) as e:
-        proc.build_request("act", {"observation": {**droid, "observation/joint_position": np.zeros(6)}}, SamplingParams(), {})
+        proc.build_request("act", {"observation": {**droid, "observation/joint_position": np.zeros(6)}}, SamplingParams(), proc.check_params({}))
     assert e.value.param == "observation/joint_position + observation/gripper_position"
     libero = {"observation/image": np.zeros((4, 4, 3), np.float32) + 2.0, "observation/state": np.zeros(8), "prompt": "p"}
     with pytest.raises(InvalidRequest) as e:
-        proc.build_request("act", {"observation": libero}, SamplingParams(), {})
+        proc.build_request("act", {"observation": libero}, SamplingParams(), proc.check_params({}))
     assert (e.value.param, e.value.code) == ("observation/image", "invalid_image")
     with pytest.raises(InvalidRequest, match="task 'act'"):
-        proc.build_request("generate", {"inputs": _inputs()}, SamplingParams(), {})
+        proc.build_request("generate", {"inputs": _inputs()}, SamplingParams(), proc.check_params({}))
 
 
 def test_walk_inputs_lay_out_the_prefix(models, tiny_pi0):
     """The walk inputs hold what the offline oracle consumes: the same prefix K/V from the same ids and images."""
     proc = models["pi0"].processor()
     raw = _inputs(left_wrist_0_rgb=np.full((28, 28, 3), 0.25, np.float32), noise=np.zeros((10, 32), np.float32))
-    spec = proc.build_request("act", {"inputs": raw}, SamplingParams(), {})
+    spec = proc.build_request("act", {"inputs": raw}, SamplingParams(), proc.check_params({}))
     prepared = prepare_request(proc.files, validate_inputs(proc.spec, raw))
     tokens = np.frombuffer(spec.inputs["tokens"].data, dtype=np.int64)
     per_image = tiny_pi0.policy.config.image_tokens

@@ -129,10 +129,10 @@ def test_text_answers_merge_and_spoken_answers_do_not(ours_dir):
     from walkserve.models.qwen3_omni.model import speech_config
 
     processor, sampling = Qwen3OmniProcessor(ours_dir, speech=speech_config(ours_dir)), SamplingParams(max_tokens=4)
-    text = processor.build_request("chat", {"messages": mixed_messages()}, sampling, {})
+    text = processor.build_request("chat", {"messages": mixed_messages()}, sampling, processor.check_params({}))
     assert text.inputs["walks"] == PIECES[True]
     spoken = processor.build_request("chat", {"messages": mixed_messages(), "modalities": ["text", "audio"]},
-                                     sampling, {})
+                                     sampling, processor.check_params({}))
     assert spoken.inputs["walks"] == PIECES[False]
 
 
@@ -146,7 +146,7 @@ def test_the_state_machine_walks_the_pieces_then_decodes(processor):
                                                 (2, 4, token, ["thinker_decode_logprobs"]),
                                                 (None, 4, empty, []), (None, 1, token, [])):
         spec = processor.build_request("chat", {"messages": mixed_messages()},
-                                       SamplingParams(max_tokens=max_tokens, logprobs=logprobs), {})
+                                       SamplingParams(max_tokens=max_tokens, logprobs=logprobs), processor.check_params({}))
         start, seen = machine.first(spec), []
         while start is not None:
             seen.append(start.walk)
@@ -157,7 +157,7 @@ def test_the_state_machine_walks_the_pieces_then_decodes(processor):
             start = machine.next(spec, start.walk, outputs)
         *pieces, last = spec.inputs["walks"]
         assert seen == [*pieces, g.first_walk(last, logprobs is not None), *decode]
-    text = processor.build_request("completion", {"prompt": "Hello there"}, SamplingParams(max_tokens=4), {})
+    text = processor.build_request("completion", {"prompt": "Hello there"}, SamplingParams(max_tokens=4), processor.check_params({}))
     assert text.inputs["walks"] == ["prefill_text"]  # a text-only request runs only the thinker
 
 

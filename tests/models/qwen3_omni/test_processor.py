@@ -34,13 +34,13 @@ def processor(ours_dir) -> Qwen3OmniProcessor:
 
 def _error(processor, task: str, payload: dict, sampling: SamplingParams = SAMPLING) -> InvalidRequest:
     with pytest.raises(InvalidRequest) as e:
-        processor.build_request(task, payload, sampling, {})
+        processor.build_request(task, payload, sampling, processor.check_params({}))
     return e.value
 
 
 def test_messages_are_used_as_given(processor):
     """No system prompt of ours: the template renders exactly the messages sent."""
-    spec = processor.build_request("chat", {"messages": [{"role": "user", "content": "Hi"}]}, SAMPLING, {})
+    spec = processor.build_request("chat", {"messages": [{"role": "user", "content": "Hi"}]}, SAMPLING, processor.check_params({}))
     ids = spec.inputs["prompt_token_ids"].tolist()
     assert ids[:3] == [IDS["im_start"], ROLE_IDS["user"], 10] and ROLE_IDS["system"] not in ids
     card = processor.card()
@@ -74,9 +74,9 @@ def test_generate_takes_media_inputs_and_token_ids(processor):
     audio = _array(wave(0.6))
     spec = processor.build_request("generate", {"inputs": {"audio": audio, "audio_sample_rate": 16000,
                                                            "image": _array(rgb(32, 32)), "prompt": "What?"}},
-                                   SAMPLING, {})
+                                   SAMPLING, processor.check_params({}))
     assert spec.inputs["walks"] == ["prefill_media"]  # one clip, one image and the text: one thinker pass
-    spec = processor.build_request("generate", {"inputs": {"prompt_token_ids": [5, 6, 7]}}, SAMPLING, {})
+    spec = processor.build_request("generate", {"inputs": {"prompt_token_ids": [5, 6, 7]}}, SAMPLING, processor.check_params({}))
     assert spec.inputs["prompt_token_ids"].tolist() == [5, 6, 7] and spec.inputs["walks"] == ["prefill_text"]
 
 

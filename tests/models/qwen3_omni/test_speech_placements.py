@@ -40,7 +40,7 @@ def engine(served_dir):  # noqa: F811
 
 def spec(engine, sampling: SamplingParams, frames: int = FRAMES):
     payload = {"inputs": {"prompt_token_ids": text_prompt()[0].tolist()}, "modalities": ["text", "audio"]}
-    return engine.engine.processor.build_request("generate", payload, sampling, {"max_audio_frames": frames})
+    return engine.engine.processor.build_request("generate", payload, sampling, engine.engine.processor.check_params({"max_audio_frames": frames}))
 
 
 def answer(result) -> tuple[list[int], torch.Tensor, torch.Tensor]:
@@ -75,7 +75,7 @@ def test_audio_and_image_prompt_codes_equal_generate(engine, mixed_reference):  
     """The media pieces' talker rows (hidden_projection of the thinker's layer-3 input, 3-axis positions)."""
     payload = {"messages": decoded(MIXED), "modalities": ["text", "audio"]}
     spec = engine.engine.processor.build_request("chat", payload, SamplingParams(max_tokens=MAX_TOKENS, temperature=0),
-                                                 {"voice": "chelsie", "max_audio_frames": FRAMES})
+                                                 engine.engine.processor.check_params({"voice": "chelsie", "max_audio_frames": FRAMES}))
     assert "talker_prefill_media" not in spec.inputs["walks"]  # the thinker's pieces; the talker's follow each
     assert_speech_equal(answer(engine.run([spec])[0]), mixed_reference)
 

@@ -77,10 +77,10 @@ def test_walks_and_shipped_placements_per_checkpoint(dirs):
     assert {"POST /v1/generate", "POST /v1/embeddings"} <= set(routes_for(card))  # the banner of walkserve serve
     assert "POST /v1/chat/completions" not in routes_for(ac.processor().card())
     with pytest.raises(InvalidRequest) as e:
-        hf.processor().build_request("rollout", {"inputs": {}}, SamplingParams(), {})
+        hf.processor().build_request("rollout", {"inputs": {}}, SamplingParams(), hf.processor().check_params({}))
     assert e.value.param == "task" and "V-JEPA 2-AC checkpoint" in str(e.value)
     with pytest.raises(InvalidRequest, match="has no masked predictor") as e:
-        ac.processor().build_request("predict", {"inputs": {}}, SamplingParams(), {})
+        ac.processor().build_request("predict", {"inputs": {}}, SamplingParams(), ac.processor().check_params({}))
     assert e.value.param == "task" and "predict" not in ac.processor().card().capabilities
 
 
@@ -101,7 +101,7 @@ def test_an_hf_checkpoint_without_its_predictor_serves_encode_only(dirs, tmp_pat
     with pytest.raises(ConfigError, match="places the masked predictor, but this checkpoint has none"):
         model.for_placement(yaml.safe_load(placement_path("vjepa2").read_text()))
     with pytest.raises(InvalidRequest, match="no masked predictor") as e:
-        model.processor().build_request("predict", {"inputs": {}}, SamplingParams(), {})
+        model.processor().build_request("predict", {"inputs": {}}, SamplingParams(), model.processor().check_params({}))
     assert e.value.param == "task" and "no predictor.* tensors" in model.processor().card().unsupported["predict"]
     full = load_model(ModelRef("vjepa2", str(dirs[0])))
     encoder_only = full.for_placement({"ranks": [{"id": 0, "device": "cpu"}], "nodes": [{"nodes": ["encoder"],

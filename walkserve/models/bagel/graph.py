@@ -44,9 +44,7 @@ stay on gen alone.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
+from walkserve.core.params import RequestParams
 from walkserve.graph import (
     ACCUMULATE,
     LAST,
@@ -62,6 +60,7 @@ from walkserve.graph import (
     WalkGraph,
 )
 from walkserve.graph.kv import ALL, append, fork, kv_params, query, truncate
+from walkserve.graph.stop import max_tokens
 from walkserve.models.bagel.layout import CFG_IMG, CFG_TEXT, GEN
 from walkserve.models.common.text_walk import stop_rule
 
@@ -83,8 +82,8 @@ def repeated(kind: str, index: int) -> str:
     return kind if index == 0 else f"{kind}_{index + 1}"
 
 
-def _denoise_steps(params: Mapping[str, Any]) -> int:
-    return int(params["num_timesteps"]) - 1
+def _denoise_steps(params: RequestParams) -> int:
+    return params.model.num_timesteps - 1  # type: ignore[attr-defined]  # BagelRun
 
 
 # ---- prefill ---------------------------------------------------------------------------------------
@@ -143,7 +142,7 @@ def vae_walk(contexts: tuple[str, ...] = (GEN,)) -> Walk:
 # ---- decode ----------------------------------------------------------------------------------------
 def _decode_loop(name: str) -> DynamicLoop:
     node = GraphNode(LM, ["tokens"], ["token"], params=kv_params(append(GEN)))
-    return DynamicLoop(node, stop=stop_rule(), max_iterations="max_tokens", carry={f"{LM}.token": f"{LM}.tokens"},
+    return DynamicLoop(node, stop=stop_rule(), max_iterations=max_tokens, carry={f"{LM}.token": f"{LM}.tokens"},
                        outputs={f"{LM}.token": ACCUMULATE}, name=name)
 
 

@@ -9,8 +9,8 @@ The processor writes the request (``RequestSpec``):
              vit_image_<i>      uint8 [h, w, 3]   understanding: image i (i < MAX_IMAGES), ViT-resized
              noise              float32 [N, 64]   optional: the initial latent (else drawn from ``seed``)
              seed, vae_seed     int               the noise's and the VAE posterior's generators
-    params   flow ("text_to_image" | "edit" | "understand"), think, height, width (text-to-image),
-             num_timesteps, timestep_shift, cfg_* (``params.ImageSettings``)
+    params   a ``BagelRun``: flow ("text_to_image" | "edit" | "understand"), think, height, width
+             (text-to-image), num_timesteps, timestep_shift, cfg_* (``params.ImageSettings``)
     modalities  "image" (decode the final latent), "latent" (stream every step's latent), "preview" (stream
                 every step's latent decoded, as images from node ``preview``), any of them together
 
@@ -57,6 +57,7 @@ from walkserve.models.bagel.layout import (
     SequenceLayout,
     SpecialTokens,
 )
+from walkserve.models.bagel.params import BagelRun
 
 FLOW_T2I, FLOW_EDIT, FLOW_UND = "text_to_image", "edit", "understand"
 FLOWS = (FLOW_T2I, FLOW_EDIT, FLOW_UND)
@@ -105,9 +106,11 @@ class BagelMachine(StateMachine):
     # ---- the schedule --------------------------------------------------------------------------
     def _starts(self, request: RequestSpec, plan: list[int] | None) -> list[WalkStart]:
         """Every walk up to image_gen (or decode); stops after ``think`` while the plan is unknown."""
-        flow = request.params.get("flow")
-        if flow not in FLOWS:
-            raise ValueError(f"request {request.id}: params['flow'] must be one of {', '.join(FLOWS)}, got {flow!r}")
+        params = request.params
+        if not isinstance(params, BagelRun) or params.flow not in FLOWS:
+            raise ValueError(f"request {request.id}: params must be a BagelRun with a flow of {', '.join(FLOWS)}, "
+                             f"got {params!r}")
+        flow = params.flow
         layout = SequenceLayout(self.tokens)
         system = input_ids(request, "system_token_ids") if "system_token_ids" in request.inputs else None
         prompt = input_ids(request, "prompt_token_ids")
@@ -121,7 +124,7 @@ class BagelMachine(StateMachine):
             starts.append(self._vit_block(PREFILL_VIT_EDIT, request.inputs["vit_image"], layout))
         layout.fork(GEN, CFG_TEXT)
         starts.append(self._text(PREFILL_TEXT, layout, prompt, (GEN, CFG_IMG)))
-        if not request.params.get("think"):
+        if not params.think:
             return [*starts, self._image_gen(request, layout)]
         starts.append(WalkStart(THINK, {"start": ints([self.tokens.im_start])}))
         if plan is None:
@@ -192,9 +195,11 @@ class BagelMachine(StateMachine):
     @staticmethod
     def _grid(request: RequestSpec) -> tuple[int, int]:
         """Latent tokens (rows, cols) of the output: the edited image's, or the requested size's."""
-        if request.params.get("flow") == FLOW_EDIT:
+        params = request.params
+        assert isinstance(params, BagelRun)
+        if params.flow == FLOW_EDIT:
             return image_tokens(request.inputs["vae_image"], LATENT_PATCH_PX)
-        return int(request.params["height"]) // LATENT_PATCH_PX, int(request.params["width"]) // LATENT_PATCH_PX
+        return params.height // LATENT_PATCH_PX, params.width // LATENT_PATCH_PX
 
 
 def _ids(plan: Any) -> list[int]:

@@ -37,6 +37,7 @@ from walkserve.models.bagel.memory import (
     lm_state_bytes,
     weight_bytes,
 )
+from walkserve.models.bagel.params import BagelRun
 from walkserve.models.bagel.processor import BagelProcessor
 from walkserve.models.base import Model, ModelRef
 from walkserve.models.common.memory_report import components_per_rank
@@ -73,6 +74,8 @@ class _Lookup:
 
 
 class BagelModel(Model):
+    params_type = BagelRun
+
     def __init__(self, ref: ModelRef):
         self.ref = ref
         if ref.path and not is_bagel_dir(ref.path):

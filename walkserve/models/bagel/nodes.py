@@ -18,9 +18,7 @@ the same latent.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any
 
 import torch
 
@@ -28,6 +26,7 @@ from walkserve.engines.spec import Batch, Item
 from walkserve.models.bagel.cfg_step import CfgStep
 from walkserve.models.bagel.flow import Guidance, timesteps
 from walkserve.models.bagel.latents import LatentEmbedder
+from walkserve.models.bagel.params import BagelRun
 from walkserve.models.bagel.vae import VaeDecoder, VaeEncoder
 from walkserve.models.bagel.vit import BagelViT
 
@@ -79,10 +78,10 @@ def _schedule(num_timesteps: int, shift: float) -> tuple[float, ...]:
     return tuple(timesteps(num_timesteps, shift).tolist())
 
 
-def request_guidance(params: Mapping[str, Any]) -> Guidance:
-    lo, hi = params["cfg_interval"]
-    return Guidance(float(params["cfg_text_scale"]), float(params["cfg_img_scale"]), (float(lo), float(hi)),
-                    str(params["cfg_renorm_type"]), float(params["cfg_renorm_min"]))
+def request_guidance(params: BagelRun) -> Guidance:
+    lo, hi = params.cfg_interval
+    return Guidance(params.cfg_text_scale, params.cfg_img_scale, (lo, hi), params.cfg_renorm_type,
+                    params.cfg_renorm_min)
 
 
 class LatentNode:
@@ -112,7 +111,7 @@ class LatentNode:
             gen = torch.Generator().manual_seed(_seed(f))
             noise = torch.randn((h * w, self.latents.vae2llm.in_features), generator=gen)
         x = noise.to(self.device, torch.float32)  # [N, 64]
-        t0 = _schedule(int(f.params["num_timesteps"]), float(f.params["timestep_shift"]))[0]
+        t0 = _schedule(f.params.num_timesteps, f.params.timestep_shift)[0]  # type: ignore[attr-defined]  # BagelRun
         return {"x": x, "embeds": self._rows(x, t0, (h, w))}
 
     def _velocity(self, items: list[Item]) -> Outputs:
@@ -121,10 +120,10 @@ class LatentNode:
         return [{"velocity": part} for part in v.split([r.shape[0] for r in rows])]
 
     def _step(self, f: Item) -> dict[str, torch.Tensor]:
-        ts = _schedule(int(f.params["num_timesteps"]), float(f.params["timestep_shift"]))
+        ts = _schedule(f.params.num_timesteps, f.params.timestep_shift)  # type: ignore[attr-defined]  # BagelRun
         k = f.iteration
         t, t_next = ts[k], ts[k + 1]
         item = {"x": f.inputs["x"], "v": f.inputs["v"], "v_cfg_text": f.inputs["v_cfg_text"],
                 "v_cfg_img": f.inputs["v_cfg_img"]}
-        x = CfgStep.step(item, request_guidance(f.params), t, t_next)  # [N, 64]
+        x = CfgStep.step(item, request_guidance(f.params), t, t_next)  # type: ignore[arg-type]  # [N, 64]
         return {"x": x, "embeds": self._rows(x, t_next, _grid(f))}

@@ -64,7 +64,7 @@ TASK_DEFAULTS = {
 }
 
 
-class BagelImageParams(Params, frozen=True):
+class BagelImageParams(Params, frozen=True, tag="bagel"):
     """What a client may set; None takes the task's default.
 
     ``size`` is ``"WIDTHxHEIGHT"`` or, as the image routes pass it, ``[width, height]``;
@@ -124,6 +124,23 @@ class BagelImageParams(Params, frozen=True):
             return self.steps + 1
         _check_range("num_timesteps", self.num_timesteps, 2, MAX_TIMESTEPS)
         return self.num_timesteps
+
+
+class BagelRun(Params, frozen=True, tag="bagel.run"):
+    """What a BAGEL request carries past its processor: its flow and, for an image, every setting resolved
+    (``ImageSettings``, the output's size in pixels). The defaults are text-to-image's."""
+
+    flow: Literal["text_to_image", "edit", "understand"]
+    think: bool = False
+    height: int = 0  # text-to-image: the output's size (an edit keeps its input's)
+    width: int = 0
+    num_timesteps: int = 50
+    cfg_text_scale: float = 4.0
+    cfg_img_scale: float = 1.5
+    cfg_interval: tuple[float, float] = (0.4, 1.0)
+    cfg_renorm_type: str = "global"
+    cfg_renorm_min: float = 0.0
+    timestep_shift: float = 3.0
 
 
 def parse_image_params(data: Mapping[str, Any]) -> BagelImageParams:

@@ -44,8 +44,8 @@ from walkserve.models.bagel.params import (
     EDIT,
     GENERATE,
     BagelImageParams,
+    BagelRun,
     ImageLimits,
-    parse_image_params,
 )
 from walkserve.models.common.config_files import RANDOM_WEIGHTS_KEY
 from walkserve.models.processor import ModelCard, TokenizedProcessor
@@ -81,8 +81,8 @@ class BagelProcessor(TokenizedProcessor):
         return self._card
 
     def build_request(self, task: str, payload: dict[str, Any], sampling: SamplingParams,
-                      params: dict[str, Any]) -> RequestSpec:
-        options = parse_image_params(params)
+                      params: BagelImageParams) -> RequestSpec:
+        options = params
         if task == "image":
             return self._image(payload, sampling, options, "")
         if task == "chat":
@@ -101,13 +101,12 @@ class BagelProcessor(TokenizedProcessor):
         flow = FLOW_EDIT if images else FLOW_T2I
         settings = options.resolve(EDIT if images else GENERATE, self.limits)
         inputs: dict[str, Any] = {"prompt_token_ids": ints(self._prompt(payload.get("prompt"), f"{where}prompt"))}
-        params: dict[str, Any] = {"flow": flow, **_settings_params(settings)}
         if images:
             inputs["vae_image"], inputs["vit_image"] = edit_images(images[0], self.rules, f"{where}image")
             height, width = inputs["vae_image"].shape[:2]
         else:
             width, height = settings.size
-        params.update(height=height, width=width)
+        params = BagelRun(flow=flow, height=height, width=width, **_settings_params(settings))
         seed = sampling.seed if sampling.seed is not None else secrets.randbelow(MAX_SEED + 1)
         inputs["seed"], inputs["vae_seed"] = seed, (seed + 1) % (MAX_SEED + 1)
         if payload.get("noise") is not None:
@@ -147,7 +146,7 @@ class BagelProcessor(TokenizedProcessor):
         stop = () if sampling.ignore_eos else (self.tokens.im_end,)  # ignore_eos: exactly max_tokens tokens
         sampling = dataclasses.replace(sampling, max_tokens=max_tokens, stop_token_ids=stop)
         return RequestSpec(inputs, task="chat", modalities=("text",), sampling=sampling,
-                           params={"flow": FLOW_UND, "think": options.think})
+                           params=BagelRun(flow=FLOW_UND, think=options.think))
 
     def _generate(self, payload: dict[str, Any], sampling: SamplingParams, options: BagelImageParams) -> RequestSpec:
         inputs = payload.get("inputs")
@@ -181,7 +180,6 @@ class BagelProcessor(TokenizedProcessor):
 def _settings_params(settings: Any) -> dict[str, Any]:
     fields = dataclasses.asdict(settings)
     fields.pop("size"), fields.pop("n")
-    fields["cfg_interval"] = list(fields["cfg_interval"])
     return fields
 
 

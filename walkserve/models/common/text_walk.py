@@ -7,10 +7,10 @@ of them, and Qwen3-Omni's thinker and BAGEL's text decode use the same ones.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from walkserve.core.params import RequestParams
 from walkserve.graph import StopWhen
 from walkserve.graph.stop import scalar
 
@@ -30,11 +30,11 @@ class StopTokens:
 
     always: tuple[int, ...] = ()
 
-    def __call__(self, value: Any, params: Mapping[str, Any], iteration: int) -> bool:
+    def __call__(self, value: Any, params: RequestParams, iteration: int) -> bool:
         token = scalar(value)
         if token in self.always:
             return True
-        return token in (params.get("stop_token_ids") or ()) and iteration >= int(params.get("min_tokens") or 0)
+        return token in params.sampling.stop_token_ids and iteration >= params.sampling.min_tokens
 
 
 def stop_rule(always: tuple[int, ...] = ()) -> StopWhen:

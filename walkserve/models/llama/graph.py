@@ -38,6 +38,7 @@ from walkserve.graph import (
     WalkStart,
 )
 from walkserve.graph.kv import ALL, append, kv_params
+from walkserve.graph.stop import max_tokens
 from walkserve.models.common.text_walk import (
     LM,
     LOGPROB_OUTPUTS,
@@ -74,7 +75,7 @@ def decode_loop(node_params: Mapping[str, Any] | None = None, always_stop: tuple
     """The sampling loop: one token per iteration, fed back as the next iteration's input."""
     params = {**dict(node_params or {}), **kv_params(append(CONTEXT))}
     node = GraphNode(LM, inputs=["tokens"], outputs=["token", *extra_outputs], params=params)
-    return DynamicLoop(node, stop=stop_rule(always_stop), max_iterations="max_tokens",
+    return DynamicLoop(node, stop=stop_rule(always_stop), max_iterations=max_tokens,
                        carry={f"{LM}.token": f"{LM}.tokens"}, name=LOOP)
 
 

@@ -23,7 +23,7 @@ from walkserve.models.common.kv_sizing import kv_pool_bytes as common_kv_pool_by
 from walkserve.models.common.lm_config import LMConfig
 from walkserve.models.common.safetensors_files import tensor_bytes
 from walkserve.models.llama.graph import build_graph
-from walkserve.models.llama.processor import TextLMProcessor
+from walkserve.models.llama.processor import TextLMProcessor, TextParams
 
 # KVCacheEngine keyword options; ModelRef.options["kv"] and runtime engine options override them.
 DEFAULT_KV_OPTIONS: Mapping[str, Any] = {"block_size": 16}
@@ -79,6 +79,8 @@ def lm_component(
 
 class TextLM(Model):
     """A decoder-only text LM: completions and chat, tokens streamed to the client as text."""
+
+    params_type = TextParams
 
     def __init__(self, ref: ModelRef):
         self.ref = ref

@@ -20,8 +20,8 @@ from walkserve.models.processor import ModelCard, TokenizedProcessor
 from walkserve.models.tokenizer import Tokenizer
 
 
-class TextParams(Params, frozen=True):
-    """A text LM's request parameters."""
+class TextParams(Params, frozen=True, tag="text"):
+    """A text LM's request parameters (Llama, Qwen2, Qwen3; BAGEL's and Qwen3-Omni's text side read theirs)."""
 
     add_generation_prompt: bool = True  # chat: end the rendered template with the assistant's turn opening
 
@@ -66,7 +66,7 @@ class TextLMProcessor(TokenizedProcessor):
         return self._card
 
     def build_request(
-        self, task: str, payload: dict[str, Any], sampling: SamplingParams, params: dict[str, Any]
+        self, task: str, payload: dict[str, Any], sampling: SamplingParams, params: TextParams
     ) -> RequestSpec:
         if task == "completion":
             ids, field = self._completion_ids(payload), "prompt"
@@ -85,7 +85,7 @@ class TextLMProcessor(TokenizedProcessor):
             task=task,
             modalities=("text",),
             sampling=self._with_stop_ids(dataclasses.replace(sampling, max_tokens=max_tokens)),
-            params=dict(params),
+            params=params,
         )
 
     def _completion_ids(self, payload: dict[str, Any]) -> list[int]:
@@ -131,11 +131,11 @@ class TextLMProcessor(TokenizedProcessor):
                                      param="prompt_token_ids")
         return list(token_ids)
 
-    def _chat_ids(self, payload: dict[str, Any], params: dict[str, Any]) -> list[int]:
+    def _chat_ids(self, payload: dict[str, Any], params: TextParams) -> list[int]:
         messages = _flatten_messages(payload.get("messages"))
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=bool(params.get("add_generation_prompt", True))
+                messages, add_generation_prompt=params.add_generation_prompt
             )
         except ConfigError as e:
             raise InvalidRequest(f"{self._card.id}: {e}", param="messages") from None

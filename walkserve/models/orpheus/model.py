@@ -27,7 +27,7 @@ from walkserve.graph.walk import WalkGraph
 from walkserve.models.base import Model, ModelRef
 from walkserve.models.llama.model import lm_component
 from walkserve.models.orpheus.graph import CODEC, build_graph
-from walkserve.models.orpheus.processor import OrpheusProcessor
+from walkserve.models.orpheus.processor import OrpheusProcessor, SpeechParams
 from walkserve.models.orpheus.tokens import EMITTABLE_RANGES
 
 SNAC_WEIGHTS, SNAC_PICKLE = "model.safetensors", "pytorch_model.bin"
@@ -77,6 +77,8 @@ def codec_component(snac: Path, dtype: str = "float32", max_batch: int = CODEC_M
 
 class OrpheusTTS(Model):
     """Orpheus text-to-speech: prompt -> LM audio tokens -> SNAC windows -> 24 kHz audio, streamed."""
+
+    params_type = SpeechParams
 
     def __init__(self, ref: ModelRef):
         self.ref = ref

@@ -59,7 +59,7 @@ DEFAULT_SAMPLING = {
 TASKS = ("speech", "generate")
 
 
-class SpeechParams(Params, frozen=True):
+class SpeechParams(Params, frozen=True, tag="orpheus"):
     """Orpheus's request parameters (the speech route fills them from its body)."""
 
     voice: str | None = None
@@ -108,7 +108,7 @@ class OrpheusProcessor(Processor):
         return self.tokenizer.encode(text, add_special_tokens=True)
 
     def build_request(
-        self, task: str, payload: dict[str, Any], sampling: SamplingParams, params: dict[str, Any]
+        self, task: str, payload: dict[str, Any], sampling: SamplingParams, params: SpeechParams
     ) -> RequestSpec:
         if task not in TASKS:
             raise InvalidRequest(f"{self._card.id} serves speech only, not task {task!r}", param="task")
@@ -121,11 +121,11 @@ class OrpheusProcessor(Processor):
             task=task,
             modalities=("audio",),
             sampling=self._sampling_for(sampling, len(ids)),
-            params={**params, "voice": voice},
+            params=msgspec.structs.replace(params, voice=voice),
         )
 
-    def _voice(self, fields: dict[str, Any], params: dict[str, Any]) -> str:
-        voice = fields.get("voice") or params.get("voice") or self._card.default_voice
+    def _voice(self, fields: dict[str, Any], params: SpeechParams) -> str:
+        voice = fields.get("voice") or params.voice or self._card.default_voice
         if not isinstance(voice, str) or voice not in self.voices:
             raise InvalidRequest(f"unknown voice {voice!r}; choose one of {', '.join(self.voices)}", param="voice")
         return voice
@@ -157,11 +157,11 @@ def _text(fields: dict[str, Any]) -> str:
     return text
 
 
-def _check_unsupported(payload: dict[str, Any], params: dict[str, Any]) -> None:
-    speed = payload.get("speed", params.get("speed", 1.0))
+def _check_unsupported(payload: dict[str, Any], params: SpeechParams) -> None:
+    speed = payload.get("speed", params.speed)
     if speed not in (None, 1, 1.0):
         raise InvalidRequest(f"Orpheus speaks at one speed; speed {speed!r} is not supported", param="speed")
-    if payload.get("instructions") or params.get("instructions"):
+    if payload.get("instructions") or params.instructions:
         raise InvalidRequest(
             "Orpheus takes no instructions; put emotion tags such as <laugh> in the input", param="instructions"
         )

@@ -33,7 +33,7 @@ from walkserve.models.base import Model, ModelRef
 from walkserve.models.common.kv_sizing import kv_pool_bytes
 from walkserve.models.pi0.config import KINDS, PolicyConfig
 from walkserve.models.pi0.graph import EXPERT, FLOW_HEAD, LM, VISION, build_graph
-from walkserve.models.pi0.processor import PolicyProcessor
+from walkserve.models.pi0.processor import PolicyParams, PolicyProcessor
 from walkserve.models.pi0.sizes import component_bytes, kv_bytes_per_token
 
 KV_SHARE = "paligemma"  # the VLM and the expert: one pool, the expert reads the VLM's layer-l K/V at its layer l
@@ -51,6 +51,8 @@ def _build(part: str, path: Path, ctx: BuildContext) -> Any:
 
 class RobotPolicy(Model):
     """A vision-language-action policy: cameras, state and a task prompt in, an action chunk out."""
+
+    params_type = PolicyParams
 
     def __init__(self, ref: ModelRef):
         self.ref = ref

@@ -53,7 +53,7 @@ _SOURCES = {  # layout -> our input name -> the observation key(s) it came from
 }
 
 
-class PolicyParams(Params, frozen=True):
+class PolicyParams(Params, frozen=True, tag="pi0"):
     """pi0's request parameters: the seed of the server-drawn noise (ignored when the inputs carry ``noise``)."""
 
     seed: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] | None = None
@@ -85,7 +85,7 @@ class PolicyProcessor(Processor):
                 "action_horizon": c.chunk_size, "action_dim": c.action_dim, "random_weights": c.random_weights}
 
     def build_request(self, task: str, payload: dict[str, Any], sampling: SamplingParams,
-                      params: dict[str, Any]) -> RequestSpec:
+                      params: PolicyParams) -> RequestSpec:
         if task != TASK:
             raise InvalidRequest(f"this robot policy takes task {TASK!r}, not {task!r}", param="task")
         if OBSERVATION in payload:
@@ -115,16 +115,16 @@ class PolicyProcessor(Processor):
         except InvalidRequest as e:
             raise InvalidRequest(str(e), param=f"inputs.{e.param}" if e.param else "inputs", code=e.code) from None
 
-    def _spec(self, prepared: Any, sampling: SamplingParams, params: dict[str, Any]) -> RequestSpec:
+    def _spec(self, prepared: Any, sampling: SamplingParams, params: PolicyParams) -> RequestSpec:
         c = self.config
         noise = prepared.noise
         if noise is None:
-            noise = np.random.default_rng(params.get("seed")).standard_normal((c.chunk_size, c.max_action_dim),
+            noise = np.random.default_rng(params.seed).standard_normal((c.chunk_size, c.max_action_dim),
                                                                               dtype=np.float32)
         arrays = {**walk_inputs(prepared, c.image_tokens), NOISE: np.asarray(noise, dtype=np.float32)}
         inputs = {name: array_data(a) for name, a in arrays.items()}
         sampling = dataclasses.replace(sampling, max_tokens=1)  # nothing is sampled; it only has to be a number
-        return RequestSpec(inputs, task=TASK, modalities=("action",), sampling=sampling, params=dict(params))
+        return RequestSpec(inputs, task=TASK, modalities=("action",), sampling=sampling, params=params)
 
 
 def array_data(array: np.ndarray) -> ArrayData:

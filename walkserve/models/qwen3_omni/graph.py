@@ -61,6 +61,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from walkserve.core.array import ArrayData
+from walkserve.core.params import RequestParams
 from walkserve.core.request import RequestSpec, Value
 from walkserve.graph import (
     ACCUMULATE,
@@ -134,8 +135,8 @@ def _thinker(inputs: list[str], taps: Mapping[str, int] | None, sampled: tuple[s
 class AfterFirst:
     """The decode loop's bound once token 0 came from the prefill: max_tokens - 1."""
 
-    def __call__(self, params: Mapping[str, Any]) -> int:
-        return int(params["max_tokens"]) - 1
+    def __call__(self, params: RequestParams) -> int:
+        return params.sampling.max_tokens - 1  # type: ignore[operator]  # the processor fills max_tokens
 
     def __repr__(self) -> str:
         return "max_tokens - 1"
@@ -144,9 +145,8 @@ class AfterFirst:
 class ThinkerStop:
     """Stop rule of a thinker loop that starts after token 0: iteration k samples token k + 1."""
 
-    def __call__(self, value: Any, params: Mapping[str, Any], iteration: int) -> bool:
-        return scalar(value) in (params.get("stop_token_ids") or ()) and iteration + 1 >= int(
-            params.get("min_tokens") or 0)
+    def __call__(self, value: Any, params: RequestParams, iteration: int) -> bool:
+        return scalar(value) in params.sampling.stop_token_ids and iteration + 1 >= params.sampling.min_tokens
 
 
 def _tap_edges(taps: Mapping[str, int] | None, tap_edge: TapEdge | None) -> list[GraphEdge]:

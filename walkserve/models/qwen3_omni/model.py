@@ -31,7 +31,7 @@ from walkserve.models.common.safetensors_files import DTYPE_ITEMSIZE
 from walkserve.models.qwen3_omni import memory
 from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
 from walkserve.models.qwen3_omni.graph import AUDIO_ENCODER, THINKER, VISION_ENCODER, build_graph
-from walkserve.models.qwen3_omni.processor import Qwen3OmniProcessor
+from walkserve.models.qwen3_omni.processor import OmniParams, Qwen3OmniProcessor
 from walkserve.models.qwen3_omni.speech.config import SpeechConfig
 from walkserve.models.qwen3_omni.speech.graph import (
     CODE2WAV,
@@ -63,6 +63,8 @@ def _build(kind: str, path: Path, ctx: BuildContext) -> Any:
 
 class Qwen3OmniThinker(Model):
     """Text, audio, images and video in; text out (streamed), through the walks of ``graph.py``."""
+
+    params_type = OmniParams
 
     def __init__(self, ref: ModelRef):
         self.ref = ref

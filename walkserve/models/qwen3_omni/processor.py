@@ -19,6 +19,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from jinja2 import TemplateError
 
 from walkserve.core.array import ArrayData
@@ -50,8 +51,8 @@ RECOMMENDED_SYSTEM_PROMPT = ("You are Qwen, a virtual human developed by the Qwe
                              "perceiving auditory and visual inputs, as well as generating text and speech.")
 
 
-class OmniParams(Params, frozen=True):
-    """Qwen3-Omni's request parameters."""
+class OmniParams(Params, frozen=True, tag="qwen3_omni"):
+    """Qwen3-Omni's request parameters (a spoken request's ``max_audio_frames`` is filled by the processor)."""
 
     add_generation_prompt: bool = True  # chat: end the rendered template with the assistant's turn opening
     voice: str | None = None  # spoken answers: Ethan (default), Chelsie, Aiden (case-insensitive)
@@ -96,7 +97,7 @@ class Qwen3OmniProcessor(TokenizedProcessor):
         return self._card
 
     def build_request(self, task: str, payload: dict[str, Any], sampling: SamplingParams,
-                      params: dict[str, Any]) -> RequestSpec:
+                      params: OmniParams) -> RequestSpec:
         speak = self._speaks(payload)
         if sampling.prompt_logprobs is not None:
             raise InvalidRequest("prompt logprobs (echo with logprobs) are not supported by Qwen3-Omni", param="echo")
@@ -106,7 +107,7 @@ class Qwen3OmniProcessor(TokenizedProcessor):
         sampling = self._with_stop_ids(dataclasses.replace(sampling, max_tokens=max_tokens))
         inputs = request_inputs(request, self.config.tokens, merge=not speak)
         if not speak:
-            return RequestSpec(inputs=inputs, task=task, modalities=("text",), sampling=sampling, params=dict(params))
+            return RequestSpec(inputs=inputs, task=task, modalities=("text",), sampling=sampling, params=params)
         return self._spoken(request, inputs, task, sampling, params)
 
     def _speaks(self, payload: dict[str, Any]) -> bool:
@@ -122,18 +123,18 @@ class Qwen3OmniProcessor(TokenizedProcessor):
         return True
 
     def _spoken(self, request: ThinkerRequest, inputs: dict[str, Any], task: str, sampling: SamplingParams,
-                params: dict[str, Any]) -> RequestSpec:
+                params: OmniParams) -> RequestSpec:
         assert self.speech is not None
         if sampling.logprobs is not None:
             raise InvalidRequest("logprobs are not served with spoken answers", param="logprobs")
         if sampling.max_tokens < 2:
             raise InvalidRequest("a spoken answer needs max_tokens >= 2", param="max_tokens")
-        inputs.update(speech_inputs(request, inputs, self.config, self.speech, params.get("voice")))
+        inputs.update(speech_inputs(request, inputs, self.config, self.speech, params.voice))
         return RequestSpec(inputs=inputs, task=task, modalities=("text", "audio"), sampling=sampling,
-                           params={**params, **max_frames(params)},
-                           node_sampling=speech_sampling(sampling, params.get("node_sampling")))
+                           params=msgspec.structs.replace(params, max_audio_frames=max_frames(params.max_audio_frames)),
+                           node_sampling=speech_sampling(sampling, params.node_sampling))
 
-    def thinker_request(self, task: str, payload: dict[str, Any], params: dict[str, Any]) -> tuple[ThinkerRequest, str]:
+    def thinker_request(self, task: str, payload: dict[str, Any], params: OmniParams) -> tuple[ThinkerRequest, str]:
         """The prompt as the thinker takes it (expanded ids, positions, encoder inputs) and the payload field
         it came from."""
         if task == "chat":
@@ -151,9 +152,9 @@ class Qwen3OmniProcessor(TokenizedProcessor):
         except ValueError as e:  # placeholders and media disagree (a prompt given as ids with media)
             raise InvalidRequest(str(e), param=field) from None
 
-    def _chat(self, messages: Any, params: dict[str, Any]) -> tuple[list[int], MediaInputs]:
+    def _chat(self, messages: Any, params: OmniParams) -> tuple[list[int], MediaInputs]:
         media = convert_messages(messages, self.media)
-        return self._render(media.messages, bool(params.get("add_generation_prompt", True))), media
+        return self._render(media.messages, params.add_generation_prompt), media
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
         try:
@@ -172,7 +173,7 @@ class Qwen3OmniProcessor(TokenizedProcessor):
             raise InvalidRequest("prompt must be a non-empty string", param="prompt")
         return self.tokenize(prompt)
 
-    def _generate(self, inputs: Any, params: dict[str, Any]) -> tuple[list[int], MediaInputs]:
+    def _generate(self, inputs: Any, params: OmniParams) -> tuple[list[int], MediaInputs]:
         if not isinstance(inputs, dict):
             raise InvalidRequest("inputs must be an object with prompt or prompt_token_ids", param="inputs")
         parts, media = media_from_inputs(inputs, self.media)
@@ -189,7 +190,7 @@ class Qwen3OmniProcessor(TokenizedProcessor):
         if not isinstance(prompt, str):
             raise InvalidRequest("inputs.prompt must be a string (the user's turn)", param="inputs.prompt")
         turn = [{"role": "user", "content": [*parts, {"type": "text", "text": prompt}]}]
-        return self._render(turn, bool(params.get("add_generation_prompt", True))), media
+        return self._render(turn, params.add_generation_prompt), media
 
     def _valid_ids(self, token_ids: Any, param: str = "prompt_token_ids") -> list[int]:
         vocab = self.config.text.vocab_size

@@ -31,6 +31,7 @@ import torch
 
 from walkserve.engines.spec import Batch, Item
 from walkserve.models.vjepa2.encoder import VisionEncoder
+from walkserve.models.vjepa2.params import run_params
 from walkserve.models.vjepa2.preprocess import ac_frame_pixels, as_given_pixels, video_pixels
 from walkserve.models.vjepa2.rollout import normalize_features
 from walkserve.models.vjepa2.stepper import output_dtype
@@ -86,12 +87,12 @@ class EncoderComponent:
         """One ``{"features": ...}`` per item, in order."""
         mode = batch.op if batch.op in MODES else self.mode
         modes = [mode] * len(batch)
-        clips = [self.clip(_frames(f, mode), mode, f.params.get("resize", True) is not False) for f in batch]
+        clips = [self.clip(_frames(f, mode), mode, run_params(f.params).resize) for f in batch]
         out = []
         for f, x in zip(batch, self.encode(clips, modes)):
-            params = f.params
+            params = run_params(f.params)
             if mode == "video":
-                x = (x.mean(0, keepdim=True) if params.get("pool") else x).to(output_dtype(params))  # [N or 1, E]
+                x = (x.mean(0, keepdim=True) if params.pool else x).to(output_dtype(params))  # [N or 1, E]
             out.append({OUTPUT_NAME: x})
         return out
 
@@ -99,7 +100,7 @@ class EncoderComponent:
 def _frames(item: Item, mode: str) -> torch.Tensor:
     """The frames an item encodes: its video, or in the clip loop the clip of its iteration."""
     video = item.inputs[INPUT_SLOT]
-    n = item.params.get("clip_frames")
+    n = run_params(item.params).clip_frames
     if mode != "video" or not n:
         return video
     i = item.iteration

@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from walkserve.core.array import ArrayData
+from walkserve.core.params import RequestParams
 from walkserve.core.request import RequestSpec, Value
 from walkserve.graph import (
     ACCUMULATE,
@@ -100,8 +101,8 @@ def _step_kv(frame_tokens: int) -> dict[str, Any]:
                             token_inputs=("token_kind",)))
 
 
-def horizon_reached(value: Any, params: Mapping[str, Any], iteration: int) -> bool:
-    return iteration + 1 >= int(params["horizon"])
+def horizon_reached(value: Any, params: RequestParams, iteration: int) -> bool:
+    return iteration + 1 >= params.model.horizon  # type: ignore[attr-defined]  # VJEPA2Run
 
 
 def rollout_walk(frame_tokens: int) -> Walk:
@@ -197,7 +198,7 @@ class TaskStateMachine(StateMachine):
             return WalkStart(ROLLOUT, {n: x[n] for n in ("frames", "actions", "states")})
         if task != PLAN:
             raise ValueError(f"request {request.id}: V-JEPA 2 has tasks {', '.join(TASKS)}, not {task!r}")
-        c = int(request.params["context_frames"])
+        c = request.params.context_frames  # type: ignore[attr-defined]  # VJEPA2Run
         if c == 1:
             return self._plan(request)
         return WalkStart(PLAN_HISTORY, {"frames": rows_of(x["frames"], 0, c - 1), "actions": rows_of(x["actions"], 0, c - 1),
@@ -208,8 +209,9 @@ class TaskStateMachine(StateMachine):
 
     @staticmethod
     def _plan(request: RequestSpec) -> WalkStart:
-        x, c = request.inputs, int(request.params["context_frames"])
-        walk = PLAN_FEATURES if request.params.get("return_features") else PLAN
+        params = request.params
+        x, c = request.inputs, params.context_frames  # type: ignore[attr-defined]  # VJEPA2Run
+        walk = PLAN_FEATURES if params.return_features else PLAN  # type: ignore[attr-defined]
         return WalkStart(walk, {"frames": rows_of(x["frames"], c - 1), "goal": x["goal"], "states": x["states"]})
 
 

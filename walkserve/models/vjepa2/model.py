@@ -34,6 +34,7 @@ from walkserve.models.common.memory_report import components_per_rank
 from walkserve.models.vjepa2 import memory
 from walkserve.models.vjepa2.config import VJEPA2ACConfig, read_config
 from walkserve.models.vjepa2.graph import build_graph
+from walkserve.models.vjepa2.params import VJEPA2Run
 from walkserve.models.vjepa2.processor import VJEPA2Processor
 from walkserve.placement.plan import Placement
 
@@ -63,6 +64,8 @@ def _builder(name: str, path: Path):
 
 class VJEPA2(Model):
     """V-JEPA 2 video features; with the AC predictor, action-conditioned rollouts and CEM planning."""
+
+    params_type = VJEPA2Run
 
     def __init__(self, ref: ModelRef):
         self.ref = ref

@@ -26,9 +26,6 @@ plan draws exactly the candidates the offline ``cem.plan`` draws.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import torch
 
 from walkserve.engines.spec import Batch
@@ -41,6 +38,7 @@ from walkserve.models.vjepa2.cem import (
     sample_candidates,
 )
 from walkserve.models.vjepa2.config import ACPredictorConfig
+from walkserve.models.vjepa2.params import VJEPA2Params, VJEPA2Run, run_params
 from walkserve.models.vjepa2.pose import next_pose
 from walkserve.models.vjepa2.rollout import normalize_features
 from walkserve.models.vjepa2.stepper import StepChunks, output_dtype
@@ -49,9 +47,9 @@ CEM_PARAMS = ("horizon", "samples", "topk", "iterations", "momentum_mean", "mome
               "momentum_std_gripper", "maxnorm", "gripper_max", "gripper_round", "seed")
 
 
-def cem_config(params: Mapping[str, Any]) -> CEMConfig:
+def cem_config(params: VJEPA2Params) -> CEMConfig:
     """The request's CEM parameters (defaults: the released planner's)."""
-    return CEMConfig(**{name: params[name] for name in CEM_PARAMS if params.get(name) is not None})
+    return CEMConfig(**{name: getattr(params, name) for name in CEM_PARAMS if getattr(params, name) is not None})
 
 
 class Planner:
@@ -61,12 +59,12 @@ class Planner:
         self.config = config
         self.chunks = StepChunks(config)
 
-    def start(self, inputs: dict, params: Any, h: int) -> dict:
+    def start(self, inputs: dict, params: VJEPA2Run, h: int) -> dict:
         config = cem_config(params)
         mean, std = initial_distribution(config)
         return {"dist": torch.stack([mean, std]), "rng": torch.Generator().manual_seed(config.seed).get_state()}
 
-    def sample(self, inputs: dict, params: Any, h: int) -> dict:
+    def sample(self, inputs: dict, params: VJEPA2Run, h: int) -> dict:
         config = cem_config(params)
         gen = torch.Generator()
         gen.set_state(inputs["rng"])
@@ -75,11 +73,11 @@ class Planner:
         cands = sample_candidates(dist[0], dist[1], config, gen)  # [K, H, 7]
         k = cands.shape[0]
         poses = state[None].expand(k, -1).clone()  # [K, 7]
-        out = self.chunks.members(int(params["context_frames"]) - 1, frame[None].expand(k, -1, -1), cands[:, 0], poses)
+        out = self.chunks.members(params.context_frames - 1, frame[None].expand(k, -1, -1), cands[:, 0], poses)
         return {**out, "candidates": cands, "poses": poses, "rng": gen.get_state(), "dist": dist,
                 "k": torch.tensor([k]), "reset": torch.tensor([k])}
 
-    def roll(self, inputs: dict, params: Any, h: int) -> dict:
+    def roll(self, inputs: dict, params: VJEPA2Run, h: int) -> dict:
         cands, poses = inputs["candidates"], inputs["poses"]
         k, horizon = cands.shape[0], cands.shape[1]
         frames = normalize_features(inputs["logits"].float().view(k, self.config.frame_tokens, -1))  # [K, F, E]
@@ -88,10 +86,10 @@ class Planner:
             costs = l1_cost(frames, inputs["goal"][-1].float())  # [K]
             return {**out, **self.chunks.empty(), "k": torch.tensor([k]), "poses": poses, "costs": costs}
         poses = next_pose(poses, cands[:, h])  # [K, 7]: s_{C+h} of each candidate
-        out.update(self.chunks.members(int(params["context_frames"]) + h, frames, cands[:, h + 1], poses))
+        out.update(self.chunks.members(params.context_frames + h, frames, cands[:, h + 1], poses))
         return {**out, "k": torch.tensor([k]), "poses": poses, "costs": torch.zeros(0)}
 
-    def refit(self, inputs: dict, params: Any, h: int) -> dict:
+    def refit(self, inputs: dict, params: VJEPA2Run, h: int) -> dict:
         config = cem_config(params)
         costs, cands, dist = inputs["costs"], inputs["candidates"], inputs["dist"]
         order = costs.argsort()
@@ -111,6 +109,6 @@ class Planner:
             raise ValueError(f"the CEM planner has ops {', '.join(ops)}, not {batch.op!r}")
         out = []
         for f in batch:
-            result = ops[batch.op](f.inputs, f.params, f.iteration)
+            result = ops[batch.op](f.inputs, run_params(f.params), f.iteration)
             out.append({name: result[name] for name in f.outputs})
         return out

@@ -16,6 +16,7 @@ import torch
 
 from walkserve.engines.spec import Batch
 from walkserve.models.vjepa2.masked_predictor import MaskedPredictor
+from walkserve.models.vjepa2.params import run_params
 from walkserve.models.vjepa2.stepper import output_dtype
 
 OUTPUT_NAME = "predicted"
@@ -46,5 +47,5 @@ class PredictorComponent:
             feats, ctx, tgt = (torch.stack([items[i][j] for i in rows]) for j in range(3))
             predicted = self.predictor(feats, ctx, tgt)  # [B, Nt, E]
             for i, p in zip(rows, predicted):
-                out[i] = {OUTPUT_NAME: p.float().to(output_dtype(batch.items[i].params))}
+                out[i] = {OUTPUT_NAME: p.float().to(output_dtype(run_params(batch.items[i].params)))}
         return out

@@ -21,18 +21,16 @@ from __future__ import annotations
 
 import math
 from array import array
-from typing import Annotated, Any, Literal
-
-from msgspec import Meta
+from typing import Any
 
 from walkserve.core.array import ArrayData
 from walkserve.core.errors import InvalidRequest
-from walkserve.core.params import Params
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
 from walkserve.models.processor import ModelCard, Processor, list_to_array
 from walkserve.models.vjepa2.config import VJEPA2ACConfig, VJEPA2Config
 from walkserve.models.vjepa2.graph import ENCODE, PLAN, PREDICT, ROLLOUT
+from walkserve.models.vjepa2.params import VJEPA2Params, derived_run
 from walkserve.models.vjepa2.validate import (
     FLOAT_DTYPES,
     array_spec,
@@ -46,31 +44,6 @@ from walkserve.models.vjepa2.validate import (
 from walkserve.models.vjepa2.video_file import decode_video_file
 
 EMBEDDING = "embedding"
-Count = Annotated[int, Meta(ge=1)]
-Real = Annotated[float, Meta(ge=0.0)]
-
-
-class VJEPA2Params(Params, frozen=True):
-    """Request parameters; the CEM defaults are the released planner's (``cem.CEMConfig``)."""
-
-    horizon: int | None = None
-    dtype: Literal["float32", "float16", "bfloat16"] = "float32"  # of the features sent back
-    resize: bool = True  # False: frames are used as given (encode: any size of whole patches; AC: exactly crop²)
-    clip_frames: Count | None = None  # encode: frames per clip (default: the checkpoint's frames_per_clip)
-    samples: Count = 400
-    topk: Count = 10
-    iterations: Count = 10
-    momentum_mean: Real = 0.15
-    momentum_std: Real = 0.15
-    momentum_mean_gripper: Real = 0.15
-    momentum_std_gripper: Real = 0.15
-    maxnorm: Real = 0.05
-    gripper_max: Real = 0.75
-    gripper_round: Real = 0.25
-    seed: int = 0
-    return_features: bool = False
-
-
 class VJEPA2Processor(Processor):
     params_type = VJEPA2Params
 
@@ -98,7 +71,7 @@ class VJEPA2Processor(Processor):
         return self._card
 
     def build_request(self, task: str, payload: dict[str, Any], sampling: SamplingParams,
-                      params: dict[str, Any]) -> RequestSpec:
+                      params: VJEPA2Params) -> RequestSpec:
         inputs = payload.get("inputs", payload)
         if task in (ENCODE, EMBEDDING):
             return self._encode(inputs, params, pool=task == EMBEDDING)
@@ -113,22 +86,22 @@ class VJEPA2Processor(Processor):
         raise InvalidRequest(f"V-JEPA 2 takes the tasks encode, predict, rollout and plan, not {task!r}", param="task")
 
     # ---- tasks ----------------------------------------------------------------------------------
-    def _encode(self, inputs: dict[str, Any], params: dict[str, Any], pool: bool) -> RequestSpec:
+    def _encode(self, inputs: dict[str, Any], params: VJEPA2Params, pool: bool) -> RequestSpec:
         name = "video" if "video" in inputs else "frames"
         video = _frames(inputs, name, image_ok=True)
         e = self.config.encoder
         t, h, w = check_frames(name, *array_spec(video, name), tubelet=e.tubelet_size)
-        if not params["resize"] and (h % e.patch_size or w % e.patch_size):
+        if not params.resize and (h % e.patch_size or w % e.patch_size):
             raise InvalidRequest(f"{name}: {h}x{w} is not whole {e.patch_size}-pixel patches (resize is false)",
                                  param=name)
-        clip = params["clip_frames"] or e.frames_per_clip
+        clip = params.clip_frames or e.frames_per_clip
         if clip % e.tubelet_size:
             raise InvalidRequest(f"clip_frames {clip} is not a multiple of the tubelet size {e.tubelet_size}",
                                  param="clip_frames")
-        extra = {"clips": math.ceil(t / clip), "clip_frames": clip, "pool": pool}
-        return RequestSpec({"video": video}, task=ENCODE, modalities=("latent",), params={**params, **extra})
+        run = derived_run(params, clips=math.ceil(t / clip), clip_frames=clip, pool=pool)
+        return RequestSpec({"video": video}, task=ENCODE, modalities=("latent",), params=run)
 
-    def _predict(self, inputs: dict[str, Any], params: dict[str, Any]) -> RequestSpec:
+    def _predict(self, inputs: dict[str, Any], params: VJEPA2Params) -> RequestSpec:
         """One clip at crop_size² (the grid the masked predictor's positions assume) and its token masks."""
         name = "video" if "video" in inputs else "frames"
         video = _frames(inputs, name, image_ok=True)
@@ -137,7 +110,7 @@ class VJEPA2Processor(Processor):
         if t > e.frames_per_clip:
             raise InvalidRequest(f"{name}: {t} frames; predict takes one clip of at most {e.frames_per_clip} "
                                  f"(the checkpoint's frames_per_clip)", param=name)
-        if not params["resize"]:
+        if not params.resize:
             check_square(h, w, name, crop=e.crop_size)
         tokens = e.tokens(max(t, e.tubelet_size), e.crop_size, e.crop_size)  # an image is one tubelet
         target = _token_ids(inputs, "target_ids", tokens)
@@ -152,24 +125,24 @@ class VJEPA2Processor(Processor):
                 raise InvalidRequest(f"context_ids and target_ids share token index {min(shared)}",
                                      param="context_ids")
         x = {"video": video, "context_ids": ArrayData.from_list(context), "target_ids": ArrayData.from_list(target)}
-        return RequestSpec(x, task=PREDICT, modalities=("latent",), params=params)
+        return RequestSpec(x, task=PREDICT, modalities=("latent",), params=derived_run(params))
 
-    def _rollout(self, inputs: dict[str, Any], params: dict[str, Any]) -> RequestSpec:
+    def _rollout(self, inputs: dict[str, Any], params: VJEPA2Params) -> RequestSpec:
         frames = self._ac_frames(inputs, "frames", params)
         c = frames.shape[0]
         actions, states = _vectors(inputs, "actions"), _vectors(inputs, "states")
-        check_rollout(c, params["horizon"], array_spec(actions, "actions"), array_spec(states, "states"),
+        check_rollout(c, params.horizon, array_spec(actions, "actions"), array_spec(states, "states"),
                       self.config.predictor.max_steps)
         return RequestSpec({"frames": frames, "actions": actions, "states": states}, task=ROLLOUT,
-                           modalities=("latent",), params={**params, "context_frames": c})
+                           modalities=("latent",), params=derived_run(params, context_frames=c))
 
-    def _plan(self, inputs: dict[str, Any], params: dict[str, Any]) -> RequestSpec:
+    def _plan(self, inputs: dict[str, Any], params: VJEPA2Params) -> RequestSpec:
         frames = self._ac_frames(inputs, "frames", params)
         goal = self._ac_frames(inputs, "goal", params)
         c = frames.shape[0]
         if goal.shape[0] != 1:
             raise InvalidRequest(f"goal must be one image, got {goal.shape[0]} frames", param="goal")
-        check_plan(params["samples"], params["topk"], params["iterations"], params["horizon"] or 2, c,
+        check_plan(params.samples, params.topk, params.iterations, params.horizon or 2, c,
                    self.config.predictor.max_steps)
         states = _vectors(inputs, "states")
         check_vectors("states", *array_spec(states, "states"), rows=c)
@@ -177,14 +150,14 @@ class VJEPA2Processor(Processor):
         if c > 1:
             x["actions"] = _vectors(inputs, "actions")
             check_vectors("actions", *array_spec(x["actions"], "actions"), rows=c - 1)
-        extra = {"horizon": params["horizon"] or 2, "context_frames": c}
-        return RequestSpec(x, task=PLAN, modalities=("latent", "action"), params={**params, **extra})
+        run = derived_run(params, horizon=params.horizon or 2, context_frames=c)
+        return RequestSpec(x, task=PLAN, modalities=("latent", "action"), params=run)
 
-    def _ac_frames(self, inputs: dict[str, Any], name: str, params: dict[str, Any]) -> ArrayData:
+    def _ac_frames(self, inputs: dict[str, Any], name: str, params: VJEPA2Params) -> ArrayData:
         """Frames for the AC encoder: each frame alone, so any count; exactly crop² when not resized."""
         frames = _frames(inputs, name, image_ok=True)
         _, h, w = check_frames(name, *array_spec(frames, name), tubelet=1)
-        if not params["resize"]:
+        if not params.resize:
             check_square(h, w, name, crop=self.config.encoder.crop_size)
         return frames
 

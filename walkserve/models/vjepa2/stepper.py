@@ -16,12 +16,11 @@ Request params read: ``context_frames`` (C), ``horizon`` (H), ``dtype`` (of ``fr
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from walkserve.engines.spec import Batch
 from walkserve.models.vjepa2.config import ACPredictorConfig
+from walkserve.models.vjepa2.params import VJEPA2Params, VJEPA2Run, run_params
 from walkserve.models.vjepa2.pose import next_pose
 from walkserve.models.vjepa2.rollout import normalize_features
 from walkserve.models.vjepa2.step_tokens import step_kinds, step_positions, step_rows
@@ -30,8 +29,8 @@ OUTPUT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16":
 CHUNK = ("embeds", "positions", "token_kind")
 
 
-def output_dtype(params: Any) -> torch.dtype:
-    return OUTPUT_DTYPES[str(params.get("dtype", "float32"))]
+def output_dtype(params: VJEPA2Params) -> torch.dtype:
+    return OUTPUT_DTYPES[params.dtype]
 
 
 class StepChunks:
@@ -72,15 +71,15 @@ class RolloutStepper:
         self.config = config
         self.chunks = StepChunks(config)
 
-    def start(self, inputs: dict, params: Any) -> dict:
+    def start(self, inputs: dict, params: VJEPA2Run) -> dict:
         features, actions, states = inputs["features"], inputs["actions"].float(), inputs["states"].float()
         c = features.shape[0]
         out = self.chunks.steps(0, features, actions[:c], states[:c])
         out["pose"] = states[c - 1]  # [7] float32, as the offline loop keeps poses
         return out
 
-    def step(self, inputs: dict, params: Any, h: int) -> dict:
-        c, horizon = int(params["context_frames"]), int(params["horizon"])
+    def step(self, inputs: dict, params: VJEPA2Run, h: int) -> dict:
+        c, horizon = params.context_frames, params.horizon
         actions, states = inputs["actions"].float(), inputs["states"].float()
         frame = normalize_features(inputs["logits"].float())  # [F, E]: ẑ_{C+h}
         out = {"frame": frame.to(output_dtype(params))}
@@ -94,7 +93,7 @@ class RolloutStepper:
 
     def forward_batch(self, batch: Batch) -> list[dict[str, torch.Tensor]]:
         if batch.op == "start":
-            return [self.start(f.inputs, f.params) for f in batch]
+            return [self.start(f.inputs, run_params(f.params)) for f in batch]
         if batch.op == "step":
-            return [self.step(f.inputs, f.params, f.iteration) for f in batch]
+            return [self.step(f.inputs, run_params(f.params), f.iteration) for f in batch]
         raise ValueError(f"the rollout stepper has ops 'start' and 'step', not {batch.op!r}")

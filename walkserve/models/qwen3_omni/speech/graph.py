@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from walkserve.core.array import ArrayData
+from walkserve.core.params import RequestParams
 from walkserve.core.request import RequestSpec, Value
 from walkserve.graph import (
     ACCUMULATE,
@@ -94,7 +95,6 @@ SPEECH_PIECE = {PREFILL_TEXT: PREFILL_TEXT, PREFILL_AUDIO: PREFILL_AUDIO_SPEECH,
 TALKER_SLOTS = ("tokens", "text", "codes", "positions")
 ACCEPT_OUTPUT, CODE0, HIDDEN = "accept", "code0", "hidden"
 TAIL = "tail"  # RequestSpec.inputs tail.tokens / tail.text / tail.codes: the 6 tail rows, token 0 left as -1
-MAX_FRAMES_PARAM = "talker_max_frames"
 THINKER_LOOP, TALK_LOOP, DEPTH_LOOP = "thinker_loop", "talk", "depth"
 CHUNK_FRAMES, CONTEXT_FRAMES = 25, 25
 RELEASE_FRAME_S = 1920 / 24000  # the release's Code2Wav: 1920 samples per frame at 24 kHz (12.5 frames a second)
@@ -141,8 +141,13 @@ def talker_last_prefill_walk(code0_ranges: list[tuple[int, int]]) -> Walk:
                 outputs=[CODE0, HIDDEN, FIRST])
 
 
-def _stop_flag(value: Any, params: Mapping[str, Any], iteration: int) -> bool:
+def _stop_flag(value: Any, params: RequestParams, iteration: int) -> bool:
     return bool(scalar(value))
+
+
+def talker_frames(params: RequestParams) -> int:
+    """The talk loop's bound: the request's ``max_audio_frames`` (its processor fills it)."""
+    return params.model.max_audio_frames  # type: ignore[attr-defined]  # OmniParams
 
 
 def _thinker_loop() -> DynamicLoop:
@@ -168,7 +173,7 @@ def _talk_loop(code0_ranges: list[tuple[int, int]], depth_ranges: Any, groups: i
     stop = StopWhen(f"{TALKER_IN}.stop", _stop_flag, include_stopping=False, label="code 0 is codec EOS")
     carry = {f"{TALKER}.token": [f"{PREDICTOR_IN}.{CODE0}", f"{FRAME}.{CODE0}"],
              f"{TALKER}.hidden": f"{PREDICTOR_IN}.{HIDDEN}"}
-    return DynamicLoop(body, stop=stop, max_iterations=MAX_FRAMES_PARAM, carry=carry, name=TALK_LOOP,
+    return DynamicLoop(body, stop=stop, max_iterations=talker_frames, carry=carry, name=TALK_LOOP,
                        speculate=False)
 
 

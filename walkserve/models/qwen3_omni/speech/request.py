@@ -27,7 +27,6 @@ from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
 from walkserve.models.qwen3_omni.graph import WALKS_INPUT, step_key
 from walkserve.models.qwen3_omni.speech.config import SpeechConfig
 from walkserve.models.qwen3_omni.speech.graph import (
-    MAX_FRAMES_PARAM,
     PREDICTOR,
     PREDICTOR_STEP,
     TAIL,
@@ -125,9 +124,9 @@ def speech_sampling(request: SamplingParams, overrides: Mapping[str, Any] | None
     return out
 
 
-def max_frames(params: Mapping[str, Any]) -> dict[str, Any]:
+def max_frames(requested: int | None) -> int:
     """The talker loop's bound: ``max_audio_frames`` (default 4096 frames, 12.5 per second)."""
-    n = params.get("max_audio_frames") or DEFAULT_MAX_FRAMES
+    n = requested or DEFAULT_MAX_FRAMES
     if not isinstance(n, int) or n < 1:
         raise InvalidRequest(f"max_audio_frames must be a positive integer, got {n!r}", param="max_audio_frames")
-    return {MAX_FRAMES_PARAM: n}
+    return n
