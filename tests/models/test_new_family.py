@@ -6,7 +6,9 @@ reaches zero, a state machine, and its components. It is registered the way a
 plugin package registers one, by a ``walkserve.models`` entry point in an
 installed distribution's metadata (written to a temporary directory on the
 path), and served through the real runtime processes: the conductor and the
-worker find it by that entry point in their own processes.
+worker find it by that entry point in their own processes. Its request params
+(``CountdownParams``, its own tagged struct) reach its component typed, across
+those processes, with no change to the protocol either.
 docs/adding-a-model.md walks through the same steps for a real family.
 """
 
@@ -19,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from walkserve.core.params import Params
 from walkserve.core.request import RequestSpec, Value
 from walkserve.core.sampling import SamplingParams
 from walkserve.engines.spec import BuildContext, ComponentSpec
@@ -33,6 +36,7 @@ from walkserve.graph import (
     WalkGraph,
     WalkStart,
 )
+from walkserve.graph.stop import max_tokens
 from walkserve.models import registry
 from walkserve.models.base import Model, ModelRef
 from walkserve.testing.fixtures.base import FunctionComponent
@@ -42,8 +46,12 @@ TARGET = "tests.models.test_new_family:build"  # the module as the runtime proce
 ROOT = Path(__file__).resolve().parents[2]
 
 
+class CountdownParams(Params, frozen=True, tag="countdown"):
+    step: int = 1  # subtracted per tick
+
+
 def tick(firing) -> dict:
-    return {"n": firing.inputs["n"] - 1}
+    return {"n": (firing.inputs["n"] - firing.params.step).clamp(min=0)}
 
 
 def first_walk(request: RequestSpec) -> WalkStart:
@@ -55,14 +63,16 @@ def no_next_walk(request: RequestSpec, finished: str, outputs: Mapping[str, Valu
 
 
 class Countdown(Model):
-    """``start`` in; ``start - 1``, ..., ``1`` out as text events (0 stops the loop and is not sent)."""
+    """``start`` in; ``start - step``, ``start - 2 step``, ... out as text events (0 stops the loop and is not sent)."""
+
+    params_type = CountdownParams
 
     def __init__(self, ref: ModelRef):
         self.ref = ref
 
     def graph(self) -> WalkGraph:
         loop = DynamicLoop(GraphNode("tick", inputs=["n"], outputs=["n"]), stop=StopOnValue("tick.n", values=(0,)),
-                           max_iterations="max_tokens", carry={"tick.n": "tick.n"}, name="count")
+                           max_iterations=max_tokens, carry={"tick.n": "tick.n"}, name="count")
         walk = Walk("countdown", loop, edges=[GraphEdge("input.start", "tick.n"), GraphEdge("tick.n", Client("text"))],
                     inputs=["start"])
         return WalkGraph(FAMILY, [walk], FunctionStateMachine(first_walk, no_next_walk))
@@ -117,15 +127,15 @@ def test_an_entry_point_family_is_served_end_to_end():
     assert FAMILY in registry.families()
     model = registry.load_model(ModelRef(FAMILY))
     assert type(model).__name__ == "Countdown" and model.graph().name == FAMILY
-    starts = [1, 2, 5, 9]
-    requests = [RequestSpec({"start": ArrayData.from_list([s])}, sampling=SamplingParams(max_tokens=16))
-                for s in starts]
+    starts, steps = [1, 2, 5, 9], [1, 1, 1, 2]
+    requests = [RequestSpec({"start": ArrayData.from_list([s])}, sampling=SamplingParams(max_tokens=16),
+                            params=CountdownParams(step=k)) for s, k in zip(starts, steps, strict=True)]
     placement = {"ranks": [{"id": 0, "device": "cpu"}], "nodes": [{"nodes": ["tick"], "ranks": [0]}]}
     with Engine.start(FAMILY, placement=placement, config=RuntimeConfig()) as engine:
         results = engine.run(requests)
     reference = ReferenceExecutor.for_model(model)
-    for start, request, result in zip(starts, requests, results, strict=True):
+    for start, step, request, result in zip(starts, steps, requests, results, strict=True):
         assert result.rejected is None
-        assert _texts(result) == list(range(start - 1, 0, -1))
+        assert _texts(result) == list(range(start - step, 0, -step))  # 9 by 2: 7, 5, 3, 1
         oracle = sorted(reference.run(request).outputs, key=lambda o: o.path)
         assert _texts(result) == [int(o.value.numpy().reshape(-1)[0]) for o in oracle]

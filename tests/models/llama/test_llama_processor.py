@@ -126,7 +126,7 @@ def test_chat_without_template_is_invalid(tmp_path):
     (path / "tokenizer_config.json").write_text(json.dumps(config))
     with pytest.raises(InvalidRequest, match="no chat template") as e:
         TextLMProcessor(path).build_request("chat", {"messages": [{"role": "user", "content": "x"}]},
-                                            SamplingParams(), {})
+                                            SamplingParams(), TextParams())
     assert e.value.param == "messages"
 
 

@@ -10,13 +10,14 @@ import pytest
 
 import walkserve.models.builtin  # noqa: F401  (registers the families)
 from walkserve.core.errors import ConfigError, InvalidRequest
+from walkserve.core.params import RequestParams
 from walkserve.core.sampling import SamplingParams
 from walkserve.graph.plan import FromStream
 from walkserve.models.base import ModelRef
 from walkserve.models.orpheus import codec as codec_module
 from walkserve.models.orpheus.graph import INPUT_SLOT, OUTPUT_NAME
 from walkserve.models.orpheus.model import OrpheusTTS, resolve_dirs
-from walkserve.models.orpheus.processor import DEFAULT_MAX_TOKENS, OrpheusProcessor
+from walkserve.models.orpheus.processor import DEFAULT_MAX_TOKENS, OrpheusProcessor, SpeechParams
 from walkserve.models.orpheus.tiny import LM_PRESETS, VOCAB_SIZE
 from walkserve.models.orpheus.tokens import (
     AUDIO_CODE_BASE,
@@ -63,7 +64,7 @@ def test_stop_rule_never_exposes_end_of_speech(model):
     loop = model.graph().walk("decode").body.branches[0]
     rule = loop.stop
     assert rule.include_stopping is False and rule.output == "lm.token"
-    params = {"stop_token_ids": [END_OF_SPEECH, 128009], "min_tokens": 3}
+    params = RequestParams(SpeechParams(), SamplingParams(stop_token_ids=(END_OF_SPEECH, 128009), min_tokens=3))
     assert rule.should_stop([END_OF_SPEECH], params, 0)  # always, even before min_tokens
     assert not rule.should_stop([128009], params, 2) and rule.should_stop([128009], params, 3)
     assert not rule.should_stop([AUDIO_CODE_BASE], params, 10)

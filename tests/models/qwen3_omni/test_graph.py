@@ -11,7 +11,7 @@ from walkserve.core.errors import PlacementError
 from walkserve.core.sampling import SamplingParams
 from walkserve.graph import ACCUMULATE, DROP, DynamicLoop, GraphEdge
 from walkserve.models.qwen3_omni import graph as g
-from walkserve.models.qwen3_omni.processor import Qwen3OmniProcessor
+from walkserve.models.qwen3_omni.processor import OmniParams, Qwen3OmniProcessor
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_pieces_cover_the_prompt(processor, merge):
     """A text answer's pieces take the whole prompt; a spoken answer's all but its last token (``last``)."""
     from walkserve.models.qwen3_omni.thinker.prompt_pieces import request_inputs
 
-    request, _ = processor.thinker_request("chat", {"messages": mixed_messages()}, {})
+    request, _ = processor.thinker_request("chat", {"messages": mixed_messages()}, OmniParams())
     inputs = request_inputs(request, processor.config.tokens, merge=merge)
     walks = inputs["walks"]
     assert walks == PIECES[merge]
@@ -113,7 +113,7 @@ def test_one_clip_and_one_image_are_one_pass(processor):
     messages = [{"role": "user", "content": [{"type": "image", "image": _array(rgb(40, 60))},
                                              {"type": "text", "text": "and"},
                                              {"type": "audio", "audio": _array(wave(1.2)), "sample_rate": 16000}]}]
-    request, _ = processor.thinker_request("chat", {"messages": messages}, {})
+    request, _ = processor.thinker_request("chat", {"messages": messages}, OmniParams())
     inputs = request_inputs(request, processor.config.tokens)
     assert inputs["walks"] == ["prefill_media"]
     ids = _values(inputs[g.step_key(0, "tokens")])

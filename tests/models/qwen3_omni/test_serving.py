@@ -31,7 +31,11 @@ from tests.models.qwen3_omni.conftest import hf_inputs, rgb, wave
 from walkserve.api.media.audio_decode import decode_audio
 from walkserve.api.media.image_codec import decode_image
 from walkserve.core.config import RuntimeConfig
-from walkserve.models.qwen3_omni.processor import RECOMMENDED_SYSTEM_PROMPT, Qwen3OmniProcessor
+from walkserve.models.qwen3_omni.processor import (
+    RECOMMENDED_SYSTEM_PROMPT,
+    OmniParams,
+    Qwen3OmniProcessor,
+)
 from walkserve.models.qwen3_omni.tiny import PREPROCESSOR, VIDEO_PREPROCESSOR
 from walkserve.models.qwen3_omni.tiny_tokenizer import TOKEN_IDS, write_tiny_tokenizer
 from walkserve.placements import path as placement_path
@@ -170,7 +174,7 @@ def decoded(messages: list[dict]) -> list[dict]:
 def reference(hf_model, processor: Qwen3OmniProcessor, messages: list[dict], n: int = MAX_TOKENS,
               stop: tuple[int, ...] = (), min_tokens: int = 0) -> list[int]:
     """transformers' greedy answer, its stop token cut off (``stop``: ids that stop besides EOS)."""
-    request, _ = processor.thinker_request("chat", {"messages": decoded(messages)}, {})
+    request, _ = processor.thinker_request("chat", {"messages": decoded(messages)}, OmniParams())
     eos = [*STOP, *stop]
     with torch.no_grad():
         out = hf_model.thinker.generate(**hf_inputs(request), max_new_tokens=n, do_sample=False, eos_token_id=eos,
@@ -215,7 +219,7 @@ def test_concurrent_mixed_modalities_equal_reference_generate(client, hf_model, 
 
 def test_logprobs_equal_reference_scores(client, hf_model, processor):
     messages = cases()["image"]
-    request, _ = processor.thinker_request("chat", {"messages": decoded(messages)}, {})
+    request, _ = processor.thinker_request("chat", {"messages": decoded(messages)}, OmniParams())
     with torch.no_grad():
         out = hf_model.thinker.generate(**hf_inputs(request), max_new_tokens=3, do_sample=False, eos_token_id=STOP,
                                         pad_token_id=STOP[1], output_scores=True, return_dict_in_generate=True)
@@ -266,7 +270,7 @@ def test_first_token_edges(client, hf_model, processor):
     messages = cases()["audio"]
     want = reference(hf_model, processor, messages)
     t0 = want[0]
-    request, _ = processor.thinker_request("chat", {"messages": decoded(messages)}, {})
+    request, _ = processor.thinker_request("chat", {"messages": decoded(messages)}, OmniParams())
     stopped = _ask(client, messages, max_tokens=MAX_TOKENS, temperature=0.0, logprobs=True,
                    extra_body={"stop_token_ids": [t0]})
     assert stopped.choices[0].message.content == "" and stopped.choices[0].finish_reason == "stop"

@@ -33,7 +33,7 @@ from tests.models.qwen3_omni.conftest import hf_inputs, rgb, wave
 from tests.models.qwen3_omni.speech_oracle import IM_END, generate_codes, reference, text_prompt
 from tests.models.qwen3_omni.test_serving import decoded, png_url, wav_b64
 from walkserve.core.config import RuntimeConfig
-from walkserve.models.qwen3_omni.processor import Qwen3OmniProcessor
+from walkserve.models.qwen3_omni.processor import OmniParams, Qwen3OmniProcessor
 from walkserve.models.qwen3_omni.tiny import PREPROCESSOR, VIDEO_PREPROCESSOR
 from walkserve.models.qwen3_omni.tiny_tokenizer import write_tiny_tokenizer
 from walkserve.placements import path as placement_path
@@ -122,7 +122,7 @@ MIXED = [{"role": "system", "content": "Be brief"},
 @pytest.fixture(scope="module")
 def mixed_reference(served_dir):
     """transformers' spoken answer (Chelsie) to the audio + image chat, from our processor's decoded inputs."""
-    request, _ = Qwen3OmniProcessor(served_dir).thinker_request("chat", {"messages": decoded(MIXED)}, {})
+    request, _ = Qwen3OmniProcessor(served_dir).thinker_request("chat", {"messages": decoded(MIXED)}, OmniParams())
     extra = {k: v for k, v in hf_inputs(request).items() if k not in ("input_ids", "attention_mask")}
     return generate_codes(torch.tensor([request.input_ids]), extra, MAX_TOKENS + 1, FRAMES + 1, speaker="Chelsie")
 

@@ -23,7 +23,7 @@ from walkserve.engines.spec import Batch
 from walkserve.graph import DROP, GraphEdge
 from walkserve.layers.attention import DenseAttention
 from walkserve.models.qwen3_omni import graph as g
-from walkserve.models.qwen3_omni.processor import Qwen3OmniProcessor
+from walkserve.models.qwen3_omni.processor import OmniParams, Qwen3OmniProcessor
 from walkserve.models.qwen3_omni.thinker.generate import positions_tensor, thinker_inputs
 from walkserve.models.qwen3_omni.thinker.prompt_pieces import request_inputs
 from walkserve.models.qwen3_omni.thinker.weights import load_thinker_components
@@ -46,7 +46,7 @@ def test_taps_equal_the_dense_layer_inputs(ours_dir, merge):
     messages = [{"role": "user", "content": [{"type": "audio", "audio": _array(wave(1.2)), "sample_rate": 16000},
                                              {"type": "text", "text": "and"},
                                              {"type": "image", "image": _array(rgb(40, 60))}]}]
-    request, _ = processor.thinker_request("chat", {"messages": messages}, {})
+    request, _ = processor.thinker_request("chat", {"messages": messages}, OmniParams())
     pieces = request_inputs(request, processor.config.tokens, merge=merge)
     assert pieces["walks"] == ([g.PREFILL_MEDIA] if merge else [g.PREFILL_TEXT, g.PREFILL_AUDIO, g.PREFILL_TEXT,
                                                                   g.PREFILL_VISION, g.PREFILL_TEXT])
