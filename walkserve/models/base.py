@@ -47,6 +47,16 @@ class Model(ABC):
     def components(self) -> dict[str, ComponentSpec]:
         """Every component the graph's nodes name, by component name."""
 
+    def kv_defaults(self) -> Mapping[str, Any]:
+        """The family's own options for its KV-cache components (block size, tokens per forward ...); none by
+        default."""
+        return {}
+
+    def kv_options(self) -> dict[str, Any]:
+        """The options of this model's KV-cache components: ``kv_defaults()`` under the ``kv`` model option
+        (``ModelRef.options["kv"]``); the runtime's engine options still override both in the worker."""
+        return {**self.kv_defaults(), **dict(self.ref.options.get("kv") or {})}
+
     def processor(self) -> Processor | None:
         """The frontend's request/response converter. The default takes raw inputs on ``/v1/generate``."""
         from walkserve.models.processor import TensorProcessor

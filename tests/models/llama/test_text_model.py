@@ -17,7 +17,7 @@ from walkserve.engines.registry import build_engine
 from walkserve.engines.spec import BuildContext
 from walkserve.graph.render import to_mermaid
 from walkserve.models.base import ModelRef
-from walkserve.models.llama.model import TextLM
+from walkserve.models.llama.model import DEFAULT_KV_OPTIONS, TextLM
 from walkserve.models.registry import load_model
 from walkserve.testing.reference import ReferenceExecutor
 
@@ -112,6 +112,7 @@ def test_component_spec(tiny_dirs):
     model = load_model(ModelRef("qwen2", str(path), {"kv": {"block_size": 8}}))
     spec = model.components()["lm"]
     assert (spec.engine, spec.stateful, spec.options["block_size"]) == ("kv", True, 8)
+    assert spec.options == model.kv_options() == {**DEFAULT_KV_OPTIONS, "block_size": 8}
     assert spec.weight_bytes == (path / "model.safetensors").stat().st_size - _header_bytes(path)
     engine = build_engine(spec, CPU, {"num_blocks": 8})
     assert isinstance(engine, KVCacheEngine) and engine.block_manager.block_size == 8

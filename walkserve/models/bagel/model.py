@@ -108,9 +108,8 @@ class BagelModel(Model):
         hosted = {rank: (spec.device, components[rank]) for rank, spec in placement.ranks.items()}
         return describe(self.path, hosted)
 
-    def kv_options(self) -> dict[str, Any]:
-        defaults = {"block_size": 16, "max_batch_tokens": default_max_batch_tokens(BagelConfig.from_dir(self.path))}
-        return {**defaults, **dict(self.ref.options.get("kv") or {})}
+    def kv_defaults(self) -> Mapping[str, Any]:
+        return {"block_size": 16, "max_batch_tokens": default_max_batch_tokens(BagelConfig.from_dir(self.path))}
 
     def components(self) -> dict[str, ComponentSpec]:
         path, side = self.path, str(self.ref.options.get("side_dtype", "float32"))

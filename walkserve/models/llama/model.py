@@ -44,16 +44,17 @@ def kv_pool_bytes(path: Path, options: Mapping[str, Any], device: str, free_byte
 
 def lm_component(
     path: Path,
-    kv_options: Mapping[str, Any] | None = None,
+    kv_options: Mapping[str, Any],
     vocab_ranges: Sequence[tuple[int, int]] | None = None,
 ) -> ComponentSpec:
-    """The ``lm`` component: our CausalLM from ``path`` on the KV-cache engine.
+    """The ``lm`` component: our CausalLM from ``path`` on the KV-cache engine, with ``kv_options``
+    (``Model.kv_options()``: ``DEFAULT_KV_OPTIONS`` under the model's ``kv`` option).
 
     ``vocab_ranges``: the only ids the model may ever sample (``CausalLM.restrict_vocab``).
     """
 
     stored = tensor_bytes(path)
-    options = {**DEFAULT_KV_OPTIONS, **dict(kv_options or {})}
+    options = dict(kv_options)
 
     def build(ctx: BuildContext) -> Any:
         # imports torch: only in the process that loads the weights
@@ -92,7 +93,10 @@ class TextLM(Model):
 
     def components(self) -> dict[str, ComponentSpec]:
         path = checkpoint_dir(self.ref, "its weights")
-        return {"lm": lm_component(path, self.ref.options.get("kv"))}
+        return {"lm": lm_component(path, self.kv_options())}
+
+    def kv_defaults(self) -> Mapping[str, Any]:
+        return DEFAULT_KV_OPTIONS
 
     def processor(self) -> TextLMProcessor:
         path = checkpoint_dir(self.ref, "its tokenizer")

@@ -18,6 +18,7 @@ the stream position, END_OF_SPEECH), so the LM head computes logits for
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from walkserve.core.errors import ConfigError
 from walkserve.engines.spec import BuildContext, ComponentSpec
 from walkserve.graph.walk import WalkGraph
 from walkserve.models.base import Model, ModelRef
-from walkserve.models.llama.model import lm_component
+from walkserve.models.llama.model import DEFAULT_KV_OPTIONS, lm_component
 from walkserve.models.orpheus.graph import CODEC, build_graph
 from walkserve.models.orpheus.processor import OrpheusProcessor, SpeechParams
 from walkserve.models.orpheus.tokens import EMITTABLE_RANGES
@@ -92,11 +93,14 @@ class OrpheusTTS(Model):
             raise ConfigError("model family 'orpheus' needs the Orpheus LM directory (--model-path)")
         return self.dirs
 
+    def kv_defaults(self) -> Mapping[str, Any]:
+        return DEFAULT_KV_OPTIONS  # the LM's: Llama's
+
     def components(self) -> dict[str, ComponentSpec]:
         lm, snac = self._dirs()
         options = self.ref.options
         codec = codec_component(snac, options.get("codec_dtype", "float32"), int(options.get("codec_max_batch", CODEC_MAX_BATCH)))
-        return {"lm": lm_component(lm, options.get("kv"), vocab_ranges=EMITTABLE_RANGES), CODEC: codec}
+        return {"lm": lm_component(lm, self.kv_options(), vocab_ranges=EMITTABLE_RANGES), CODEC: codec}
 
     def processor(self) -> OrpheusProcessor:
         lm, _ = self._dirs()

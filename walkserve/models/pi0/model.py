@@ -67,11 +67,14 @@ class RobotPolicy(Model):
     def graph(self) -> WalkGraph:
         return build_graph(self.config.kind, self.config.num_inference_steps)
 
+    def kv_defaults(self) -> Mapping[str, Any]:
+        return DEFAULT_KV_OPTIONS
+
     def components(self) -> dict[str, ComponentSpec]:
         options = self.ref.options
         dtype = options.get("dtype")
         sizes = component_bytes(self.path, dtype)
-        kv = {**DEFAULT_KV_OPTIONS, **dict(options.get("kv") or {})}
+        kv = self.kv_options()
         batch = {"max_batch": int(options.get("max_batch", DEFAULT_MAX_BATCH))}
 
         def spec(name: str, engine: str, **fields: Any) -> ComponentSpec:

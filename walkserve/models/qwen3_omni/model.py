@@ -96,8 +96,8 @@ class Qwen3OmniThinker(Model):
             raise ConfigError("model family 'qwen3-omni' needs its checkpoint directory (--model-path)")
         return self.path
 
-    def kv_options(self) -> dict[str, Any]:
-        return {**DEFAULT_KV_OPTIONS, **dict(self.ref.options.get("kv") or {})}
+    def kv_defaults(self) -> Mapping[str, Any]:
+        return DEFAULT_KV_OPTIONS
 
     def components(self) -> dict[str, ComponentSpec]:
         path, c = self._path(), self.config

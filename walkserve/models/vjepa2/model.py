@@ -44,10 +44,6 @@ MAX_BATCH_TOKENS = 16384
 MASKED = "masked_predictor"
 
 
-def kv_options(config: VJEPA2ACConfig, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The predictor's KV engine options: a block per step, room for a CEM step in one forward."""
-    return {"block_size": config.predictor.tokens_per_step, "max_batch_tokens": MAX_BATCH_TOKENS,
-            **dict(overrides or {})}
 
 
 def _builder(name: str, path: Path):
@@ -103,7 +99,7 @@ class VJEPA2(Model):
                                         options={"max_batch": int(options.get("encoder_max_batch", ENCODER_MAX_BATCH))})
         if not self.ac:
             return out
-        kv = kv_options(self.config, options.get("kv"))
+        kv = self.kv_options()
         per_token = memory.kv_bytes_per_token(self.config.predictor, self.config.dtype)
         out["predictor"] = ComponentSpec("predictor", "kv", _builder("predictor", path),
                                          weight_bytes=memory.weight_bytes(path, "predictor"),
@@ -111,6 +107,11 @@ class VJEPA2(Model):
         out["stepper"] = ComponentSpec("stepper", "stateless", _builder("stepper", path))
         out["planner"] = ComponentSpec("planner", "stateless", _builder("planner", path))
         return out
+
+    def kv_defaults(self) -> Mapping[str, Any]:
+        """The predictor's: a block per step, room for a CEM step in one forward."""
+        assert isinstance(self.config, VJEPA2ACConfig)
+        return {"block_size": self.config.predictor.tokens_per_step, "max_batch_tokens": MAX_BATCH_TOKENS}
 
     def memory_report(self, placement: Placement, device_memory: Callable[[str], int | None] | None = None) -> list[str]:
         """Per rank: the weights as stored, KV per token and step, the pool in steps; PlacementError when a rank
@@ -120,7 +121,7 @@ class VJEPA2(Model):
         dtype = getattr(self.config, "dtype", "float32")
         stored = sum(memory.weight_bytes(path, c) for c in memory.PREFIX)
         head = f"checkpoint {path.name}: {stored / memory.GIB:.2f} GiB as stored ({dtype})"
-        kv = kv_options(self.config, self.ref.options.get("kv")) if self.ac else {}
+        kv = self.kv_options() if self.ac else {}
         return [head, *memory.rank_lines(path, placement, hosted, self.config.predictor if self.ac else None, kv,
                                          dtype, device_memory)]
 
