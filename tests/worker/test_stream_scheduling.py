@@ -18,6 +18,7 @@ from walkserve.core.scheduling import DEADLINE, FIFO, StreamScheduling
 from walkserve.engines.base import Engine, Group
 from walkserve.engines.values import concat
 from walkserve.models.orpheus.graph import build_graph
+from walkserve.models.orpheus.processor import SpeechParams
 from walkserve.models.orpheus.tokens import AUDIO_CODE_BASE, FRAME_SAMPLES, SAMPLE_RATE
 from walkserve.protocol import messages as m
 from walkserve.worker.executor import Executor
@@ -80,7 +81,7 @@ def run(mode: str, arrivals: list[tuple[float, str, int]], lm=(0.002, 0.001, 16)
         while pending and pending[0][0] <= clock.t:
             _, rid, tokens = pending.pop(0)
             ex.receive(m.StartWalk(rid, "decode", {"lm": 0, "codec": 0}, {"last": torch.tensor([AUDIO_CODE_BASE])},
-                                   {"max_tokens": tokens}, SamplingParams()))
+                                   SpeechParams(), SamplingParams(max_tokens=tokens)))
         moved = ex.advance()
         for _, msg in ex.out.take():
             if isinstance(msg, m.ClientOuts):
