@@ -3,7 +3,6 @@ behaviour it states (what core loads, where a tcp rank listens, the order of a w
 
 from __future__ import annotations
 
-import ast
 import re
 import subprocess
 import sys
@@ -21,17 +20,6 @@ def row(folder: str) -> str:
     """The table row of ``folder`` in docs/structure.md."""
     [line] = [line for line in STRUCTURE.splitlines() if line.startswith(f"| `{folder}")]
     return line
-
-
-def imported_packages(package: Path) -> set[str]:
-    names = set()
-    for path in package.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names |= {a.name.split(".")[0] for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names.add(node.module.split(".")[0])
-    return names
 
 
 def test_core_loads_only_the_packages_its_row_names():

@@ -51,7 +51,7 @@ class VitNode:
     def __init__(self, vit: BagelViT):
         self.vit = vit
 
-    def forward_batch(self, batch: Batch) -> Outputs:
+    def forward_batch(self, batch: Batch) -> list[dict[str, torch.Tensor]]:
         return self.vit.forward_items([{"pixels": pixels(f.inputs["image"])} for f in batch])
 
 
@@ -59,7 +59,7 @@ class VaeEncoderNode:
     def __init__(self, encoder: VaeEncoder):
         self.encoder = encoder
 
-    def forward_batch(self, batch: Batch) -> Outputs:
+    def forward_batch(self, batch: Batch) -> list[dict[str, torch.Tensor]]:
         return self.encoder.forward_items([{"image": pixels(f.inputs["image"]), "seed": torch.tensor(_seed(f))}
                                            for f in batch])
 
@@ -68,7 +68,7 @@ class VaeDecoderNode:
     def __init__(self, decoder: VaeDecoder):
         self.decoder = decoder
 
-    def forward_batch(self, batch: Batch) -> Outputs:
+    def forward_batch(self, batch: Batch) -> list[dict[str, torch.Tensor]]:
         return self.decoder.forward_items([{"latents": f.inputs["latents"], "grid": torch.tensor(_grid(f))}
                                            for f in batch])
 
@@ -91,7 +91,7 @@ class LatentNode:
         self.latents = latents
         self.device = latents.vae2llm.weight.device
 
-    def forward_batch(self, batch: Batch) -> Outputs:
+    def forward_batch(self, batch: Batch) -> list[dict[str, torch.Tensor]]:
         op = batch.op
         if op == "velocity":
             return self._velocity(list(batch))

@@ -73,7 +73,7 @@ def allowed_ranges(n_generated: int) -> list[tuple[int, int]]:
 
     The 4096 audio ids valid at stream position ``n_generated mod 7``, and
     END_OF_SPEECH. The decode node hands this to the KV engine as
-    ``params["token_ranges"]``; every other id is masked before sampling, so
+    ``node_params["token_ranges"]``; every other id is masked before sampling, so
     whatever the weights, the codec only ever receives valid codes.
     """
     lo = AUDIO_CODE_BASE + (n_generated % FRAME_TOKENS) * CODEBOOK_SIZE
