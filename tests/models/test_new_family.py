@@ -139,3 +139,28 @@ def test_an_entry_point_family_is_served_end_to_end():
         assert _texts(result) == list(range(start - step, 0, -step))  # 9 by 2: 7, 5, 3, 1
         oracle = sorted(reference.run(request).outputs, key=lambda o: o.path)
         assert _texts(result) == [int(o.value.numpy().reshape(-1)[0]) for o in oracle]
+
+
+def test_a_thread_that_asks_while_another_reads_the_entry_points_sees_the_plugins(monkeypatch):
+    """Two threads load models at once (the Ray test starts several engines from a pool): the second must not
+    take the entry points as read while the first is still reading them."""
+    import threading
+    import time
+    from importlib.metadata import EntryPoint
+
+    plugin = EntryPoint(FAMILY, TARGET, registry.ENTRY_POINTS)
+    reading = threading.Event()
+
+    def slow_entry_points(group: str) -> list[EntryPoint]:
+        reading.set()
+        time.sleep(0.3)
+        return [plugin]
+
+    monkeypatch.setattr(registry, "entry_points", slow_entry_points)
+    monkeypatch.setattr(registry, "_FAMILIES", dict(registry._FAMILIES))
+    monkeypatch.setattr(registry, "_plugins_read", False)
+    first = threading.Thread(target=registry.families)
+    first.start()
+    assert reading.wait(5)
+    assert FAMILY in registry.families()  # asked while the first thread reads
+    first.join(5)

@@ -24,10 +24,10 @@ def _ensure_builtin() -> None:
     import walkserve.models.builtin  # noqa: F401  (registers the shipped families on first use)
 
     global _plugins_read
-    if not _plugins_read:
-        _plugins_read = True
+    if not _plugins_read:  # marked read only once read: a thread that comes meanwhile reads them too
         for entry in entry_points(group=ENTRY_POINTS):  # a shipped family keeps its name
             _FAMILIES.setdefault(entry.name, entry.value)
+        _plugins_read = True
 
 
 def families() -> list[str]:
