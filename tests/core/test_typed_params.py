@@ -9,7 +9,7 @@ import pytest
 
 from walkserve.core.errors import ConfigError, InvalidRequest
 from walkserve.core.options import KVOptions, engine_options
-from walkserve.core.params import Params, parse_params
+from walkserve.core.params import AnyParams, Params, decode_params, parse_params
 
 
 class RolloutParams(Params, frozen=True):
@@ -29,6 +29,21 @@ def test_a_model_params_struct_fills_defaults_and_checks_values():
     with pytest.raises(InvalidRequest) as e:
         parse_params(RolloutParams, {"stream": "yes"})
     assert e.value.param == "stream"
+
+
+def _declare(name: str, tag: str, module: str = __name__) -> type[Params]:
+    return msgspec.defstruct(name, [("steps", int, 1)], bases=(Params,), frozen=True, tag=tag, module=module)
+
+
+def test_decoding_picks_the_one_class_with_the_tag_and_refuses_two_different_ones():
+    first, again = _declare("Twice", "test.twice"), _declare("Twice", "test.twice")  # one module imported twice
+    got = decode_params(AnyParams, {"family": "test.twice", "steps": 3})
+    assert type(got) in (first, again) and got.steps == 3
+    _declare("Clash", "test.clash"), _declare("Clash", "test.clash", module="elsewhere")
+    with pytest.raises(msgspec.ValidationError, match="several params class with the tag 'test.clash'"):
+        decode_params(AnyParams, {"family": "test.clash"})
+    with pytest.raises(NotImplementedError):
+        decode_params(dict, {})
 
 
 def test_the_processors_declare_their_params():
