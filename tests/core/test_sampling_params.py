@@ -16,10 +16,21 @@ EVERY_FIELD = SamplingParams(
 )
 
 
-def test_every_field_survives_to_dict_and_back():
+def over_the_wire(sampling: SamplingParams) -> tuple[SamplingParams, SamplingParams]:
+    """``sampling`` as a worker gets it: the request's and a node's own, in a StartWalk through the codec."""
+    from walkserve.core.params import Params
+    from walkserve.protocol import messages as m
+    from walkserve.protocol.codec import decode, encode
+
+    [got] = decode(encode("t", [m.StartWalk("r", "w", {}, {}, Params(), sampling, {"lm": sampling})]), "t")
+    return got.sampling, got.node_sampling["lm"]
+
+
+def test_every_field_crosses_to_the_workers():
     names = {f.name for f in dataclasses.fields(SamplingParams)}
-    assert set(EVERY_FIELD.to_dict()) == names  # nothing dropped on the way to the workers
-    assert SamplingParams.from_dict(EVERY_FIELD.to_dict()) == EVERY_FIELD
+    request, node = over_the_wire(EVERY_FIELD)
+    assert request == EVERY_FIELD and node == EVERY_FIELD  # nothing dropped on the way to the workers
+    assert type(request.stop_token_ids) is tuple and type(request.logit_bias[0]) is tuple
     assert all(getattr(EVERY_FIELD, n) != getattr(SamplingParams(), n) for n in names)  # each one checked
 
 

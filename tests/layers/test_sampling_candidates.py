@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.core.test_sampling_params import over_the_wire
 from walkserve.core.sampling import SamplingParams
 from walkserve.layers.candidates import (
     CandidateGroup,
@@ -212,7 +213,7 @@ def test_logit_bias_over_the_vocabulary_and_over_candidates():
 
 def test_logit_bias_is_checked_and_travels():
     params = SamplingParams(logit_bias=((5, -1.5), (9, 100.0)))
-    assert SamplingParams.from_dict(params.to_dict()) == params
+    assert over_the_wire(params) == (params, params)
     for bad in (((5, 101.0),), ((-1, 1.0),), ((5, float("nan")),), ((5, 1.0), (5, 2.0)), tuple((i, 1.0) for i in range(301))):
         with pytest.raises(Exception, match="logit_bias"):
             SamplingParams(logit_bias=bad)

@@ -89,31 +89,3 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
-
-    def to_dict(self) -> dict:
-        return {
-            "temperature": self.temperature,
-            "top_k": self.top_k,
-            "top_p": self.top_p,
-            "min_p": self.min_p,
-            "repetition_penalty": self.repetition_penalty,
-            "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty,
-            "max_tokens": self.max_tokens,
-            "min_tokens": self.min_tokens,
-            "seed": self.seed,
-            "stop_token_ids": list(self.stop_token_ids),
-            "stop": list(self.stop),
-            "ignore_eos": self.ignore_eos,
-            "logprobs": self.logprobs,
-            "prompt_logprobs": self.prompt_logprobs,
-            "logit_bias": [[t, b] for t, b in self.logit_bias],
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> SamplingParams:
-        d = dict(d)
-        d["stop_token_ids"] = tuple(d.get("stop_token_ids") or ())
-        d["stop"] = tuple(d.get("stop") or ())
-        d["logit_bias"] = tuple((int(t), float(b)) for t, b in d.get("logit_bias") or ())
-        return cls(**d)
