@@ -16,7 +16,7 @@ Count = int | str | Callable[[RequestParams], int]
 
 def max_tokens(params: RequestParams) -> int:
     """The iteration count of a token loop: the request's ``sampling.max_tokens``."""
-    return params.sampling.max_tokens  # type: ignore[return-value]  # a processor always fills it
+    return params.sampling.max_tokens  # a processor always fills it
 
 
 def resolve_count(count: Count, params: RequestParams, what: str) -> int:

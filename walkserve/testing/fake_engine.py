@@ -347,7 +347,7 @@ class FakeEngine(EngineClient):
 
     def _audio_chunk(self, run: _Run, step: int) -> OutputEvent:
         voices = self.config.voices
-        voice = run.spec.params.voice or voices[0]  # type: ignore[attr-defined]  # FakeParams
+        voice = run.spec.params.voice or voices[0]  # FakeParams
         freq = 220.0 * (1 + (voices.index(voice) if voice in voices else 0))
         n, sr = self.config.audio_chunk_samples, self.config.sample_rate
         omega = 2 * math.pi * freq / sr
@@ -361,7 +361,7 @@ class FakeEngine(EngineClient):
         if images:
             src = images[0]  # an edit: the inverse of the first input image
             return ArrayData("uint8", src.shape, bytes(255 - b for b in src.data))
-        width, height = run.spec.params.size or self.config.image_size  # type: ignore[attr-defined]
+        width, height = run.spec.params.size or self.config.image_size
         tint = hashlib.sha256(bytes(t % 256 for t in run.prompt) + str(run.spec.sampling.seed).encode()).digest()[0]
         pixels = bytearray()
         for y in range(height):

@@ -83,7 +83,7 @@ def repeated(kind: str, index: int) -> str:
 
 
 def _denoise_steps(params: RequestParams) -> int:
-    return params.model.num_timesteps - 1  # type: ignore[attr-defined]  # BagelRun
+    return params.model.num_timesteps - 1  # BagelRun
 
 
 # ---- prefill ---------------------------------------------------------------------------------------

@@ -111,7 +111,7 @@ class LatentNode:
             gen = torch.Generator().manual_seed(_seed(f))
             noise = torch.randn((h * w, self.latents.vae2llm.in_features), generator=gen)
         x = noise.to(self.device, torch.float32)  # [N, 64]
-        t0 = _schedule(f.params.num_timesteps, f.params.timestep_shift)[0]  # type: ignore[attr-defined]  # BagelRun
+        t0 = _schedule(f.params.num_timesteps, f.params.timestep_shift)[0]  # BagelRun
         return {"x": x, "embeds": self._rows(x, t0, (h, w))}
 
     def _velocity(self, items: list[Item]) -> Outputs:
@@ -120,10 +120,10 @@ class LatentNode:
         return [{"velocity": part} for part in v.split([r.shape[0] for r in rows])]
 
     def _step(self, f: Item) -> dict[str, torch.Tensor]:
-        ts = _schedule(f.params.num_timesteps, f.params.timestep_shift)  # type: ignore[attr-defined]  # BagelRun
+        ts = _schedule(f.params.num_timesteps, f.params.timestep_shift)  # BagelRun
         k = f.iteration
         t, t_next = ts[k], ts[k + 1]
         item = {"x": f.inputs["x"], "v": f.inputs["v"], "v_cfg_text": f.inputs["v_cfg_text"],
                 "v_cfg_img": f.inputs["v_cfg_img"]}
-        x = CfgStep.step(item, request_guidance(f.params), t, t_next)  # type: ignore[arg-type]  # [N, 64]
+        x = CfgStep.step(item, request_guidance(f.params), t, t_next)  # [N, 64]
         return {"x": x, "embeds": self._rows(x, t_next, _grid(f))}

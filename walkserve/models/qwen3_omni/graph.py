@@ -136,7 +136,7 @@ class AfterFirst:
     """The decode loop's bound once token 0 came from the prefill: max_tokens - 1."""
 
     def __call__(self, params: RequestParams) -> int:
-        return params.sampling.max_tokens - 1  # type: ignore[operator]  # the processor fills max_tokens
+        return params.sampling.max_tokens - 1  # the processor fills max_tokens
 
     def __repr__(self) -> str:
         return "max_tokens - 1"

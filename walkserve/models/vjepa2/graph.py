@@ -102,7 +102,7 @@ def _step_kv(frame_tokens: int) -> dict[str, Any]:
 
 
 def horizon_reached(value: Any, params: RequestParams, iteration: int) -> bool:
-    return iteration + 1 >= params.model.horizon  # type: ignore[attr-defined]  # VJEPA2Run
+    return iteration + 1 >= params.model.horizon  # VJEPA2Run
 
 
 def rollout_walk(frame_tokens: int) -> Walk:
@@ -198,7 +198,7 @@ class TaskStateMachine(StateMachine):
             return WalkStart(ROLLOUT, {n: x[n] for n in ("frames", "actions", "states")})
         if task != PLAN:
             raise ValueError(f"request {request.id}: V-JEPA 2 has tasks {', '.join(TASKS)}, not {task!r}")
-        c = request.params.context_frames  # type: ignore[attr-defined]  # VJEPA2Run
+        c = request.params.context_frames  # VJEPA2Run
         if c == 1:
             return self._plan(request)
         return WalkStart(PLAN_HISTORY, {"frames": rows_of(x["frames"], 0, c - 1), "actions": rows_of(x["actions"], 0, c - 1),
@@ -210,8 +210,8 @@ class TaskStateMachine(StateMachine):
     @staticmethod
     def _plan(request: RequestSpec) -> WalkStart:
         params = request.params
-        x, c = request.inputs, params.context_frames  # type: ignore[attr-defined]  # VJEPA2Run
-        walk = PLAN_FEATURES if params.return_features else PLAN  # type: ignore[attr-defined]
+        x, c = request.inputs, params.context_frames  # VJEPA2Run
+        walk = PLAN_FEATURES if params.return_features else PLAN
         return WalkStart(walk, {"frames": rows_of(x["frames"], c - 1), "goal": x["goal"], "states": x["states"]})
 
 

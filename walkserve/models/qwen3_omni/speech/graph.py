@@ -147,7 +147,7 @@ def _stop_flag(value: Any, params: RequestParams, iteration: int) -> bool:
 
 def talker_frames(params: RequestParams) -> int:
     """The talk loop's bound: the request's ``max_audio_frames`` (its processor fills it)."""
-    return params.model.max_audio_frames  # type: ignore[attr-defined]  # OmniParams
+    return params.model.max_audio_frames  # OmniParams
 
 
 def _thinker_loop() -> DynamicLoop:
