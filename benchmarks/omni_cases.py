@@ -90,7 +90,7 @@ def reference(work: Workload) -> RunResult:
 
     def run(i: int, n: int) -> tuple[list[int], float]:
         streamer, t0 = FirstToken(), time.perf_counter()  # TTFT includes preprocessing, as walkserve's does
-        request, _ = processor.thinker_request("chat", {"messages": messages(work, i)}, {})
+        request, _ = processor.thinker_request("chat", {"messages": messages(work, i)}, processor.check_params({}))
         with torch.no_grad():
             out = model.thinker.generate(**hf_inputs(request), max_new_tokens=n, min_new_tokens=n, do_sample=False,
                                          streamer=streamer, pad_token_id=0)

@@ -102,7 +102,7 @@ class Level:
 
 def prompt(processor, i: int) -> list[int]:
     messages = [{"role": "user", "content": f"Tell me about the number {i} in a few words."}]
-    request, _ = processor.thinker_request("chat", {"messages": messages}, {})
+    request, _ = processor.thinker_request("chat", {"messages": messages}, processor.check_params({}))
     return request.input_ids
 
 

@@ -25,7 +25,7 @@ from tests.models.qwen3_omni.test_speech_serving import (
     served_dir,  # noqa: F401  (the speech checkpoint)
 )
 from walkserve.core.config import RuntimeConfig
-from walkserve.models.qwen3_omni.processor import Qwen3OmniProcessor
+from walkserve.models.qwen3_omni.processor import OmniParams, Qwen3OmniProcessor
 from walkserve.placements import path as placement_path
 
 pytestmark = [pytest.mark.slow, pytest.mark.parity]
@@ -99,7 +99,7 @@ def _wave(answer) -> torch.Tensor:
 
 
 def _ids(processor, messages) -> list[int]:
-    request, _ = processor.thinker_request("chat", {"messages": decoded(messages)}, {})
+    request, _ = processor.thinker_request("chat", {"messages": decoded(messages)}, OmniParams())
     return request.input_ids
 
 
