@@ -182,7 +182,8 @@ async def _understand(engine, work: Workload, i: int, n: int) -> list[int]:
 async def _events(engine, task: str, payload: dict, sampling: SamplingParams, params: dict) -> list:
     from walkserve.core.outputs import OutputEvent
 
-    spec = await asyncio.to_thread(engine.processor.build_request, task, payload, sampling, params)
+    spec = await asyncio.to_thread(engine.processor.build_request, task, payload, sampling,
+                                   engine.processor.check_params(params))
     out = []
     async for event in engine.generate(spec):
         if isinstance(event, OutputEvent):

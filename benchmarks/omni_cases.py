@@ -165,7 +165,8 @@ async def _one(engine, work: Workload, i: int, n: int, t0: float) -> tuple[list[
 
     sampling = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
     t0 = t0 or time.perf_counter()
-    spec = await asyncio.to_thread(engine.processor.build_request, "chat", {"messages": messages(work, i)}, sampling, {})
+    spec = await asyncio.to_thread(engine.processor.build_request, "chat", {"messages": messages(work, i)}, sampling,
+                                   engine.processor.check_params({}))
     tokens, first = [], None
     async for event in engine.generate(spec):
         if isinstance(event, OutputEvent):

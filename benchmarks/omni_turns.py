@@ -75,7 +75,8 @@ async def _ask(engine, messages: list[dict], n: int, speak: bool = False) -> tup
     sampling = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
     payload = {"messages": messages, **({"modalities": ["text", "audio"]} if speak else {})}
     params = {"max_audio_frames": 8} if speak else {}
-    spec = await asyncio.to_thread(engine.processor.build_request, "chat", payload, sampling, params)
+    spec = await asyncio.to_thread(engine.processor.build_request, "chat", payload, sampling,
+                                   engine.processor.check_params(params))
     tokens, first = [], None
     async for event in engine.generate(spec):
         if isinstance(event, OutputEvent):
