@@ -46,6 +46,7 @@ class ServerConfig:
     realtime_max_buffer_s: float = 120.0
     realtime_max_event_bytes: int = 15 * MIB
     realtime_idle_timeout_s: float = 300.0
+    stream_startup_buffer_s: float = 1.0  # a real-time stream's listener buffers min(TTFA, this) before playing
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -59,6 +60,8 @@ class ServerConfig:
             raise ConfigError(f"ServerConfig.default_max_tokens must be a positive integer or None, got {n!r}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"ServerConfig.port must be in [0, 65535], got {self.port}")
+        if self.stream_startup_buffer_s < 0:
+            raise ConfigError(f"ServerConfig.stream_startup_buffer_s must be >= 0, got {self.stream_startup_buffer_s}")
         if self.drain_timeout_s < 0:
             raise ConfigError(f"ServerConfig.drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
         if self.api_key is not None and not self.api_key.strip():

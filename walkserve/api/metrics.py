@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from walkserve.api.graph_metrics import graph_families
@@ -46,6 +46,7 @@ class EngineStatsCollector:
         yield from self._nodes(stats.nodes)
         yield from self._engines(stats.engines)
         yield from graph_families(stats)
+        yield from stream_families(stats.streams)
 
     def _nodes(self, nodes: dict[str, dict[str, float]]) -> Iterator[Metric]:
         size = GaugeMetricFamily("walkserve_node_batch_size_mean", "Mean items per batch.", labels=["node"])
@@ -66,6 +67,25 @@ class EngineStatsCollector:
         yield gauge
 
 
+STREAM_GAUGES = (
+    ("running", "walkserve_streams_running", "Real-time streams the runtime is running."),
+    ("waiting", "walkserve_streams_waiting", "Real-time streams waiting to start within their TTFA budget."),
+    ("capacity", "walkserve_stream_capacity", "Streams the runtime admits at once now (estimated real-time capacity)."),
+    ("capacity_measured", "walkserve_stream_capacity_measured", "1 once the capacity comes from measured step costs, 0 in warm-up."),
+    ("load", "walkserve_stream_load", "Busiest rank's share of time the running streams need (estimate)."),
+)
+
+
+def stream_families(streams: dict[str, float]) -> Iterator[Metric]:
+    """The runtime's real-time stream admission (docs/streaming-capacity.md)."""
+    for key, name, doc in STREAM_GAUGES:
+        yield GaugeMetricFamily(name, doc, value=streams.get(key, 0.0))
+    yield CounterMetricFamily("walkserve_streams_admitted", "Real-time streams the runtime admitted.",
+                              value=streams.get("admitted", 0.0))
+    yield CounterMetricFamily("walkserve_streams_rejected_capacity", "Real-time streams rejected: over capacity.",
+                              value=streams.get("rejected_capacity", 0.0))
+
+
 class ApiMetrics:
     """Every metric the API records, registered in a registry private to one app."""
 
@@ -83,7 +103,19 @@ class ApiMetrics:
         self.responses = Counter("walkserve_http_responses", "HTTP responses by route and status.", ["route", "status"], registry=r)
         self.rejected = Counter("walkserve_http_rejected", "Requests answered 429 (queue full).", ["route"], registry=r)
         self.client_errors = Counter("walkserve_http_client_errors", "Requests answered 4xx.", ["route", "status"], registry=r)
+        self._stream_metrics(r)
         r.register(EngineStatsCollector(engine, draining))
+
+    def _stream_metrics(self, r: CollectorRegistry) -> None:
+        """Real-time audio streams per route, as the client hears them (walkserve/api/playback.py)."""
+        self.streams_active = Gauge("walkserve_audio_streams_active", "Real-time audio streams open now.", ["route"], registry=r)
+        self.streams_admitted = Counter("walkserve_audio_streams_admitted", "Real-time audio streams admitted.", ["route"], registry=r)
+        self.streams_rejected = Counter("walkserve_audio_streams_rejected", "Real-time audio streams answered 429, by cause.",
+                                        ["route", "reason"], registry=r)
+        self.streams_ended = Counter("walkserve_audio_streams_ended", "Admitted real-time audio streams that ended.", ["route"], registry=r)
+        self.streams_with_gaps = Counter("walkserve_audio_streams_with_gaps", "Streams with at least one gap (not viable).", ["route"], registry=r)
+        self.stream_gaps = Counter("walkserve_audio_stream_gaps", "Chunks written after the listener ran out of audio.", ["route"], registry=r)
+        self.stream_gap_seconds = Counter("walkserve_audio_stream_gap_seconds", "Seconds listeners waited in gaps.", ["route"], registry=r)
 
     def count_response(self, route: str, status: int) -> None:
         self.responses.labels(route, str(status)).inc()

@@ -53,6 +53,8 @@ LIMIT_FLAGS = (
      "seconds a /v1/realtime session may send nothing before it is closed"),
     ("--default-max-tokens", "default_max_tokens", int,
      "max_tokens of requests that set none (speech: bounds the audio; Orpheus makes 7 tokens per 85 ms)"),
+    ("--stream-startup-buffer", "stream_startup_buffer_s", float,
+     "seconds a real-time stream's listener buffers at most before playing: a chunk later than that is a gap"),
 )
 
 FLAG_OF_FIELD = {flag: name for flag, name, _, _ in LIMIT_FLAGS} | {"--port": "port", "--api-key": "api_key"}
@@ -111,6 +113,19 @@ def _runtime_args(g: argparse._ArgumentGroup) -> None:
                    help="requests running at once (default: %(default)s)")
     g.add_argument("--max-waiting", type=int, default=RuntimeConfig.max_waiting, metavar="N",
                    help="requests queued beyond those; more are answered 429 (default: %(default)s)")
+    g.add_argument("--admission", choices=["capacity", "count"], default=RuntimeConfig.admission,
+                   help="real-time audio streams (streamed speech, streamed chat audio): admitted while the measured "
+                   "step costs keep every stream ahead of playback (capacity), or by --max-running like any "
+                   "request (count) (default: %(default)s; docs/streaming-capacity.md)")
+    g.add_argument("--stream-headroom", type=float, default=RuntimeConfig.stream_headroom, metavar="X",
+                   help="share of the busiest rank's time real-time streams may take, 0..1 (default: %(default)s)")
+    g.add_argument("--stream-ttfa-budget", type=float, default=RuntimeConfig.stream_ttfa_budget_s, metavar="SECONDS",
+                   help="a stream over capacity waits only if it can start within this; else 429 at once "
+                   "(default: %(default)s)")
+    g.add_argument("--max-streams", type=int, default=RuntimeConfig.max_streams, metavar="N",
+                   help="at most this many real-time streams at once, whatever the estimate (default: 0 = no bound)")
+    g.add_argument("--stream-warmup", type=int, default=RuntimeConfig.stream_warmup, metavar="N",
+                   help="real-time streams admitted at once before any step cost is measured (default: %(default)s)")
     g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype on every rank "
                    "(default: the checkpoint's)")
     g.add_argument("--kv-blocks", type=int, metavar="N",
@@ -148,9 +163,11 @@ def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         options["start_timeout_s"] = args.start_timeout
     if args.ray_address:
         options["ray_address"] = args.ray_address
+    streams = {"admission": args.admission, "stream_headroom": args.stream_headroom, "max_streams": args.max_streams,
+               "stream_ttfa_budget_s": args.stream_ttfa_budget, "stream_warmup": args.stream_warmup}
     return RuntimeConfig(max_running=args.max_running, max_waiting=args.max_waiting, dtype=args.dtype,
                          cohorts=not args.no_cohorts, stream_scheduling=StreamScheduling(args.stream_scheduling),
-                         timelines=args.timelines, trace_dir=args.trace_dir, **options)
+                         timelines=args.timelines, trace_dir=args.trace_dir, **options, **streams)
 
 
 def run(args: argparse.Namespace) -> int:

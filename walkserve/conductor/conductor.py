@@ -16,6 +16,7 @@ import zmq
 
 from walkserve.conductor.admission import Admission
 from walkserve.conductor.request_run import RequestRun, safe_advance
+from walkserve.conductor.stream_desk import StreamDesk, audio_samples
 from walkserve.conductor.supervisor import Supervisor
 from walkserve.conductor.timing import RequestTimes
 from walkserve.core.errors import WalkserveError
@@ -46,6 +47,7 @@ class Conductor:
         self.outbox.connect(FRONTEND, spec.frontend_address)
         self.supervisor = make_supervisor(spec, placement, self.inbox)
         self.admission = Admission(spec.config.max_running, spec.config.max_waiting)
+        self.streams = StreamDesk(spec.config)
         self.runs: dict[str, RequestRun] = {}
         self.timing = RequestTimes() if spec.config.timings else None  # per-request records for traces
         self.ready: dict[int, bool] = {r: False for r in placement.ranks}
@@ -80,6 +82,7 @@ class Conductor:
                 for msg in self.inbox.receive():
                     self.handle(msg)
                 self.admit()
+                self.ask_stream_costs()
                 self.check_drain()
                 self.check_stats_wait()
                 self.publish_status()
@@ -137,7 +140,7 @@ class Conductor:
     def on_submit(self, msg: m.Submit) -> None:
         spec = msg.request
         if self.state in ("draining", "stopped", "failed"):
-            self.outbox.put(FRONTEND, m.Rejected(spec.id, f"the server is {self.state}", 5.0))
+            self.outbox.put(FRONTEND, m.Rejected(spec.id, f"the server is {self.state}", 5.0, cause="draining"))
             return
         unknown = sorted(set(spec.node_sampling) - set(self.graph.node_names()))
         if unknown:
@@ -147,6 +150,9 @@ class Conductor:
         if self.down:
             self.counters["failed"] += 1
             self.outbox.put(FRONTEND, m.Finished(spec.id, FinishReason.ERROR.value, error=self.down_message()))
+            return
+        if spec.realtime and self.streams.by_capacity:
+            self.submit_stream(spec)
             return
         decision = self.admission.decide(len(self.runs))
         if decision == "reject":
@@ -158,8 +164,26 @@ class Conductor:
         else:
             self.admission.enqueue(spec)
 
+    def submit_stream(self, spec: RequestSpec) -> None:
+        """A real-time stream: admitted while the runtime keeps every stream ahead of playback (StreamDesk)."""
+        now = time.monotonic()
+        decision = self.streams.decide(now)
+        if decision.action == "reject":
+            self.reject_stream(spec, decision.retry_after_s)
+        elif decision.action == "run" and self.state == "ready" and self.admission.decide(len(self.runs)) == "run":
+            self.counters["streams_admitted"] += 1
+            self.start_request(spec, now)
+        else:
+            self.streams.admission.enqueue(spec, now)
+
+    def reject_stream(self, spec: RequestSpec, retry_after_s: float) -> None:
+        self.counters["rejected"] += 1
+        self.counters["streams_rejected_capacity"] += 1
+        message = "too many streams: another one would not stay real-time"
+        self.outbox.put(FRONTEND, m.Rejected(spec.id, message, retry_after_s, cause="capacity"))
+
     def on_abort(self, msg: m.Abort) -> None:
-        if self.admission.remove(msg.request_id):
+        if self.admission.remove(msg.request_id) or self.streams.admission.remove(msg.request_id):
             self.counters["aborted"] += 1
             self.outbox.put(FRONTEND, m.Finished(msg.request_id, FinishReason.ABORT.value))
             return
@@ -170,8 +194,8 @@ class Conductor:
     def on_shutdown(self, msg: m.Shutdown) -> None:
         self.state, self.detail = "draining", "shutting down"
         self.draining_until = time.monotonic() + msg.drain_s
-        for spec, _ in list(self.admission.queue):
-            self.admission.remove(spec.id)
+        for spec, _ in [*self.admission.queue, *self.streams.admission.waiting]:
+            self.admission.remove(spec.id) or self.streams.admission.remove(spec.id)
             self.outbox.put(FRONTEND, m.Finished(spec.id, FinishReason.ABORT.value, error="the server is shutting down"))
         self.publish_status(force=True)
 
@@ -199,6 +223,7 @@ class Conductor:
         run.queue_s = time.monotonic() - queued_at
         self.runs[spec.id] = run
         started_ns = time.time_ns() if self.timing is not None else 0
+        self.streams.started(spec, run.admitted_at)
         messages, error = safe_advance(run, run.begin)
         if error is not None:
             self.finish(run, FinishReason.ERROR, error)
@@ -229,7 +254,18 @@ class Conductor:
         for rid in msg.request_ids:
             run = runs.get(rid)
             indices.append(-1 if run is None else run.next_index(key))
+        if msg.modality == "audio":
+            self.count_audio(msg)
         self.outbox.put(FRONTEND, m.Events(msg.walk, msg.node, msg.modality, msg.output, msg.request_ids, msg.paths, indices, msg.stacked, msg.values))
+
+    def count_audio(self, msg: m.ClientOuts) -> None:
+        now = time.monotonic()
+        for rid, samples in zip(msg.request_ids, audio_samples(msg)):
+            run = self.runs.get(rid)
+            if run is not None:
+                first = not run.audio_seen
+                run.audio_seen = True
+                self.streams.on_audio(run.spec, samples, first, now - run.admitted_at)
 
     def on_walk_out(self, msg: m.WalkOut) -> None:
         run = self.runs.get(msg.request_id)
@@ -270,6 +306,7 @@ class Conductor:
     def finish(self, run: RequestRun, reason: FinishReason, error: str | None = None) -> None:
         self.runs.pop(run.id, None)
         self.unload(run)
+        self.streams.ended(run.id, reason == FinishReason.LENGTH)
         now = time.monotonic()
         timings = {"queue_s": getattr(run, "queue_s", 0.0), "total_s": now - run.admitted_at}
         if run.first_output_at is not None:
@@ -304,6 +341,18 @@ class Conductor:
             return
         while (item := self.admission.next_ready(len(self.runs))) is not None:
             self.start_request(*item)
+        for spec in self.streams.admission.expired(time.monotonic()):
+            self.reject_stream(spec, self.streams.admission.retry_after(time.monotonic()))
+        while len(self.runs) < self.spec.config.max_running and (item := self.streams.admission.next_ready()):
+            self.counters["streams_admitted"] += 1
+            self.start_request(*item)
+
+    def ask_stream_costs(self) -> None:
+        """While streams run, the ranks report their counters every STATS_EVERY_S (the step costs' source)."""
+        if self.state == "ready" and self.streams.due_stats(time.monotonic()):
+            for rank, ok in self.ready.items():
+                if ok:
+                    self.outbox.put(("rank", rank), m.StatsQuery())
 
     # ---- workers -----------------------------------------------------------------------------
     def on_ready(self, msg: m.Ready) -> None:
@@ -356,8 +405,8 @@ class Conductor:
         log.error(self.down[rank])
         self.state = "failed" if not self.started_once else "degraded"
         self.detail = self.down_message()
-        for spec, _ in list(self.admission.queue):
-            self.admission.remove(spec.id)
+        for spec, _ in [*self.admission.queue, *self.streams.admission.waiting]:
+            self.admission.remove(spec.id) or self.streams.admission.remove(spec.id)
             self.counters["failed"] += 1
             self.outbox.put(FRONTEND, m.Finished(spec.id, FinishReason.ERROR.value, error=self.detail))
         self.publish_status(force=True)
@@ -367,6 +416,7 @@ class Conductor:
 
     def on_worker_stats(self, msg: m.WorkerStats) -> None:
         self.worker_stats[msg.rank] = msg.stats
+        self.streams.on_rank_stats(msg.rank, msg.stats)
         if self.stats_wait is not None:
             self.stats_wait[0].discard(msg.rank)
 
@@ -399,7 +449,7 @@ class Conductor:
         self._last_status = now
         stats = m.RuntimeSnapshot(
             running=len(self.runs),
-            waiting=len(self.admission.queue),
+            waiting=len(self.admission.queue) + len(self.streams.admission.waiting),
             counters=dict(self.counters),
             workers=dict(self.worker_stats),
             restarts=dict(self.supervisor.restarts),
@@ -409,6 +459,7 @@ class Conductor:
             nodes=dict(self.nodes),
             launcher=self.placement.launcher,
             ray=self.supervisor.describe(),
+            streams=self.streams.snapshot(),
         )
         alive = {r: bool(self.ready.get(r)) for r in self.placement.ranks}
         self.outbox.put(FRONTEND, m.Status(self.state, self.detail, alive, stats, query_id))

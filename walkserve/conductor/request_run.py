@@ -48,6 +48,7 @@ class RequestRun:
     queue_s: float = 0.0
     loaded: set[int] = field(default_factory=set)  # ranks whose load count includes this request
     first_output_at: float | None = None
+    audio_seen: bool = False
     finished: FinishReason | None = None
     error: str | None = None
 

@@ -50,6 +50,13 @@ class RuntimeConfig:
     timelines: int = 0
     trace_dir: str | None = None
     timings: bool = False
+    # Real-time streams (RequestSpec.realtime; docs/streaming-capacity.md): "capacity" admits them while the
+    # measured step costs keep every stream ahead of playback, "count" by max_running like any request.
+    admission: str = "capacity"
+    stream_headroom: float = 0.8  # the share of the busiest rank's time streams may take
+    stream_ttfa_budget_s: float = 1.0  # a stream that cannot start within this waits no longer: 429 at once
+    max_streams: int = 0  # a bound on admitted streams beside the estimate (0: none)
+    stream_warmup: int = 4  # streams admitted at once before any step cost is measured
 
     def __post_init__(self) -> None:
         if self.max_running < 1:
@@ -64,3 +71,14 @@ class RuntimeConfig:
             raise ConfigError("placement_timeout_s must be > 0")
         if self.timelines < 0:
             raise ConfigError(f"timelines must be >= 0, got {self.timelines}")
+        self._check_streams()
+
+    def _check_streams(self) -> None:
+        if self.admission not in ("capacity", "count"):
+            raise ConfigError(f"admission must be capacity or count, got {self.admission!r}")
+        if not 0 < self.stream_headroom <= 1:
+            raise ConfigError(f"stream_headroom must be in (0, 1], got {self.stream_headroom}")
+        if self.stream_ttfa_budget_s < 0:
+            raise ConfigError(f"stream_ttfa_budget_s must be >= 0, got {self.stream_ttfa_budget_s}")
+        if self.max_streams < 0 or self.stream_warmup < 1:
+            raise ConfigError(f"max_streams must be >= 0 and stream_warmup >= 1, got {self.max_streams}, {self.stream_warmup}")

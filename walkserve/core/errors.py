@@ -31,9 +31,10 @@ class InvalidRequest(WalkserveError):
 class AdmissionRejected(WalkserveError):
     """The server is full: the running set and the waiting queue are at their bounds."""
 
-    def __init__(self, message: str, retry_after_s: float = 1.0):
+    def __init__(self, message: str, retry_after_s: float = 1.0, cause: str = "queue_full"):
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.cause = cause  # queue_full | capacity (a stream the runtime cannot keep real-time) | draining
 
 
 class RequestFailed(WalkserveError):

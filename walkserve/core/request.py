@@ -26,6 +26,11 @@ class RequestSpec:
     ``sampling`` is how every node samples unless ``node_sampling`` names the
     node (Qwen3-Omni's thinker, talker and code predictor each sample their
     own way); the processor fills both, the conductor refuses unknown nodes.
+    ``audio_rate`` is the sample rate of the request's audio output (0: none
+    or unknown) and ``realtime`` says the client plays that audio as it
+    arrives (a streamed speech answer): such a request is admitted by the
+    runtime's real-time capacity and its chunks have playback deadlines
+    (docs/streaming-capacity.md). The API fills both.
     """
 
     inputs: dict[str, Value]
@@ -36,6 +41,8 @@ class RequestSpec:
     node_sampling: dict[str, SamplingParams] = field(default_factory=dict)
     id: RequestId = field(default_factory=new_request_id)
     arrival_time: float = field(default_factory=time.time)
+    audio_rate: int = 0
+    realtime: bool = False
 
     @property
     def request_params(self) -> RequestParams:

@@ -347,7 +347,7 @@ class AsyncEngine(EngineClient):
                         timeline.finished(rid, "rejected")
                     if msg.invalid:
                         raise InvalidRequest(msg.message)
-                    raise AdmissionRejected(msg.message, msg.retry_after_s)
+                    raise AdmissionRejected(msg.message, msg.retry_after_s, msg.cause)
                 finished = True
                 if timeline is not None:
                     timeline.finished(rid, msg.reason)
@@ -399,7 +399,7 @@ class AsyncEngine(EngineClient):
             msg = g.done.result()
             if isinstance(msg, m.Rejected):
                 outcome: RequestFinished | WalkserveError = (
-                    InvalidRequest(msg.message) if msg.invalid else AdmissionRejected(msg.message, msg.retry_after_s)
+                    InvalidRequest(msg.message) if msg.invalid else AdmissionRejected(msg.message, msg.retry_after_s, msg.cause)
                 )
             else:
                 outcome = RequestFinished(msg.request_id, FinishReason(msg.reason), msg.error, dict(msg.usage), dict(msg.timings))

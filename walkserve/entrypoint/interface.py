@@ -48,6 +48,9 @@ class RuntimeStats:
     engine_ranks: dict[tuple[str, int], dict[str, float]] = field(default_factory=dict)
     rank_gauges: dict[int, dict[str, float]] = field(default_factory=dict)
     transfers: dict[tuple[int, int], dict[str, float]] = field(default_factory=dict)
+    # real-time streams in the runtime: running, waiting, capacity, capacity_measured, load, and the counters
+    # admitted / rejected_capacity (docs/streaming-capacity.md)
+    streams: dict[str, float] = field(default_factory=dict)
 
 
 class EngineClient(ABC):

@@ -53,6 +53,8 @@ def runtime_stats(snapshot: RuntimeSnapshot) -> RuntimeStats:
         nodes=dict(nodes),
         engines=engines,
         requests_with_state=state,
+        streams={**snapshot.streams, "admitted": float(counters.get("streams_admitted", 0)),
+                 "rejected_capacity": float(counters.get("streams_rejected_capacity", 0))},
     )
     for rank, w in snapshot.workers.items():
         _per_rank(stats, rank, w)

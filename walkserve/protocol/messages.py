@@ -95,6 +95,7 @@ class Rejected(msgspec.Struct, tag=True, array_like=True):
     message: str
     retry_after_s: float = 1.0
     invalid: bool = False  # True: the request itself is malformed (a 400), not the server full (a 429)
+    cause: str = "queue_full"  # why a 429: queue_full, or capacity (a real-time stream that would not stay real-time)
 
 
 class Status(msgspec.Struct, tag=True, array_like=True):
@@ -403,6 +404,9 @@ class RuntimeSnapshot(msgspec.Struct, kw_only=True):
     nodes: dict[int, str] = {}  # rank -> its node (from Ready)
     launcher: str = "local"
     ray: dict[str, Any] = {}  # RaySupervisor.describe() for a ``launcher: ray`` run
+    # real-time streams (StreamDesk.snapshot): running, waiting, capacity (admitted at once now),
+    # capacity_measured (1 once step costs are known, else the warm-up bound), load (busiest rank's share)
+    streams: dict[str, float] = {}
 
 
 class Timing(msgspec.Struct, array_like=True):

@@ -90,6 +90,8 @@ async def plan_chat(state: AppState, body: ChatCompletionRequest, messages: list
     for i in range(body.n):
         spec = await state.build_request("chat", payload, with_seed_offset(sampling, i), params)
         apply_default_max_tokens(spec, state.card, explicit is not None)
+        if audio:
+            spec.audio_rate, spec.realtime = int(state.card.sample_rate or 24000), bool(body.stream)
         text = TextStream(state.processor.detokenizer(body.skip_special_tokens), stops)
         specs.append(spec)
         joiner = logprob_joiner(state, "logprobs") if body.logprobs else None
@@ -162,6 +164,8 @@ async def chat_stream(state: AppState, plan: TextPlan) -> AsyncIterator[bytes]:
                 yield b"".join(sse(chunks.role(i)) for i in range(len(plan.trackers)))
             for chunk in chunks.deltas(update):
                 yield sse(chunk)
+            if update.audio is not None and plan.audio is not None:
+                state.runner.written(plan.specs[update.index].id, len(update.audio))
     if plan.include_usage:
         yield sse(chunks.chunk([], usage(plan.trackers)))
     yield SSE_DONE

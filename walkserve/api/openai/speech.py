@@ -52,7 +52,9 @@ async def plan_speech(state: AppState, body: SpeechRequest) -> SpeechPlan:
     payload = {"input": body.input, "voice": voice, "speed": body.speed}
     spec = await state.build_request("speech", payload, sampling, params)  # fits max_tokens to the context
     apply_default_max_tokens(spec, state.card, body.max_tokens is not None)
-    return SpeechPlan(spec, fmt, int(state.card.sample_rate or 24000), prompt_length(spec) or 0)
+    spec.audio_rate = int(state.card.sample_rate or 24000)
+    spec.realtime = fmt.incremental  # streamed as it is made (SSE or chunked bytes): played as it arrives
+    return SpeechPlan(spec, fmt, spec.audio_rate, prompt_length(spec) or 0)
 
 
 async def speech_samples(state: AppState, plan: SpeechPlan) -> AsyncIterator[np.ndarray]:
@@ -78,11 +80,15 @@ async def speech_file(state: AppState, plan: SpeechPlan) -> bytes:
 async def speech_bytes(state: AppState, plan: SpeechPlan) -> AsyncIterator[bytes]:
     """Encoded bytes as they are produced (encoding runs in a worker thread)."""
     encoder = plan.format.stream(plan.sample_rate)
+    pending = 0  # samples pushed whose bytes the encoder still holds
     async with contextlib.aclosing(speech_samples(state, plan)) as chunks:
         async for samples in chunks:
             data = await asyncio.to_thread(encoder.push, samples)
+            pending += len(samples)
             if data:
                 yield data
+                state.runner.written(plan.spec.id, pending)  # the playback clock, as the client gets them
+                pending = 0
     tail = await asyncio.to_thread(encoder.finish)
     if tail:
         yield tail

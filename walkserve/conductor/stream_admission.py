@@ -1,0 +1,147 @@
+"""StreamAdmission: real-time streams are admitted by capacity, not by count.
+
+A streamed audio answer (``RequestSpec.realtime``) is admitted only while
+every admitted stream plus this one stays real-time (``StreamCapacity``).
+Otherwise it waits, but only if a stream is expected to end in time for it
+to start within the time-to-first-audio budget; else it is rejected at once
+with ``Retry-After`` = the estimated time until a slot frees. Times are
+passed in (``now``), so the decisions test on a virtual clock.
+
+Remaining time of an admitted stream: its expected audio (``max_tokens`` x
+the audio seconds per token learned from streams that ran to their length,
+else the mean audio of finished streams) minus what it produced, times the
+wall seconds one audio second takes at the current load (``load(b)`` of the
+capacity model, at most 1: admitted streams keep ahead of real time).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from walkserve.conductor.capacity import StreamCapacity
+from walkserve.core.request import RequestSpec
+
+EWMA = 0.2  # weight of the newest sample in the running means (audio per token, TTFA)
+DEFAULT_AUDIO_S = 1.0  # a stream's expected audio before any stream finished
+
+
+@dataclass
+class Stream:
+    spec: RequestSpec
+    started_at: float
+    audio_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # run | queue | reject
+    retry_after_s: float = 0.0
+
+
+@dataclass
+class StreamAdmission:
+    capacity_model: StreamCapacity
+    ttfa_budget_s: float
+    max_streams: int = 0  # 0: no bound beyond the estimated capacity
+    warmup: int = 2  # streams admitted at once before any cost is measured
+    max_waiting: int = 1024
+    active: dict[str, Stream] = field(default_factory=dict)
+    waiting: deque[tuple[RequestSpec, float]] = field(default_factory=deque)
+    audio_per_token: float | None = None
+    mean_audio_s: float | None = None
+    ttfa_s: float = 0.0
+
+    # ---- the estimate -------------------------------------------------------------------------
+    def capacity(self) -> int:
+        """Streams admitted at once now: the model's estimate (``warmup`` while unknown), within ``max_streams``."""
+        estimate = self.capacity_model.capacity()
+        cap = self.warmup if estimate is None else estimate
+        return min(cap, self.max_streams) if self.max_streams > 0 else cap
+
+    def expected_audio_s(self, spec: RequestSpec) -> float:
+        max_tokens = spec.sampling.max_tokens
+        if self.audio_per_token is not None and max_tokens:
+            return max_tokens * self.audio_per_token
+        return self.mean_audio_s if self.mean_audio_s is not None else DEFAULT_AUDIO_S
+
+    def frees_in(self, now: float) -> list[float]:
+        """Seconds until each admitted stream ends, soonest first."""
+        pace = min(1.0, self.capacity_model.load(len(self.active))) if self.capacity_model.known else 1.0
+        left = [max(0.0, self.expected_audio_s(s.spec) - s.audio_s) * pace for s in self.active.values()]
+        return sorted(left)
+
+    def wait_s(self, now: float, ahead: int) -> float:
+        """Seconds until a stream with ``ahead`` streams queued before it can start (inf: never, by estimate)."""
+        over = len(self.active) + ahead - self.capacity() + 1  # streams that must end first
+        if over <= 0:
+            return 0.0
+        frees = self.frees_in(now)
+        return frees[over - 1] if over <= len(frees) else float("inf")
+
+    # ---- decisions ----------------------------------------------------------------------------
+    def decide(self, now: float) -> Decision:
+        """For a new stream: run now, queue (it can start within the TTFA budget), or reject."""
+        if len(self.active) < self.capacity() and not self.waiting:
+            return Decision("run")
+        wait = self.wait_s(now, len(self.waiting))
+        if wait + self.ttfa_s <= self.ttfa_budget_s and len(self.waiting) < self.max_waiting:
+            return Decision("queue")
+        return Decision("reject", self.retry_after(now))
+
+    def retry_after(self, now: float) -> float:
+        """When a new stream could be admitted: the time until the first slot frees for it (at least 0.1 s)."""
+        wait = self.wait_s(now, len(self.waiting))
+        if wait == float("inf"):
+            frees = self.frees_in(now)
+            wait = frees[-1] if frees else DEFAULT_AUDIO_S
+        return max(0.1, wait)
+
+    def enqueue(self, spec: RequestSpec, now: float) -> None:
+        self.waiting.append((spec, now))
+
+    def next_ready(self) -> tuple[RequestSpec, float] | None:
+        if self.waiting and len(self.active) < self.capacity():
+            return self.waiting.popleft()
+        return None
+
+    def expired(self, now: float) -> list[RequestSpec]:
+        """Waiting streams that can no longer start within the TTFA budget: removed, for a 429."""
+        late = [spec for spec, queued in self.waiting if now - queued + self.ttfa_s > self.ttfa_budget_s]
+        for spec in late:
+            self.remove(spec.id)
+        return late
+
+    def remove(self, request_id: str) -> bool:
+        for i, (spec, _) in enumerate(self.waiting):
+            if spec.id == request_id:
+                del self.waiting[i]
+                return True
+        return False
+
+    # ---- what happens to admitted streams ---------------------------------------------------
+    def start(self, spec: RequestSpec, now: float) -> None:
+        self.active[spec.id] = Stream(spec, now)
+
+    def produced(self, request_id: str, seconds: float) -> None:
+        stream = self.active.get(request_id)
+        if stream is not None:
+            stream.audio_s += seconds
+
+    def first_audio(self, seconds: float) -> None:
+        """An admitted stream's time from admission to its first output (learned TTFA)."""
+        self.ttfa_s = seconds if self.ttfa_s == 0.0 else (1 - EWMA) * self.ttfa_s + EWMA * seconds
+
+    def end(self, request_id: str, ran_to_length: bool) -> None:
+        """The stream finished (or failed, or was aborted): its slot frees; its length teaches the estimate."""
+        stream = self.active.pop(request_id, None)
+        if stream is None or stream.audio_s <= 0:
+            return
+        self.mean_audio_s = _ewma(self.mean_audio_s, stream.audio_s)
+        max_tokens = stream.spec.sampling.max_tokens
+        if ran_to_length and max_tokens:
+            self.audio_per_token = _ewma(self.audio_per_token, stream.audio_s / max_tokens)
+
+
+def _ewma(mean: float | None, sample: float) -> float:
+    return sample if mean is None else (1 - EWMA) * mean + EWMA * sample
