@@ -95,7 +95,7 @@ class StreamCapacity:
     def observe(self, rank: int, nodes: dict[str, dict[str, float]]) -> None:
         """A rank's report: cumulative ``{node: {"batches", "items", "busy_s"}}``. The differences since its
         previous report are one observation (a restarted worker counts from zero again: the baseline resets)."""
-        previous, audio_then = self._last.get(rank, ({}, self.audio_s))
+        previous, audio_then = self._last.get(rank, ({}, 0.0))  # both count from the start
         self._last[rank] = ({n: dict(v) for n, v in nodes.items()}, self.audio_s)
         audio = self.audio_s - audio_then
         for node, now in nodes.items():

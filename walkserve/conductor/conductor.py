@@ -223,7 +223,7 @@ class Conductor:
         run.queue_s = time.monotonic() - queued_at
         self.runs[spec.id] = run
         started_ns = time.time_ns() if self.timing is not None else 0
-        self.streams.started(spec, run.admitted_at)
+        self.streams.started(spec)
         messages, error = safe_advance(run, run.begin)
         if error is not None:
             self.finish(run, FinishReason.ERROR, error)

@@ -29,7 +29,6 @@ DEFAULT_AUDIO_S = 1.0  # a stream's expected audio before any stream finished
 @dataclass
 class Stream:
     spec: RequestSpec
-    started_at: float
     audio_s: float = 0.0
 
 
@@ -120,8 +119,8 @@ class StreamAdmission:
         return False
 
     # ---- what happens to admitted streams ---------------------------------------------------
-    def start(self, spec: RequestSpec, now: float) -> None:
-        self.active[spec.id] = Stream(spec, now)
+    def start(self, spec: RequestSpec) -> None:
+        self.active[spec.id] = Stream(spec)
 
     def produced(self, request_id: str, seconds: float) -> None:
         stream = self.active.get(request_id)

@@ -29,9 +29,9 @@ class StreamDesk:
     def decide(self, now: float) -> Decision:
         return self.admission.decide(now)
 
-    def started(self, spec: RequestSpec, now: float) -> None:
+    def started(self, spec: RequestSpec) -> None:
         if spec.realtime:
-            self.admission.start(spec, now)
+            self.admission.start(spec)
 
     def on_audio(self, spec: RequestSpec, samples: int, first: bool, since_start: float) -> None:
         """Audio of a request left for the client (any request: every audio second teaches the costs)."""

@@ -1,0 +1,172 @@
+"""The real-time capacity model and stream admission on fixed step costs and a virtual clock."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from walkserve.conductor.capacity import StreamCapacity
+from walkserve.conductor.stream_admission import StreamAdmission
+from walkserve.conductor.stream_desk import audio_samples
+from walkserve.core.request import RequestSpec
+from walkserve.core.sampling import SamplingParams
+from walkserve.protocol import messages as m
+
+# An Orpheus-like graph on two ranks: the LM on rank 0 (82 steps per second of audio, one token per step for
+# every stream of the batch), the codec on rank 1 (11.7 windows per second of audio).
+LM_PER_AUDIO_S, CODEC_PER_AUDIO_S = 82.0, 11.7
+
+
+def lm_step(b: float) -> float:
+    return 0.002 + 0.001 * b
+
+
+def codec_step(b: float) -> float:
+    return 0.005 + 0.002 * b
+
+
+class Ranks:
+    """Cumulative counters as two ranks report them, for b streams producing ``audio_s`` seconds each round."""
+
+    def __init__(self, model: StreamCapacity):
+        self.model = model
+        self.nodes = {0: {"lm": dict.fromkeys(("batches", "items", "busy_s"), 0.0)},
+                      1: {"codec": dict.fromkeys(("batches", "items", "busy_s"), 0.0)}}
+
+    def run(self, batch: int, audio_s: float) -> None:
+        for rank, node, per_s, step in ((0, "lm", LM_PER_AUDIO_S, lm_step), (1, "codec", CODEC_PER_AUDIO_S, codec_step)):
+            steps = per_s * audio_s  # every step advances each of the `batch` streams by one item
+            c = self.nodes[rank][node]
+            c["batches"] += steps
+            c["items"] += steps * batch
+            c["busy_s"] += steps * step(batch)
+        self.model.add_audio(audio_s * batch)
+        for rank in (0, 1):
+            self.model.observe(rank, {n: dict(v) for n, v in self.nodes[rank].items()})
+
+
+def expected_capacity(headroom: float, lm, codec) -> int:
+    b = 1
+    while max(LM_PER_AUDIO_S * lm(b + 1), CODEC_PER_AUDIO_S * codec(b + 1)) <= headroom:
+        b += 1
+    return b
+
+
+def test_capacity_is_the_largest_batch_every_rank_keeps_real_time():
+    model = StreamCapacity(headroom=0.8)
+    ranks = Ranks(model)
+    for b in (1, 4, 8, 2, 8):
+        ranks.run(b, audio_s=1.0)
+    # u_lm(b) = 82 * (0.002 + 0.001 b) <= 0.8 -> b <= 7.76: the LM's rank is the bottleneck
+    assert model.capacity() == expected_capacity(0.8, lm_step, codec_step) == 7
+    assert model.load(7) == pytest.approx(LM_PER_AUDIO_S * lm_step(7), rel=1e-6)
+    assert StreamCapacity(0.8).capacity() is None  # nothing measured yet
+
+
+def test_past_the_largest_batch_measured_no_more_batching_gain_is_assumed():
+    model = StreamCapacity(headroom=0.8)
+    ranks = Ranks(model)
+    for b in (1, 2, 4, 4):
+        ranks.run(b, audio_s=1.0)
+    # beyond b = 4 a step costs t(4) * b / 4: 82 * 0.006 * b / 4 <= 0.8 -> b <= 6.5
+    assert model.capacity() == 6 < 7
+
+
+def test_one_batch_size_seen_means_every_item_costs_the_same():
+    model = StreamCapacity(headroom=0.9)
+    ranks = Ranks(model)
+    for _ in range(3):
+        ranks.run(1, audio_s=0.5)
+    # proportional prior from b = 1: 82 * 0.003 * b <= 0.9 -> b <= 3.66
+    assert model.capacity() == 3
+
+
+def test_a_restarted_worker_starts_a_new_baseline():
+    model = StreamCapacity(headroom=0.8)
+    ranks = Ranks(model)
+    for b in (1, 4, 8):
+        ranks.run(b, audio_s=1.0)
+    before = model.capacity()
+    model.observe(0, {"lm": {"batches": 3.0, "items": 3.0, "busy_s": 0.01}})  # counters from zero again
+    assert model.capacity() == before
+
+
+def a_spec(i: int, max_tokens: int = 100) -> RequestSpec:
+    return RequestSpec({}, id=f"s{i}", sampling=SamplingParams(max_tokens=max_tokens), audio_rate=24000, realtime=True)
+
+
+def admission(budget: float = 0.0, max_streams: int = 2) -> StreamAdmission:
+    a = StreamAdmission(StreamCapacity(0.8), ttfa_budget_s=budget, max_streams=max_streams, warmup=2)
+    a.start(a_spec(0))  # one stream that ran to its length: 100 tokens made 2 s of audio
+    a.produced("s0", 2.0)
+    a.end("s0", ran_to_length=True)
+    return a
+
+
+def test_over_capacity_a_stream_is_rejected_with_the_time_until_one_ends():
+    a = admission()
+    assert a.capacity() == 2 and a.decide(0.0).action == "run"
+    a.start(a_spec(1))
+    a.start(a_spec(2))
+    a.produced("s1", 0.5)  # expected 2.0 s each: 1.5 s and 0.5 s left
+    a.produced("s2", 1.5)
+    decision = a.decide(1.0)
+    assert decision.action == "reject"
+    assert decision.retry_after_s == pytest.approx(0.5)  # real time while the costs are unknown
+    a.end("s2", ran_to_length=True)
+    assert a.decide(1.5).action == "run"
+
+
+def test_a_stream_waits_only_if_it_can_start_within_the_ttfa_budget():
+    a = admission(budget=1.0)
+    for i, done in ((1, 0.5), (2, 1.5)):
+        a.start(a_spec(i))
+        a.produced(f"s{i}", done)
+    assert a.decide(0.0).action == "queue"  # s2 ends in 0.5 s
+    a.enqueue(a_spec(3), 0.0)
+    later = a.decide(0.0)  # behind s3 it would need s1 to end too: 1.5 s > 1.0 s
+    assert later.action == "reject" and later.retry_after_s == pytest.approx(1.5)
+    assert a.next_ready() is None
+    a.end("s2", ran_to_length=False)
+    assert a.next_ready()[0].id == "s3"
+
+
+def test_a_waiting_stream_past_its_budget_expires():
+    a = admission(budget=1.0)
+    a.start(a_spec(1))
+    a.start(a_spec(2))
+    a.enqueue(a_spec(3), 10.0)
+    assert a.expired(10.9) == []
+    assert [s.id for s in a.expired(11.1)] == ["s3"] and not a.waiting
+
+
+def test_warmup_bounds_streams_until_costs_are_measured_and_max_streams_always():
+    a = StreamAdmission(StreamCapacity(0.8), ttfa_budget_s=0.0, warmup=3)
+    assert a.capacity() == 3
+    ranks = Ranks(a.capacity_model)
+    for b in (1, 4, 8):
+        ranks.run(b, audio_s=1.0)
+    assert a.capacity() == 7
+    assert StreamAdmission(a.capacity_model, 0.0, max_streams=5).capacity() == 5
+
+
+def test_remaining_time_runs_at_the_measured_pace_once_known():
+    a = admission(max_streams=1)
+    ranks = Ranks(a.capacity_model)
+    for b in (1, 4, 8):
+        ranks.run(b, audio_s=1.0)
+    a.start(a_spec(1))
+    a.produced("s1", 1.0)  # 1 s of 2 s left; one stream's audio second takes load(1) wall seconds
+    assert a.decide(0.0).retry_after_s == pytest.approx(1.0 * a.capacity_model.load(1))
+    assert a.capacity_model.load(1) < 1
+
+
+def test_audio_samples_per_request_of_a_client_outs():
+    stacked = m.ClientOuts("decode", "codec", "audio", "audio", ["a", "b"], [(), ()],
+                           stacked=m.TensorMsg("float32", (2, 1, 2048)))
+    assert audio_samples(stacked) == [2048, 2048]
+    one_by_one = m.ClientOuts("decode", "codec", "audio", "audio", ["a", "b"], [(), ()],
+                              values=[m.TensorMsg("float32", (4096,)), [0.0] * 5])
+    assert audio_samples(one_by_one) == [4096, 5]
+    assert math.isfinite(StreamAdmission(StreamCapacity(0.8), 1.0).retry_after(0.0))
