@@ -14,6 +14,11 @@ the 4,097 ids allowed per step), so every request asks for the same ``max_tokens
 Metrics, per request (times from submission): time to first audio (TTFA); RTF = finish time / audio
 duration; audio seconds per wall second over the round; streaming viability = share of chunks that
 arrive before the audio already delivered has finished playing (chunk k by TTFA + duration of 0..k-1).
+
+Then the offered-load sweep (``benchmarks/tts_load.py``): real-time streams arriving open-loop (Poisson
+levels and a burst) against ``--admission capacity`` and ``--admission count``, side by side; its SVG goes
+to ``--plot`` (default docs/streaming-capacity.svg). ``--only load`` runs just the sweep (with
+``--quick``: about 2 minutes), ``--only concurrency`` just the part above.
 """
 
 from __future__ import annotations
@@ -239,6 +244,65 @@ def run(setup: Setup, args) -> str:
     return report(setup, args, served, base_rows, traces, probe, (load0, os.getloadavg()[0]))
 
 
+def load_report(args, sweep, capacity: int, levels, load: tuple[float, float]) -> str:
+    from benchmarks.tts_plot import sweep_svg
+
+    by = {(lv.mode, lv.name): lv for lv in levels}
+    lines = [
+        f"## Real-time streams under offered load (`./dev bench tts --only load{' --quick' if args.quick else ''}`)", "",
+        f"- model: tiny Orpheus (LM preset {args.sweep_lm}, SNAC {args.sweep_snac}), random weights, placement "
+        f"{args.placement}, {args.threads} torch thread(s) per worker, CPU",
+        f"- streams: {sweep.frames} frames = {sweep.audio_s:.2f} s of audio each, realtime; Poisson levels over "
+        f"{sweep.seconds:g} s at offered concurrency load x capacity, then a burst; capacity = {capacity} streams "
+        f"(the capacity-mode server's estimate after warm-up, headroom 0.8), TTFA budget 1 s",
+        "- viable: no gap after a start-up buffer of min(TTFA, 1 s); goodput: audio seconds of viable streams per "
+        "wall second; TTFA of admitted streams; rejections: time to the 429 (AdmissionRejected)",
+        f"- machine: {conditions('cpu')}; load average {load[0]:.2f} before, {load[1]:.2f} after "
+        "(a shared machine: figures move with its load)", "",
+        table(["admission", "level", "streams", "admitted", "viable", "TTFA p50 ms", "TTFA p99 ms",
+               "viable audio s / wall s", "reject p99 ms"], [lv.row() for lv in levels]), "",
+    ]
+    for name in dict.fromkeys(lv.name for lv in levels):
+        cap, base = by.get(("capacity", name)), by.get(("count", name))
+        if cap and base:
+            lines.append(f"- {name}: viable {100 * cap.viability():.0f}% vs {100 * base.viability():.0f}%, goodput "
+                         f"{cap.goodput():.2f} vs {base.goodput():.2f} audio s / s (capacity vs count)")
+    if args.plot:
+        caption = f"tiny Orpheus, {args.placement}, capacity {capacity}; load average {load[0]:.1f}-{load[1]:.1f}"
+        Path(args.plot).write_text(sweep_svg(levels, caption))
+        lines.append(f"\nplot: {args.plot}")
+    return "\n".join(lines)
+
+
+def run_sweep(args) -> str:
+    import walkserve.models.builtin  # noqa: F401
+    from benchmarks.tts_load import FULL as SWEEP_FULL
+    from benchmarks.tts_load import QUICK as SWEEP_QUICK
+    from benchmarks.tts_load import sweep_modes
+    from walkserve.models.base import ModelRef
+    from walkserve.models.orpheus.tiny import write_tiny_orpheus
+    from walkserve.models.registry import load_model
+    from walkserve.placements import path as placement_path
+
+    sweep = SWEEP_QUICK if args.quick else SWEEP_FULL
+    load0 = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="walkserve-bench-tts-load-") as tmp:
+        model_dir = write_tiny_orpheus(Path(tmp) / "orpheus", lm=args.sweep_lm, snac=args.sweep_snac, seed=0)
+        processor = load_model(ModelRef("orpheus", str(model_dir))).processor()
+        reqs = Requests(processor, Setup(args.sweep_lm, args.sweep_snac, (1,), sweep.frames, 12, 1, 1), args.greedy)
+
+        def make(n: int, frames: int):
+            specs = reqs.make(n, 7 * frames)
+            for spec in specs:
+                spec.audio_rate, spec.realtime = 24000, True
+            return specs
+
+        print("load sweep: capacity, then count ...", flush=True)
+        capacity, levels = sweep_modes(model_dir, _placement(str(placement_path(args.placement)), "cpu"),
+                                       args.threads, make, sweep)
+    return load_report(args, sweep, capacity, levels, (load0, os.getloadavg()[0]))
+
+
 def _placement(path: str, device: str):
     """The shipped placement as given on the CPU; on a GPU, the same ranks all on ``device`` (one GPU)."""
     if device == "cpu":
@@ -267,7 +331,15 @@ def main(argv: list[str]) -> int:
                    "(on cuda the LM is the 'gpu' preset, head dim 64, in bfloat16)")
     p.add_argument("--cuda-graphs", action="store_true", help="the LM decodes through CUDA graphs (on cuda)")
     p.add_argument("--dtype", default=None, help="the LM's dtype (default: float32 on cpu, bfloat16 on cuda)")
+    p.add_argument("--only", choices=["concurrency", "load"], default=None,
+                   help="run only the concurrency comparison or only the offered-load sweep (default: both)")
+    p.add_argument("--sweep-lm", default="tiny", help="LM preset of the load sweep (default: tiny)")
+    p.add_argument("--sweep-snac", default="tiny", help="SNAC preset of the load sweep (default: tiny)")
+    p.add_argument("--plot", default="docs/streaming-capacity.svg", help="where the load sweep's SVG goes ('' = none)")
     args = p.parse_args(argv)
+    if args.only == "load":
+        print(run_sweep(args))
+        return 0
     args.dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     setup = QUICK if args.quick else FULL
     if args.device != "cpu" and not args.quick:
@@ -282,4 +354,7 @@ def main(argv: list[str]) -> int:
     if changes:
         setup = Setup(**{**setup.__dict__, **changes})
     print(run(setup, args))
+    if args.only is None and args.device == "cpu":
+        print()
+        print(run_sweep(args))
     return 0

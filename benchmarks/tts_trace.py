@@ -49,6 +49,19 @@ class StreamTrace:
         """Processing time over audio duration (below 1: faster than real time)."""
         return self.finished_s / self.audio_s if self.samples else float("nan")
 
+    def gap_free(self, buffer_max_s: float = 1.0) -> bool:
+        """The stream plays without an underrun: its listener starts at the first chunk after buffering
+        min(TTFA, ``buffer_max_s``), and every later chunk arrives before the audio before it ran out."""
+        if not self.chunks:
+            return False
+        start, played = self.chunks[0][0], 0.0
+        buffer = min(buffer_max_s, start)
+        for arrival, samples in self.chunks:
+            if arrival > start + buffer + played + 1e-9:
+                return False
+            played += samples / SAMPLE_RATE
+        return True
+
     def viable(self) -> tuple[int, int]:
         """(viable chunks, chunks)."""
         if not self.chunks:

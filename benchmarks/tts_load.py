@@ -1,0 +1,145 @@
+"""Offered-load sweep of real-time speech streams: admission by capacity against admission by count.
+
+Each mode runs its own server (AsyncEngine on the placement), warmed by the
+same streams. Then, per level, streams arrive open-loop: Poisson arrivals at
+``load x capacity / audio length`` streams per second for ``seconds`` (so the
+offered concurrency, were every stream served at real time, is ``load x
+capacity``), and one burst of ``burst x capacity`` streams at once. Capacity
+is what the capacity-mode server estimated after its warm-up; both modes get
+the same arrival schedules (seeded).
+
+Per level: fraction admitted, viability of the admitted streams (no gap after
+a start-up buffer of min(TTFA, 1 s), ``StreamTrace.gap_free``), TTFA p50/p99
+of the admitted, and goodput: audio seconds of viable streams per wall second
+(first arrival to last finish).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.common import pct
+from benchmarks.tts_trace import SAMPLE_RATE, StreamTrace
+
+
+@dataclass(frozen=True)
+class Sweep:
+    frames: int  # audio frames per stream (2048 samples = 85.3 ms each)
+    seconds: float  # arrival window of a Poisson level
+    loads: tuple[float, ...]  # offered concurrency, in multiples of the estimated capacity
+    burst: float  # a burst of this many x capacity streams at once
+
+    @property
+    def audio_s(self) -> float:
+        return self.frames * 2048 / SAMPLE_RATE
+
+
+QUICK = Sweep(frames=24, seconds=5.0, loads=(0.5, 1.0, 2.0, 4.0), burst=4.0)
+FULL = Sweep(frames=36, seconds=15.0, loads=(0.25, 0.5, 1.0, 2.0, 4.0), burst=4.0)
+
+
+@dataclass
+class Level:
+    mode: str
+    name: str  # "0.5x", ..., "burst 4x"
+    load: float
+    offered: int
+    traces: list[StreamTrace] = field(default_factory=list)
+    rejected_ms: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def admitted(self) -> float:
+        return len(self.traces) / self.offered if self.offered else float("nan")
+
+    def viable(self) -> list[StreamTrace]:
+        return [t for t in self.traces if t.gap_free()]
+
+    def viability(self) -> float:
+        return len(self.viable()) / len(self.traces) if self.traces else float("nan")
+
+    def goodput(self) -> float:
+        return sum(t.audio_s for t in self.viable()) / self.wall_s if self.wall_s else 0.0
+
+    def row(self) -> tuple:
+        ttfa = [t.ttfa_s * 1e3 for t in self.traces]
+        return (self.mode, self.name, self.offered, f"{100 * self.admitted():.0f}%", f"{100 * self.viability():.0f}%",
+                pct(ttfa, 0.5), pct(ttfa, 0.99), self.goodput(), pct(self.rejected_ms, 0.99))
+
+
+async def _stream(engine, spec, t0: float, level: Level) -> None:
+    from walkserve.core.errors import AdmissionRejected
+    from walkserve.core.outputs import RequestFinished
+
+    trace, sent = StreamTrace(spec.id), time.perf_counter()
+    try:
+        async for out in engine.generate(spec):
+            now = time.perf_counter() - sent
+            if isinstance(out, RequestFinished):
+                trace.finished_s, trace.reason = now, out.reason.value
+            elif out.modality == "audio":
+                trace.add(now, out.data.numel)
+    except AdmissionRejected:
+        level.rejected_ms.append((time.perf_counter() - sent) * 1e3)
+        return
+    level.traces.append(trace)
+    level.wall_s = max(level.wall_s, time.perf_counter() - t0)
+
+
+async def _level(engine, specs, arrivals: list[float], level: Level) -> Level:
+    t0 = time.perf_counter()
+
+    async def later(spec, at: float) -> None:
+        await asyncio.sleep(max(0.0, at - (time.perf_counter() - t0)))
+        await _stream(engine, spec, t0, level)
+
+    await asyncio.gather(*(later(s, at) for s, at in zip(specs, arrivals)))
+    return level
+
+
+def schedules(sweep: Sweep, capacity: int, seed: int = 0) -> list[tuple[str, float, list[float]]]:
+    """(name, load, arrival times) per level: Poisson levels, then the burst."""
+    rng, out = random.Random(seed), []
+    for load in sweep.loads:
+        rate = load * capacity / sweep.audio_s
+        times, t = [], rng.expovariate(rate)
+        while t < sweep.seconds:
+            times.append(t)
+            t += rng.expovariate(rate)
+        out.append((f"{load:g}x", load, times or [0.0]))
+    out.append((f"burst {sweep.burst:g}x", sweep.burst, [0.0] * max(1, round(sweep.burst * capacity))))
+    return out
+
+
+async def _mode(mode: str, model_dir: Path, placement, threads: int, make, sweep: Sweep,
+                capacity: int | None) -> tuple[int, list[Level]]:
+    from walkserve.core.config import RuntimeConfig
+    from walkserve.entrypoint.engine import AsyncEngine
+
+    config = RuntimeConfig(worker_threads=threads, status_interval_s=0.1, admission=mode)
+    engine = await AsyncEngine.start("orpheus", placement=placement, config=config, model_path=str(model_dir))
+    try:
+        for n in (1, 1, 2, 4):  # the same warm-up for both modes: the capacity model's first measurements
+            await _level(engine, make(n, 12), [0.0] * n, Level(mode, "warm-up", 0, n))
+        await engine.refresh_status()
+        if capacity is None:
+            capacity = int(engine.stats().streams.get("capacity", 1))
+        levels = []
+        for name, load, arrivals in schedules(sweep, capacity):
+            print(f"  {mode}: {name}, {len(arrivals)} streams ...", flush=True)
+            levels.append(await _level(engine, make(len(arrivals), sweep.frames), arrivals,
+                                       Level(mode, name, load, len(arrivals))))
+        return capacity, levels
+    finally:
+        await engine.shutdown(drain_s=0)
+
+
+def sweep_modes(model_dir: Path, placement, threads: int, make, sweep: Sweep) -> tuple[int, list[Level]]:
+    """Capacity mode first (its estimate sets the levels), then count mode on the same schedules.
+    ``make(n, frames)``: n fresh real-time speech specs of ``frames`` frames."""
+    capacity, levels = asyncio.run(_mode("capacity", model_dir, placement, threads, make, sweep, None))
+    _, baseline = asyncio.run(_mode("count", model_dir, placement, threads, make, sweep, capacity))
+    return capacity, levels + baseline
