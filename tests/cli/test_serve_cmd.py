@@ -276,3 +276,21 @@ def test_sigterm_while_starting_stops_everything(llama_dir, tmp_path):
             process.kill()
             process.wait()
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_stream_admission_flags_map_onto_the_configs():
+    args = build_parser().parse_args([
+        "serve", "--admission", "count", "--stream-headroom", "0.6", "--stream-ttfa-budget", "0.5",
+        "--max-streams", "3", "--stream-warmup", "2", "--stream-startup-buffer", "0.4",
+    ])
+    runtime = runtime_config(args)
+    assert (runtime.admission, runtime.stream_headroom, runtime.stream_ttfa_budget_s) == ("count", 0.6, 0.5)
+    assert (runtime.max_streams, runtime.stream_warmup) == (3, 2)
+    assert server_config(args).stream_startup_buffer_s == 0.4
+    default = runtime_config(build_parser().parse_args(["serve"]))
+    assert (default.admission, default.stream_headroom, default.max_streams) == ("capacity", 0.8, 0)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--admission", "fifo"])
+    for bad in (["--stream-headroom", "1.5"], ["--stream-warmup", "0"], ["--max-streams", "-1"]):
+        with pytest.raises(ConfigError):
+            runtime_config(build_parser().parse_args(["serve", *bad]))

@@ -28,7 +28,7 @@ import openai
 import pytest
 import torch
 
-from tests.api.real_server import in_thread_server
+from tests.api.real_server import in_thread_server, metric, metrics, wait_for
 from tests.models.qwen3_omni.conftest import hf_inputs, rgb, wave
 from tests.models.qwen3_omni.speech_oracle import IM_END, generate_codes, reference, text_prompt
 from tests.models.qwen3_omni.test_serving import decoded, png_url, wav_b64
@@ -136,6 +136,7 @@ def test_concurrent_spoken_answers_equal_generate(server, served_dir, text_refer
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300)
     audio = {"voice": "Chelsie", "max_frames": FRAMES}
     results: dict[str, object] = {}
+    before = metrics(server.url)
 
     def chat(name: str, stream: bool, fmt: str, modalities=("text", "audio")) -> None:
         kw = dict(modalities=list(modalities), audio={**audio, "format": fmt}) if "audio" in modalities else {}
@@ -175,6 +176,16 @@ def test_concurrent_spoken_answers_equal_generate(server, served_dir, text_refer
     assert "".join(a.get("transcript") or "" for a in deltas) == transcript
     assert_wave_equal(torch.cat([pcm16(a["data"]) for a in deltas if a.get("data")]), ref_wave, quantum=1 / 32768)
     assert results["text"].choices[0].message.content == transcript  # text out: only the thinker runs
+
+    # The streamed spoken answer was a real-time stream (admitted by capacity, played by the clock); the rest not.
+    route = "/v1/chat/completions"
+    after = metrics(server.url)
+    assert metric(after, "walkserve_audio_streams_admitted_total", route=route) - metric(
+        before, "walkserve_audio_streams_admitted_total", route=route) == 1
+    assert metric(after, "walkserve_audio_streams_ended_total", route=route) - metric(
+        before, "walkserve_audio_streams_ended_total", route=route) == 1
+    assert metric(after, "walkserve_audio_streams_active", route=route) == 0
+    assert wait_for(lambda: metric(metrics(server.url), "walkserve_streams_admitted_total") >= 1, 10)
 
 
 @pytest.mark.parametrize(("body", "param", "needle"), [
