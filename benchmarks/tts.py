@@ -256,11 +256,12 @@ def load_report(args, sweep, capacity: int, levels, load: tuple[float, float]) -
         f"{sweep.seconds:g} s at offered concurrency load x capacity, then a burst; capacity = {capacity} streams "
         f"(the capacity-mode server's estimate after warm-up, headroom 0.8), TTFA budget 1 s",
         "- viable: no gap after a start-up buffer of min(TTFA, 1 s); goodput: audio seconds of viable streams per "
-        "wall second; TTFA of admitted streams; rejections: time to the 429 (AdmissionRejected)",
+        "wall second; TTFA of admitted streams; 429: time to the rejection (AdmissionRejected; a stream that waited "
+        "within its TTFA budget and could not start is rejected when the budget ends)",
         f"- machine: {conditions('cpu')}; load average {load[0]:.2f} before, {load[1]:.2f} after "
         "(a shared machine: figures move with its load)", "",
         table(["admission", "level", "streams", "admitted", "viable", "TTFA p50 ms", "TTFA p99 ms",
-               "viable audio s / wall s", "reject p99 ms"], [lv.row() for lv in levels]), "",
+               "viable audio s / wall s", "429 p50 ms", "429 p99 ms"], [lv.row() for lv in levels]), "",
     ]
     for name in dict.fromkeys(lv.name for lv in levels):
         cap, base = by.get(("capacity", name)), by.get(("count", name))

@@ -67,7 +67,7 @@ class Level:
     def row(self) -> tuple:
         ttfa = [t.ttfa_s * 1e3 for t in self.traces]
         return (self.mode, self.name, self.offered, f"{100 * self.admitted():.0f}%", f"{100 * self.viability():.0f}%",
-                pct(ttfa, 0.5), pct(ttfa, 0.99), self.goodput(), pct(self.rejected_ms, 0.99))
+                pct(ttfa, 0.5), pct(ttfa, 0.99), self.goodput(), pct(self.rejected_ms, 0.5), pct(self.rejected_ms, 0.99))
 
 
 async def _stream(engine, spec, t0: float, level: Level) -> None:

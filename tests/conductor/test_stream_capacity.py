@@ -92,6 +92,15 @@ def test_a_restarted_worker_starts_a_new_baseline():
     assert model.capacity() == before
 
 
+def test_a_node_that_ran_only_while_no_audio_was_made_costs_streams_nothing():
+    model = StreamCapacity(headroom=0.8)
+    model.observe(2, {"vision": {"batches": 10.0, "items": 10.0, "busy_s": 5.0}})  # an encoder, text requests only
+    ranks = Ranks(model)
+    for b in (1, 4, 8):
+        ranks.run(b, audio_s=1.0)
+    assert model.capacity() == 7 and model.load(7) == pytest.approx(LM_PER_AUDIO_S * lm_step(7), rel=1e-6)
+
+
 def a_spec(i: int, max_tokens: int = 100) -> RequestSpec:
     return RequestSpec({}, id=f"s{i}", sampling=SamplingParams(max_tokens=max_tokens), audio_rate=24000, realtime=True)
 

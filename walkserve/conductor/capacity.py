@@ -76,8 +76,9 @@ class NodeCost:
     audio_s: float = 0.0
 
     def busy(self, batch: int) -> float:
-        """Seconds of this rank's time per wall second that ``batch`` real-time streams need from this node."""
-        return self.items / self.audio_s * self.fit.step_s(batch)
+        """Seconds of this rank's time per wall second that ``batch`` real-time streams need from this node
+        (none from a node that has only run while no audio was made: it serves other requests)."""
+        return self.items / self.audio_s * self.fit.step_s(batch) if self.audio_s > 0 else 0.0
 
 
 class StreamCapacity:
@@ -111,8 +112,8 @@ class StreamCapacity:
 
     @property
     def known(self) -> bool:
-        """True once some audio was produced and every measured node has a cost per audio second."""
-        return bool(self.costs) and self.audio_s >= MIN_AUDIO_S and all(c.audio_s > 0 for c in self.costs.values())
+        """True once some audio was produced and a measured node has a cost per audio second."""
+        return self.audio_s >= MIN_AUDIO_S and any(c.audio_s > 0 for c in self.costs.values())
 
     def load(self, streams: int) -> float:
         """The busiest rank's time per wall second that ``streams`` real-time streams need (u_max(b))."""
