@@ -18,7 +18,8 @@ arrive before the audio already delivered has finished playing (chunk k by TTFA 
 Then the offered-load sweep (``benchmarks/tts_load.py``): real-time streams arriving open-loop (Poisson
 levels and a burst) against ``--admission capacity`` and ``--admission count``, side by side; its SVG goes
 to ``--plot`` (default docs/streaming-capacity.svg). ``--only load`` runs just the sweep (with
-``--quick``: about 2 minutes), ``--only concurrency`` just the part above.
+``--quick``: about 2 minutes), ``--only concurrency`` just the part above; ``--quick`` alone is the
+smoke run of the part above only.
 """
 
 from __future__ import annotations
@@ -355,7 +356,7 @@ def main(argv: list[str]) -> int:
     if changes:
         setup = Setup(**{**setup.__dict__, **changes})
     print(run(setup, args))
-    if args.only is None and args.device == "cpu":
+    if args.only is None and args.device == "cpu" and not args.quick:  # --quick: a smoke run of the part above
         print()
         print(run_sweep(args))
     return 0
