@@ -169,6 +169,8 @@ def test_remaining_time_runs_at_the_measured_pace_once_known():
     a.produced("s1", 1.0)  # 1 s of 2 s left; one stream's audio second takes load(1) wall seconds
     assert a.decide(0.0).retry_after_s == pytest.approx(1.0 * a.capacity_model.load(1))
     assert a.capacity_model.load(1) < 1
+    a.paced = True  # the ranks hold a stream far ahead of playback back: it ends at about real time
+    assert a.decide(0.0).retry_after_s == pytest.approx(1.0)
 
 
 def test_audio_samples_per_request_of_a_client_outs():

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from walkserve.api.graph_metrics import graph_families
+from walkserve.api.stream_metrics import stream_families
 from walkserve.entrypoint.interface import EngineClient
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -46,7 +47,7 @@ class EngineStatsCollector:
         yield from self._nodes(stats.nodes)
         yield from self._engines(stats.engines)
         yield from graph_families(stats)
-        yield from stream_families(stats.streams)
+        yield from stream_families(stats)
 
     def _nodes(self, nodes: dict[str, dict[str, float]]) -> Iterator[Metric]:
         size = GaugeMetricFamily("walkserve_node_batch_size_mean", "Mean items per batch.", labels=["node"])
@@ -65,25 +66,6 @@ class EngineStatsCollector:
             for name, value in sorted(values.items()):
                 gauge.add_metric([engine, name], float(value))
         yield gauge
-
-
-STREAM_GAUGES = (
-    ("running", "walkserve_streams_running", "Real-time streams the runtime is running."),
-    ("waiting", "walkserve_streams_waiting", "Real-time streams waiting to start within their TTFA budget."),
-    ("capacity", "walkserve_stream_capacity", "Streams the runtime admits at once now (estimated real-time capacity)."),
-    ("capacity_measured", "walkserve_stream_capacity_measured", "1 once the capacity comes from measured step costs, 0 in warm-up."),
-    ("load", "walkserve_stream_load", "Busiest rank's share of time the running streams need (estimate)."),
-)
-
-
-def stream_families(streams: dict[str, float]) -> Iterator[Metric]:
-    """The runtime's real-time stream admission (docs/streaming-capacity.md)."""
-    for key, name, doc in STREAM_GAUGES:
-        yield GaugeMetricFamily(name, doc, value=streams.get(key, 0.0))
-    yield CounterMetricFamily("walkserve_streams_admitted", "Real-time streams the runtime admitted.",
-                              value=streams.get("admitted", 0.0))
-    yield CounterMetricFamily("walkserve_streams_rejected_capacity", "Real-time streams rejected: over capacity.",
-                              value=streams.get("rejected_capacity", 0.0))
 
 
 class ApiMetrics:

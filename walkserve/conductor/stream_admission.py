@@ -11,7 +11,8 @@ Remaining time of an admitted stream: its expected audio (``max_tokens`` x
 the audio seconds per token learned from streams that ran to their length,
 else the mean audio of finished streams) minus what it produced, times the
 wall seconds one audio second takes at the current load (``load(b)`` of the
-capacity model, at most 1: admitted streams keep ahead of real time).
+capacity model, at most 1: admitted streams keep ahead of real time; exactly 1
+when the ranks pace streams, deadline scheduling's default).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class StreamAdmission:
     max_streams: int = 0  # 0: no bound beyond the estimated capacity
     warmup: int = 2  # streams admitted at once before any cost is measured
     max_waiting: int = 1024
+    paced: bool = False  # the ranks hold streams far ahead of playback back: they end at about real time
     active: dict[str, Stream] = field(default_factory=dict)
     waiting: deque[tuple[RequestSpec, float]] = field(default_factory=deque)
     audio_per_token: float | None = None
@@ -66,7 +68,8 @@ class StreamAdmission:
 
     def frees_in(self, now: float) -> list[float]:
         """Seconds until each admitted stream ends, soonest first."""
-        pace = min(1.0, self.capacity_model.load(len(self.active))) if self.capacity_model.known else 1.0
+        known = self.capacity_model.known and not self.paced
+        pace = min(1.0, self.capacity_model.load(len(self.active))) if known else 1.0
         left = [max(0.0, self.expected_audio_s(s.spec) - s.audio_s) * pace for s in self.active.values()]
         return sorted(left)
 

@@ -23,7 +23,7 @@ class StreamDesk:
         self.by_capacity = config.admission == "capacity"
         self.model = StreamCapacity(config.stream_headroom)
         self.admission = StreamAdmission(self.model, config.stream_ttfa_budget_s, config.max_streams,
-                                         config.stream_warmup, config.max_waiting)
+                                         config.stream_warmup, config.max_waiting, config.stream_scheduling.by_deadline)
         self._asked = 0.0
 
     def decide(self, now: float) -> Decision:

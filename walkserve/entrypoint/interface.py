@@ -51,6 +51,10 @@ class RuntimeStats:
     # real-time streams in the runtime: running, waiting, capacity, capacity_measured, load, and the counters
     # admitted / rejected_capacity (docs/streaming-capacity.md)
     streams: dict[str, float] = field(default_factory=dict)
+    # per (node, rank): members dispatched per slack bucket (RankStats.slack, edges SLACK_EDGES_S); per rank: its
+    # deadline scheduler's counters (held_paced, held_capacity, gaps) and gap_s
+    slack: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    rank_streams: dict[int, dict[str, float]] = field(default_factory=dict)
 
 
 class EngineClient(ABC):

@@ -23,6 +23,9 @@ def _per_rank(stats: RuntimeStats, rank: int, w: RankStats) -> None:
     stats.rank_gauges[rank] = {k: float(getattr(w, k)) for k in RANK_GAUGES}
     for peer, sent in w.sent_to.items():
         stats.transfers[(rank, peer)] = _numbers(sent)
+    for node, counts in w.slack.items():
+        stats.slack[(node, rank)] = list(counts)
+    stats.rank_streams[rank] = {**_numbers(w.scheduling), "gap_s": w.gap_s}
 
 
 def runtime_stats(snapshot: RuntimeSnapshot) -> RuntimeStats:
