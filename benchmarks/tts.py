@@ -256,19 +256,22 @@ def load_report(args, sweep, capacity: int, levels, load: tuple[float, float]) -
         f"- streams: {sweep.frames} frames = {sweep.audio_s:.2f} s of audio each, realtime; Poisson levels over "
         f"{sweep.seconds:g} s at offered concurrency load x capacity, then a burst; capacity = {capacity} streams "
         f"(the capacity-mode server's estimate after warm-up, headroom 0.8), TTFA budget 1 s",
+        "- modes: capacity+deadline = `--admission capacity --stream-scheduling deadline` (the defaults); count+fifo = "
+        "`--admission count --stream-scheduling fifo` (the baseline: both off, as before)"
+        + ("" if args.quick else "; count+deadline = deadline scheduling alone"),
         "- viable: no gap after a start-up buffer of min(TTFA, 1 s); goodput: audio seconds of viable streams per "
         "wall second; TTFA of admitted streams; 429: time to the rejection (AdmissionRejected; a stream that waited "
         "within its TTFA budget and could not start is rejected when the budget ends)",
         f"- machine: {conditions('cpu')}; load average {load[0]:.2f} before, {load[1]:.2f} after "
         "(a shared machine: figures move with its load)", "",
-        table(["admission", "level", "streams", "admitted", "viable", "TTFA p50 ms", "TTFA p99 ms",
+        table(["admission+scheduling", "level", "streams", "admitted", "viable", "TTFA p50 ms", "TTFA p99 ms",
                "viable audio s / wall s", "429 p50 ms", "429 p99 ms"], [lv.row() for lv in levels]), "",
     ]
     for name in dict.fromkeys(lv.name for lv in levels):
-        cap, base = by.get(("capacity", name)), by.get(("count", name))
+        cap, base = by.get(("capacity+deadline", name)), by.get(("count+fifo", name))
         if cap and base:
             lines.append(f"- {name}: viable {100 * cap.viability():.0f}% vs {100 * base.viability():.0f}%, goodput "
-                         f"{cap.goodput():.2f} vs {base.goodput():.2f} audio s / s (capacity vs count)")
+                         f"{cap.goodput():.2f} vs {base.goodput():.2f} audio s / s (capacity+deadline vs count+fifo)")
     if args.plot:
         caption = f"tiny Orpheus, {args.placement}, capacity {capacity}; load average {load[0]:.1f}-{load[1]:.1f}"
         Path(args.plot).write_text(sweep_svg(levels, caption))
@@ -278,9 +281,9 @@ def load_report(args, sweep, capacity: int, levels, load: tuple[float, float]) -
 
 def run_sweep(args) -> str:
     import walkserve.models.builtin  # noqa: F401
+    from benchmarks.tts_load import BASELINE, DEADLINE_ONLY, NEW, sweep_modes
     from benchmarks.tts_load import FULL as SWEEP_FULL
     from benchmarks.tts_load import QUICK as SWEEP_QUICK
-    from benchmarks.tts_load import sweep_modes
     from walkserve.models.base import ModelRef
     from walkserve.models.orpheus.tiny import write_tiny_orpheus
     from walkserve.models.registry import load_model
@@ -299,9 +302,10 @@ def run_sweep(args) -> str:
                 spec.audio_rate, spec.realtime = 24000, True
             return specs
 
-        print("load sweep: capacity, then count ...", flush=True)
+        print("load sweep: capacity+deadline, then the baselines ...", flush=True)
+        modes = (NEW, BASELINE) if args.quick else (NEW, BASELINE, DEADLINE_ONLY)
         capacity, levels = sweep_modes(model_dir, _placement(str(placement_path(args.placement)), "cpu"),
-                                       args.threads, make, sweep)
+                                       args.threads, make, sweep, modes)
     return load_report(args, sweep, capacity, levels, (load0, os.getloadavg()[0]))
 
 

@@ -1,5 +1,8 @@
 """Offered-load sweep of real-time speech streams: admission by capacity against admission by count.
 
+Modes: ``capacity+deadline`` (the default: ``--admission capacity``,
+``--stream-scheduling deadline``), the baseline ``count+fifo`` (both off: as
+before), and outside --quick ``count+deadline`` (deadline scheduling alone).
 Each mode runs its own server (AsyncEngine on the placement), warmed by the
 same streams. Then, per level, streams arrive open-loop: Poisson arrivals at
 ``load x capacity / audio length`` streams per second for ``seconds`` (so the
@@ -39,7 +42,8 @@ class Sweep:
 
 
 QUICK = Sweep(frames=24, seconds=5.0, loads=(0.5, 1.0, 2.0, 4.0), burst=4.0)
-FULL = Sweep(frames=36, seconds=15.0, loads=(0.25, 0.5, 1.0, 2.0, 4.0), burst=4.0)
+FULL = Sweep(frames=36, seconds=12.0, loads=(0.25, 0.5, 1.0, 2.0, 4.0), burst=4.0)
+NEW, BASELINE, DEADLINE_ONLY = "capacity+deadline", "count+fifo", "count+deadline"
 
 
 @dataclass
@@ -117,9 +121,12 @@ def schedules(sweep: Sweep, capacity: int, seed: int = 0) -> list[tuple[str, flo
 async def _mode(mode: str, model_dir: Path, placement, threads: int, make, sweep: Sweep,
                 capacity: int | None) -> tuple[int, list[Level]]:
     from walkserve.core.config import RuntimeConfig
+    from walkserve.core.scheduling import StreamScheduling
     from walkserve.entrypoint.engine import AsyncEngine
 
-    config = RuntimeConfig(worker_threads=threads, status_interval_s=0.1, admission=mode)
+    admission, scheduling = mode.split("+")
+    config = RuntimeConfig(worker_threads=threads, status_interval_s=0.1, admission=admission,
+                           stream_scheduling=StreamScheduling(scheduling))
     engine = await AsyncEngine.start("orpheus", placement=placement, config=config, model_path=str(model_dir))
     try:
         for n in (1, 1, 2, 4):  # the same warm-up for both modes: the capacity model's first measurements
@@ -137,9 +144,11 @@ async def _mode(mode: str, model_dir: Path, placement, threads: int, make, sweep
         await engine.shutdown(drain_s=0)
 
 
-def sweep_modes(model_dir: Path, placement, threads: int, make, sweep: Sweep) -> tuple[int, list[Level]]:
-    """Capacity mode first (its estimate sets the levels), then count mode on the same schedules.
-    ``make(n, frames)``: n fresh real-time speech specs of ``frames`` frames."""
-    capacity, levels = asyncio.run(_mode("capacity", model_dir, placement, threads, make, sweep, None))
-    _, baseline = asyncio.run(_mode("count", model_dir, placement, threads, make, sweep, capacity))
-    return capacity, levels + baseline
+def sweep_modes(model_dir: Path, placement, threads: int, make, sweep: Sweep,
+                modes: tuple[str, ...] = (NEW, BASELINE)) -> tuple[int, list[Level]]:
+    """The first mode (capacity admission: its estimate sets the levels), then the others on the same
+    schedules. ``make(n, frames)``: n fresh real-time speech specs of ``frames`` frames."""
+    capacity, levels = asyncio.run(_mode(modes[0], model_dir, placement, threads, make, sweep, None))
+    for mode in modes[1:]:
+        levels += asyncio.run(_mode(mode, model_dir, placement, threads, make, sweep, capacity))[1]
+    return capacity, levels

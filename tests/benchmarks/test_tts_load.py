@@ -36,7 +36,7 @@ def test_gap_free_allows_the_start_up_buffer_and_nothing_more():
 
 def test_the_svg_has_both_modes_and_every_level():
     levels = []
-    for mode, viable in (("capacity", True), ("count", False)):
+    for mode, viable in (("capacity+deadline", True), ("count+fifo", False)):
         for name in ("1x", "burst 4x"):
             lv = Level(mode, name, 1.0, 2, wall_s=1.0)
             chunks = [(0.1, FRAME), (0.15, FRAME)] if viable else [(0.1, FRAME), (5.0, FRAME)]
@@ -45,7 +45,7 @@ def test_the_svg_has_both_modes_and_every_level():
     svg = sweep_svg(levels, "caption <here>")
     root = ET.fromstring(svg)
     texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
-    assert "--admission capacity" in texts and "--admission count" in texts and "caption <here>" in texts
+    assert "capacity+deadline" in texts and "count+fifo" in texts and "caption <here>" in texts
     assert texts.count("burst 4x") == 2  # one axis label per panel
     assert len(list(root.iter("{http://www.w3.org/2000/svg}polyline"))) == 4  # 2 panels x 2 modes
     assert levels[0].viability() == 1.0 and levels[2].viability() == 0.0
