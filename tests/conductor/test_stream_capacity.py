@@ -141,6 +141,15 @@ def test_a_stream_waits_only_if_it_can_start_within_the_ttfa_budget():
     assert a.next_ready()[0].id == "s3"
 
 
+def test_a_stream_with_no_audio_yet_has_its_time_to_first_audio_ahead_too():
+    a = admission(max_streams=1)
+    a.first_audio(0.3)
+    a.start(a_spec(1))
+    assert a.decide(0.0).retry_after_s == pytest.approx(2.0 + 0.3)
+    a.produced("s1", 0.5)
+    assert a.decide(0.0).retry_after_s == pytest.approx(1.5)
+
+
 def test_a_waiting_stream_past_its_budget_expires():
     a = admission(budget=1.0)
     a.start(a_spec(1))

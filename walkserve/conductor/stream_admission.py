@@ -70,7 +70,8 @@ class StreamAdmission:
         """Seconds until each admitted stream ends, soonest first."""
         known = self.capacity_model.known and not self.paced
         pace = min(1.0, self.capacity_model.load(len(self.active))) if known else 1.0
-        left = [max(0.0, self.expected_audio_s(s.spec) - s.audio_s) * pace for s in self.active.values()]
+        left = [max(0.0, self.expected_audio_s(s.spec) - s.audio_s) * pace + (0.0 if s.audio_s else self.ttfa_s)
+                for s in self.active.values()]  # a stream with no audio yet has its time to first audio ahead too
         return sorted(left)
 
     def wait_s(self, now: float, ahead: int) -> float:
