@@ -2,7 +2,7 @@
 
 Modes: ``capacity+deadline`` (the default: ``--admission capacity``,
 ``--stream-scheduling deadline``), the baseline ``count+fifo`` (both off: as
-before), and outside --quick ``count+deadline`` (deadline scheduling alone).
+before), and with ``--sweep-deadline-only`` ``count+deadline`` (deadline scheduling alone).
 Each mode runs its own server (AsyncEngine on the placement), warmed by the
 same streams. Then, per level, streams arrive open-loop: Poisson arrivals at
 ``load x capacity / audio length`` streams per second for ``seconds`` (so the
@@ -42,7 +42,7 @@ class Sweep:
 
 
 QUICK = Sweep(frames=24, seconds=5.0, loads=(0.5, 1.0, 2.0, 4.0), burst=4.0)
-FULL = Sweep(frames=36, seconds=12.0, loads=(0.25, 0.5, 1.0, 2.0, 4.0), burst=4.0)
+FULL = Sweep(frames=36, seconds=10.0, loads=(0.25, 0.5, 1.0, 2.0, 4.0), burst=4.0)
 NEW, BASELINE, DEADLINE_ONLY = "capacity+deadline", "count+fifo", "count+deadline"
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from walkserve.conductor.capacity import StreamCapacity
-from walkserve.conductor.stream_admission import StreamAdmission
+from walkserve.conductor.stream_admission import RECOVER_S, StreamAdmission
 from walkserve.conductor.stream_desk import audio_samples
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
@@ -107,8 +107,8 @@ def a_spec(i: int, max_tokens: int = 100) -> RequestSpec:
 
 def admission(budget: float = 0.0, max_streams: int = 2) -> StreamAdmission:
     a = StreamAdmission(StreamCapacity(0.8), ttfa_budget_s=budget, max_streams=max_streams, warmup=2)
-    a.start(a_spec(0))  # one stream that ran to its length: 100 tokens made 2 s of audio
-    a.produced("s0", 2.0)
+    a.start(a_spec(0), 0.0)  # one stream that ran to its length: 100 tokens made 2 s of audio
+    a.produced("s0", 2.0, 0.0)
     a.end("s0", ran_to_length=True)
     return a
 
@@ -116,10 +116,10 @@ def admission(budget: float = 0.0, max_streams: int = 2) -> StreamAdmission:
 def test_over_capacity_a_stream_is_rejected_with_the_time_until_one_ends():
     a = admission()
     assert a.capacity() == 2 and a.decide(0.0).action == "run"
-    a.start(a_spec(1))
-    a.start(a_spec(2))
-    a.produced("s1", 0.5)  # expected 2.0 s each: 1.5 s and 0.5 s left
-    a.produced("s2", 1.5)
+    a.start(a_spec(1), 0.0)
+    a.start(a_spec(2), 0.0)
+    a.produced("s1", 0.5, 0.0)  # expected 2.0 s each: 1.5 s and 0.5 s left
+    a.produced("s2", 1.5, 0.0)
     decision = a.decide(1.0)
     assert decision.action == "reject"
     assert decision.retry_after_s == pytest.approx(0.5)  # real time while the costs are unknown
@@ -130,8 +130,8 @@ def test_over_capacity_a_stream_is_rejected_with_the_time_until_one_ends():
 def test_a_stream_waits_only_if_it_can_start_within_the_ttfa_budget():
     a = admission(budget=1.0)
     for i, done in ((1, 0.5), (2, 1.5)):
-        a.start(a_spec(i))
-        a.produced(f"s{i}", done)
+        a.start(a_spec(i), 0.0)
+        a.produced(f"s{i}", done, 0.0)
     assert a.decide(0.0).action == "queue"  # s2 ends in 0.5 s
     a.enqueue(a_spec(3), 0.0)
     later = a.decide(0.0)  # behind s3 it would need s1 to end too: 1.5 s > 1.0 s
@@ -144,16 +144,16 @@ def test_a_stream_waits_only_if_it_can_start_within_the_ttfa_budget():
 def test_a_stream_with_no_audio_yet_has_its_time_to_first_audio_ahead_too():
     a = admission(max_streams=1)
     a.first_audio(0.3)
-    a.start(a_spec(1))
+    a.start(a_spec(1), 0.0)
     assert a.decide(0.0).retry_after_s == pytest.approx(2.0 + 0.3)
-    a.produced("s1", 0.5)
+    a.produced("s1", 0.5, 0.0)
     assert a.decide(0.0).retry_after_s == pytest.approx(1.5)
 
 
 def test_a_waiting_stream_past_its_budget_expires():
     a = admission(budget=1.0)
-    a.start(a_spec(1))
-    a.start(a_spec(2))
+    a.start(a_spec(1), 0.0)
+    a.start(a_spec(2), 0.0)
     a.enqueue(a_spec(3), 10.0)
     assert a.expired(10.9) == []
     assert [s.id for s in a.expired(11.1)] == ["s3"] and not a.waiting
@@ -174,8 +174,8 @@ def test_remaining_time_runs_at_the_measured_pace_once_known():
     ranks = Ranks(a.capacity_model)
     for b in (1, 4, 8):
         ranks.run(b, audio_s=1.0)
-    a.start(a_spec(1))
-    a.produced("s1", 1.0)  # 1 s of 2 s left; one stream's audio second takes load(1) wall seconds
+    a.start(a_spec(1), 0.0)
+    a.produced("s1", 1.0, 0.0)  # 1 s of 2 s left; one stream's audio second takes load(1) wall seconds
     assert a.decide(0.0).retry_after_s == pytest.approx(1.0 * a.capacity_model.load(1))
     assert a.capacity_model.load(1) < 1
     a.paced = True  # the ranks hold a stream far ahead of playback back: it ends at about real time
@@ -190,3 +190,24 @@ def test_audio_samples_per_request_of_a_client_outs():
                               values=[m.TensorMsg("float32", (4096,)), [0.0] * 5])
     assert audio_samples(one_by_one) == [4096, 5]
     assert math.isfinite(StreamAdmission(StreamCapacity(0.8), 1.0).retry_after(0.0))
+
+
+def test_a_stream_out_of_audio_caps_admission_until_calm_returns():
+    a = StreamAdmission(StreamCapacity(0.8), ttfa_budget_s=0.0, warmup=4)
+    for i in range(3):
+        a.start(a_spec(i), 0.0)
+        a.produced(f"s{i}", 1.0, 0.5)  # first audio at 0.5 s: a 0.5 s buffer, 1 s of audio: due at 2.0 s
+    a.tick(1.9)
+    assert a.capacity() == 4 and a.ceiling is None
+    a.produced("s0", 1.0, 1.9)
+    a.tick(2.1)  # s1 and s2 ran out
+    assert a.capacity() == 2 and a.decide(2.1).action != "run"
+    a.end("s1", ran_to_length=False)
+    a.end("s2", ran_to_length=False)
+    a.produced("s0", 5.0, 2.2)  # s0 is well ahead again (due at 8.0 s)
+    a.tick(2.2)  # calm again: the cap holds for RECOVER_S, then rises one stream at a time
+    assert a.capacity() == 2
+    a.tick(2.2 + RECOVER_S)
+    assert a.capacity() == 3
+    a.tick(2.3 + 2 * RECOVER_S)
+    assert a.capacity() == 4 and a.ceiling is None  # back at the estimate: lifted

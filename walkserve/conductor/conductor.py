@@ -223,7 +223,7 @@ class Conductor:
         run.queue_s = time.monotonic() - queued_at
         self.runs[spec.id] = run
         started_ns = time.time_ns() if self.timing is not None else 0
-        self.streams.started(spec)
+        self.streams.started(spec, run.admitted_at)
         messages, error = safe_advance(run, run.begin)
         if error is not None:
             self.finish(run, FinishReason.ERROR, error)
@@ -265,7 +265,7 @@ class Conductor:
             if run is not None:
                 first = not run.audio_seen
                 run.audio_seen = True
-                self.streams.on_audio(run.spec, samples, first, now - run.admitted_at)
+                self.streams.on_audio(run.spec, samples, first, now, now - run.admitted_at - run.queue_s)
 
     def on_walk_out(self, msg: m.WalkOut) -> None:
         run = self.runs.get(msg.request_id)
@@ -339,6 +339,7 @@ class Conductor:
     def admit(self) -> None:
         if self.state not in ("ready",):
             return
+        self.streams.admission.tick(time.monotonic())
         while (item := self.admission.next_ready(len(self.runs))) is not None:
             self.start_request(*item)
         for spec in self.streams.admission.expired(time.monotonic()):

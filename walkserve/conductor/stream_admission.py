@@ -7,6 +7,14 @@ to start within the time-to-first-audio budget; else it is rejected at once
 with ``Retry-After`` = the estimated time until a slot frees. Times are
 passed in (``now``), so the decisions test on a virtual clock.
 
+The model can be wrong (a machine whose other jobs took its cores, a step
+cost not measured yet), so what happened corrects it: the conductor keeps each
+admitted stream's playback clock from the audio it forwards (as the client's:
+from the first audio, after a start-up buffer of min(TTFA, 1 s)). While a
+stream has run out of audio, admission is capped at one stream fewer than
+run now; the cap rises by one per ``RECOVER_S`` without a stream running
+out, and is lifted when it reaches the model's estimate.
+
 Remaining time of an admitted stream: its expected audio (``max_tokens`` x
 the audio seconds per token learned from streams that ran to their length,
 else the mean audio of finished streams) minus what it produced, times the
@@ -25,12 +33,22 @@ from walkserve.core.request import RequestSpec
 
 EWMA = 0.2  # weight of the newest sample in the running means (audio per token, TTFA)
 DEFAULT_AUDIO_S = 1.0  # a stream's expected audio before any stream finished
+BUFFER_MAX_S = 1.0  # a listener's start-up buffer: min(TTFA, this)
+RECOVER_S = 2.0  # after a stream ran out of audio, the cap rises by one stream per this many calm seconds
 
 
 @dataclass
 class Stream:
     spec: RequestSpec
+    admitted_at: float
     audio_s: float = 0.0
+    first_at: float | None = None  # when its first audio left
+
+    def ran_out(self, now: float) -> bool:
+        """Its listener has played every second sent so far (the playback clock, start-up buffer included)."""
+        if self.first_at is None:
+            return False
+        return now > self.first_at + min(BUFFER_MAX_S, self.first_at - self.admitted_at) + self.audio_s
 
 
 @dataclass(frozen=True)
@@ -52,13 +70,30 @@ class StreamAdmission:
     audio_per_token: float | None = None
     mean_audio_s: float | None = None
     ttfa_s: float = 0.0
+    ceiling: int | None = None  # the cap after a stream ran out of audio (None: none)
+    _calm_at: float = 0.0
 
     # ---- the estimate -------------------------------------------------------------------------
-    def capacity(self) -> int:
-        """Streams admitted at once now: the model's estimate (``warmup`` while unknown), within ``max_streams``."""
+    def estimate(self) -> int:
+        """The model's capacity (``warmup`` while unknown), within ``max_streams``."""
         estimate = self.capacity_model.capacity()
         cap = self.warmup if estimate is None else estimate
         return min(cap, self.max_streams) if self.max_streams > 0 else cap
+
+    def capacity(self) -> int:
+        """Streams admitted at once now: the estimate, under the cap a stream running out of audio set."""
+        cap = self.estimate()
+        return cap if self.ceiling is None else min(cap, self.ceiling)
+
+    def tick(self, now: float) -> None:
+        """Called every heartbeat: a stream out of audio caps admission below today's count; calm lifts it."""
+        if any(s.ran_out(now) for s in self.active.values()):
+            self.ceiling = max(1, min(self.ceiling or len(self.active), len(self.active) - 1))
+            self._calm_at = now
+        elif self.ceiling is not None and now - self._calm_at >= RECOVER_S:
+            self.ceiling, self._calm_at = self.ceiling + 1, now
+            if self.ceiling >= self.estimate():
+                self.ceiling = None
 
     def expected_audio_s(self, spec: RequestSpec) -> float:
         max_tokens = spec.sampling.max_tokens
@@ -123,12 +158,14 @@ class StreamAdmission:
         return False
 
     # ---- what happens to admitted streams ---------------------------------------------------
-    def start(self, spec: RequestSpec) -> None:
-        self.active[spec.id] = Stream(spec)
+    def start(self, spec: RequestSpec, now: float) -> None:
+        self.active[spec.id] = Stream(spec, now)
 
-    def produced(self, request_id: str, seconds: float) -> None:
+    def produced(self, request_id: str, seconds: float, now: float) -> None:
         stream = self.active.get(request_id)
         if stream is not None:
+            if stream.first_at is None:
+                stream.first_at = now
             stream.audio_s += seconds
 
     def first_audio(self, seconds: float) -> None:

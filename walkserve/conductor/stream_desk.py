@@ -29,18 +29,18 @@ class StreamDesk:
     def decide(self, now: float) -> Decision:
         return self.admission.decide(now)
 
-    def started(self, spec: RequestSpec) -> None:
+    def started(self, spec: RequestSpec, now: float) -> None:
         if spec.realtime:
-            self.admission.start(spec)
+            self.admission.start(spec, now)
 
-    def on_audio(self, spec: RequestSpec, samples: int, first: bool, since_start: float) -> None:
+    def on_audio(self, spec: RequestSpec, samples: int, first: bool, now: float, since_start: float) -> None:
         """Audio of a request left for the client (any request: every audio second teaches the costs)."""
         if spec.audio_rate <= 0 or samples <= 0:
             return
         seconds = samples / spec.audio_rate
         self.model.add_audio(seconds)
         if spec.realtime:
-            self.admission.produced(spec.id, seconds)
+            self.admission.produced(spec.id, seconds, now)
             if first:
                 self.admission.first_audio(since_start)
 
@@ -60,8 +60,10 @@ class StreamDesk:
     def snapshot(self) -> dict[str, float]:
         """Gauges for RuntimeSnapshot.streams."""
         known = self.model.capacity()
+        ceiling = self.admission.ceiling
         return {"running": len(self.admission.active), "waiting": len(self.admission.waiting),
                 "capacity": float(self.admission.capacity()), "capacity_measured": float(known is not None),
+                "capped": float(ceiling is not None),
                 "load": self.model.load(len(self.admission.active)) if known is not None else 0.0}
 
 
