@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.common import conditions, pct, table
+from benchmarks.tts_load import BASELINE, NEW
 from benchmarks.tts_trace import StreamTrace
 
 WORDS = ["the", "morning", "light", "fell", "softly", "across", "quiet", "hills", "while", "small", "birds", "sang", "near", "an", "old", "stone", "bridge", "people", "walked", "slowly", "toward", "the", "market", "carrying", "bread", "fresh", "fruit", "and", "warm", "coffee", "for", "friends", "a", "gentle", "wind", "moved", "through", "tall", "green", "trees", "and", "children", "laughed", "beside", "the", "river", "under", "clear", "skies"]
@@ -256,9 +257,8 @@ def load_report(args, sweep, capacity: int, levels, load: tuple[float, float]) -
         f"- streams: {sweep.frames} frames = {sweep.audio_s:.2f} s of audio each, realtime; Poisson levels over "
         f"{sweep.seconds:g} s at offered concurrency load x capacity, then a burst; capacity = {capacity} streams "
         f"(the capacity-mode server's estimate after warm-up, headroom 0.8), TTFA budget 1 s",
-        "- modes: capacity+deadline = `--admission capacity --stream-scheduling deadline` (the defaults); count+fifo = "
-        "`--admission count --stream-scheduling fifo` (the baseline: both off, as before)"
-        + ("; count+deadline = deadline scheduling alone" if args.sweep_deadline_only else ""),
+        "- modes: ADMISSION+SCHEDULING = `--admission ADMISSION --stream-scheduling SCHEDULING`; capacity+deadline "
+        "are the defaults, count+fifo the baseline (both off, as before)",
         "- viable: no gap after a start-up buffer of min(TTFA, 1 s); goodput: audio seconds of viable streams per "
         "wall second; TTFA of admitted streams; 429: time to the rejection (AdmissionRejected; a stream that waited "
         "within its TTFA budget and could not start is rejected when the budget ends)",
@@ -279,11 +279,19 @@ def load_report(args, sweep, capacity: int, levels, load: tuple[float, float]) -
     return "\n".join(lines)
 
 
+def _modes(text: str) -> str:
+    modes = text.split(",")
+    ok = {f"{a}+{s}" for a in ("capacity", "count") for s in ("deadline", "fifo")}
+    if not modes or any(m not in ok for m in modes) or not modes[0].startswith("capacity+"):
+        raise argparse.ArgumentTypeError(f"modes from {sorted(ok)}, the first with capacity admission")
+    return text
+
+
 def run_sweep(args) -> str:
     import walkserve.models.builtin  # noqa: F401
-    from benchmarks.tts_load import BASELINE, DEADLINE_ONLY, NEW, sweep_modes
     from benchmarks.tts_load import FULL as SWEEP_FULL
     from benchmarks.tts_load import QUICK as SWEEP_QUICK
+    from benchmarks.tts_load import sweep_modes
     from walkserve.models.base import ModelRef
     from walkserve.models.orpheus.tiny import write_tiny_orpheus
     from walkserve.models.registry import load_model
@@ -303,7 +311,7 @@ def run_sweep(args) -> str:
             return specs
 
         print("load sweep: capacity+deadline, then the baselines ...", flush=True)
-        modes = (NEW, BASELINE, DEADLINE_ONLY) if args.sweep_deadline_only else (NEW, BASELINE)
+        modes = tuple(args.sweep_modes.split(","))
         capacity, levels = sweep_modes(model_dir, _placement(str(placement_path(args.placement)), "cpu"),
                                        args.threads, make, sweep, modes)
     return load_report(args, sweep, capacity, levels, (load0, os.getloadavg()[0]))
@@ -341,8 +349,9 @@ def main(argv: list[str]) -> int:
                    help="run only the concurrency comparison or only the offered-load sweep (default: both)")
     p.add_argument("--sweep-lm", default="tiny", help="LM preset of the load sweep (default: tiny)")
     p.add_argument("--sweep-snac", default="tiny", help="SNAC preset of the load sweep (default: tiny)")
-    p.add_argument("--sweep-deadline-only", action="store_true",
-                   help="the load sweep also runs count+deadline (deadline scheduling alone; its backlog at 4x is long)")
+    p.add_argument("--sweep-modes", default=f"{NEW},{BASELINE}", type=_modes,
+                   help="ADMISSION+SCHEDULING modes of the load sweep, the first with capacity admission (it sets the "
+                   "levels), e.g. capacity+deadline,count+fifo,capacity+fifo,count+deadline (default: %(default)s)")
     p.add_argument("--plot", default="docs/streaming-capacity.svg", help="where the load sweep's SVG goes ('' = none)")
     args = p.parse_args(argv)
     if args.only == "load":

@@ -2,7 +2,7 @@
 
 Modes: ``capacity+deadline`` (the default: ``--admission capacity``,
 ``--stream-scheduling deadline``), the baseline ``count+fifo`` (both off: as
-before), and with ``--sweep-deadline-only`` ``count+deadline`` (deadline scheduling alone).
+before); ``--sweep-modes`` adds capacity+fifo (admission alone) or count+deadline (scheduling alone).
 Each mode runs its own server (AsyncEngine on the placement), warmed by the
 same streams. Then, per level, streams arrive open-loop: Poisson arrivals at
 ``load x capacity / audio length`` streams per second for ``seconds`` (so the
@@ -43,7 +43,7 @@ class Sweep:
 
 QUICK = Sweep(frames=24, seconds=5.0, loads=(0.5, 1.0, 2.0, 4.0), burst=4.0)
 FULL = Sweep(frames=36, seconds=10.0, loads=(0.25, 0.5, 1.0, 2.0, 4.0), burst=4.0)
-NEW, BASELINE, DEADLINE_ONLY = "capacity+deadline", "count+fifo", "count+deadline"
+NEW, BASELINE = "capacity+deadline", "count+fifo"
 
 
 @dataclass
@@ -146,8 +146,8 @@ async def _mode(mode: str, model_dir: Path, placement, threads: int, make, sweep
 
 def sweep_modes(model_dir: Path, placement, threads: int, make, sweep: Sweep,
                 modes: tuple[str, ...] = (NEW, BASELINE)) -> tuple[int, list[Level]]:
-    """The first mode (capacity admission: its estimate sets the levels), then the others on the same
-    schedules. ``make(n, frames)``: n fresh real-time speech specs of ``frames`` frames."""
+    """Each ``admission+scheduling`` mode: the first (capacity admission: its estimate sets the levels), then
+    the others on the same schedules. ``make(n, frames)``: n fresh real-time speech specs of ``frames`` frames."""
     capacity, levels = asyncio.run(_mode(modes[0], model_dir, placement, threads, make, sweep, None))
     for mode in modes[1:]:
         levels += asyncio.run(_mode(mode, model_dir, placement, threads, make, sweep, capacity))[1]

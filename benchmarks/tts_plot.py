@@ -7,7 +7,7 @@ from html import escape
 from benchmarks.tts_load import Level
 
 W, H, PAD = 360, 240, 48
-COLORS = {"capacity+deadline": "#1f77b4", "count+fifo": "#d62728", "count+deadline": "#ff7f0e"}
+COLORS = {"capacity+deadline": "#1f77b4", "count+fifo": "#d62728", "capacity+fifo": "#2ca02c", "count+deadline": "#ff7f0e"}
 
 
 def _panel(levels: list[Level], x0: float, title: str, value, y_max: float, y_label: str) -> list[str]:
@@ -45,8 +45,8 @@ def sweep_svg(levels: list[Level], caption: str) -> str:
     parts = _panel(levels, 0, "Admitted streams viable", lambda lv: 100 * lv.viability(), 100.0, "% gap-free")
     parts += _panel(levels, W, "Goodput", lambda lv: lv.goodput(), goodput_max, "viable audio s / wall s")
     shown = [(m, c) for m, c in COLORS.items() if any(lv.mode == m for lv in levels)]
-    legend = [f'<rect x="{PAD + 200 * i}" y="{H + 6}" width="12" height="12" fill="{c}"/>'
-              f'<text x="{PAD + 200 * i + 16}" y="{H + 16}">{m}</text>' for i, (m, c) in enumerate(shown)]
+    legend = [f'<rect x="{PAD + 160 * i}" y="{H + 6}" width="12" height="12" fill="{c}"/>'
+              f'<text x="{PAD + 160 * i + 16}" y="{H + 16}">{m}</text>' for i, (m, c) in enumerate(shown)]
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * W}" height="{H + 44}" font-family="sans-serif" '
             f'font-size="12">\n<rect width="100%" height="100%" fill="white"/>\n' + "\n".join(parts + legend) +
             f'\n<text x="{PAD}" y="{H + 38}" font-size="10">{escape(caption)}</text>\n</svg>\n')
