@@ -33,6 +33,7 @@ from pathlib import Path
 
 from benchmarks.common import conditions, mean, pct, table
 from benchmarks.cpu_time import Usage, snapshot, usage
+from benchmarks.tts_load import BASELINE, NEW, modes_arg
 
 RATE = 24000
 THINKER = dict(vocab_size=4096, hidden_size=512, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
@@ -299,7 +300,16 @@ def main(argv: list[str]) -> int:
                    "one placement at concurrency 2 (a smoke run)")
     p.add_argument("--threads", type=int, default=1, help="torch threads for the reference and each worker")
     p.add_argument("--placements", default=None, help="comma-separated shipped placements")
+    p.add_argument("--load", action="store_true", help="instead: real-time streams under offered load, capacity "
+                   "admission + deadline scheduling against count + fifo (benchmarks/omni_load.py)")
+    p.add_argument("--sweep-modes", default=f"{NEW},{BASELINE}", type=modes_arg, help="with --load: the modes")
+    p.add_argument("--plot", default="", help="with --load: where the SVG goes (default: none)")
     args = p.parse_args(argv)
+    if args.load:
+        from benchmarks.omni_load import run_load
+
+        print(run_load(args.quick, args.threads, args.sweep_modes, args.plot))
+        return 0
     from walkserve.models.qwen3_omni.tiny import write_tiny_qwen3_omni
 
     concurrency = [2] if args.quick else [1, 4, 16]

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.common import conditions, pct, table
-from benchmarks.tts_load import BASELINE, NEW
+from benchmarks.tts_load import BASELINE, NEW, modes_arg
 from benchmarks.tts_trace import StreamTrace
 
 WORDS = ["the", "morning", "light", "fell", "softly", "across", "quiet", "hills", "while", "small", "birds", "sang", "near", "an", "old", "stone", "bridge", "people", "walked", "slowly", "toward", "the", "market", "carrying", "bread", "fresh", "fruit", "and", "warm", "coffee", "for", "friends", "a", "gentle", "wind", "moved", "through", "tall", "green", "trees", "and", "children", "laughed", "beside", "the", "river", "under", "clear", "skies"]
@@ -246,52 +246,11 @@ def run(setup: Setup, args) -> str:
     return report(setup, args, served, base_rows, traces, probe, (load0, os.getloadavg()[0]))
 
 
-def load_report(args, sweep, capacity: int, levels, load: tuple[float, float]) -> str:
-    from benchmarks.tts_plot import sweep_svg
-
-    by = {(lv.mode, lv.name): lv for lv in levels}
-    lines = [
-        f"## Real-time streams under offered load (`./dev bench tts --only load{' --quick' if args.quick else ''}`)", "",
-        f"- model: tiny Orpheus (LM preset {args.sweep_lm}, SNAC {args.sweep_snac}), random weights, placement "
-        f"{args.placement}, {args.threads} torch thread(s) per worker, CPU",
-        f"- streams: {sweep.frames} frames = {sweep.audio_s:.2f} s of audio each, realtime; Poisson levels over "
-        f"{sweep.seconds:g} s at offered concurrency load x capacity, then a burst; capacity = {capacity} streams "
-        f"(the capacity-mode server's estimate after warm-up, headroom 0.8), TTFA budget 1 s",
-        "- modes: ADMISSION+SCHEDULING = `--admission ADMISSION --stream-scheduling SCHEDULING`; capacity+deadline "
-        "are the defaults, count+fifo the baseline (both off, as before)",
-        "- viable: no gap after a start-up buffer of min(TTFA, 1 s); goodput: audio seconds of viable streams per "
-        "wall second; TTFA of admitted streams; 429: time to the rejection (AdmissionRejected; a stream that waited "
-        "within its TTFA budget and could not start is rejected when the budget ends)",
-        f"- machine: {conditions('cpu')}; load average {load[0]:.2f} before, {load[1]:.2f} after "
-        "(a shared machine: figures move with its load)", "",
-        table(["admission+scheduling", "level", "streams", "admitted", "viable", "TTFA p50 ms", "TTFA p99 ms",
-               "viable audio s / wall s", "429 p50 ms", "429 p99 ms"], [lv.row() for lv in levels]), "",
-    ]
-    for name in dict.fromkeys(lv.name for lv in levels):
-        cap, base = by.get(("capacity+deadline", name)), by.get(("count+fifo", name))
-        if cap and base:
-            lines.append(f"- {name}: viable {100 * cap.viability():.0f}% vs {100 * base.viability():.0f}%, goodput "
-                         f"{cap.goodput():.2f} vs {base.goodput():.2f} audio s / s (capacity+deadline vs count+fifo)")
-    if args.plot:
-        caption = f"tiny Orpheus, {args.placement}, capacity {capacity}; load average {load[0]:.1f}-{load[1]:.1f}"
-        Path(args.plot).write_text(sweep_svg(levels, caption))
-        lines.append(f"\nplot: {args.plot}")
-    return "\n".join(lines)
-
-
-def _modes(text: str) -> str:
-    modes = text.split(",")
-    ok = {f"{a}+{s}" for a in ("capacity", "count") for s in ("deadline", "fifo")}
-    if not modes or any(m not in ok for m in modes) or not modes[0].startswith("capacity+"):
-        raise argparse.ArgumentTypeError(f"modes from {sorted(ok)}, the first with capacity admission")
-    return text
-
-
 def run_sweep(args) -> str:
     import walkserve.models.builtin  # noqa: F401
     from benchmarks.tts_load import FULL as SWEEP_FULL
     from benchmarks.tts_load import QUICK as SWEEP_QUICK
-    from benchmarks.tts_load import sweep_modes
+    from benchmarks.tts_load import load_report, sweep_modes
     from walkserve.models.base import ModelRef
     from walkserve.models.orpheus.tiny import write_tiny_orpheus
     from walkserve.models.registry import load_model
@@ -314,7 +273,11 @@ def run_sweep(args) -> str:
         modes = tuple(args.sweep_modes.split(","))
         capacity, levels = sweep_modes(model_dir, _placement(str(placement_path(args.placement)), "cpu"),
                                        args.threads, make, sweep, modes)
-    return load_report(args, sweep, capacity, levels, (load0, os.getloadavg()[0]))
+    model = (f"tiny Orpheus (LM preset {args.sweep_lm}, SNAC {args.sweep_snac}), random weights, placement "
+             f"{args.placement}, {args.threads} torch thread(s) per worker, CPU")
+    title = f"./dev bench tts --only load{' --quick' if args.quick else ''} --sweep-modes {args.sweep_modes}"
+    return load_report(title, model, sweep, capacity, levels, (load0, os.getloadavg()[0]), args.plot,
+                       f"tiny Orpheus, {args.placement}, capacity {capacity}")
 
 
 def _placement(path: str, device: str):
@@ -349,7 +312,7 @@ def main(argv: list[str]) -> int:
                    help="run only the concurrency comparison or only the offered-load sweep (default: both)")
     p.add_argument("--sweep-lm", default="tiny", help="LM preset of the load sweep (default: tiny)")
     p.add_argument("--sweep-snac", default="tiny", help="SNAC preset of the load sweep (default: tiny)")
-    p.add_argument("--sweep-modes", default=f"{NEW},{BASELINE}", type=_modes,
+    p.add_argument("--sweep-modes", default=f"{NEW},{BASELINE}", type=modes_arg,
                    help="ADMISSION+SCHEDULING modes of the load sweep, the first with capacity admission (it sets the "
                    "levels), e.g. capacity+deadline,count+fifo,capacity+fifo,count+deadline (default: %(default)s)")
     p.add_argument("--plot", default="docs/streaming-capacity.svg", help="where the load sweep's SVG goes ('' = none)")

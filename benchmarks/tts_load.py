@@ -31,14 +31,15 @@ from benchmarks.tts_trace import SAMPLE_RATE, StreamTrace
 
 @dataclass(frozen=True)
 class Sweep:
-    frames: int  # audio frames per stream (2048 samples = 85.3 ms each)
+    frames: int  # audio frames per stream
     seconds: float  # arrival window of a Poisson level
     loads: tuple[float, ...]  # offered concurrency, in multiples of the estimated capacity
     burst: float  # a burst of this many x capacity streams at once
+    frame_samples: int = 2048  # samples per frame: Orpheus's SNAC 2048 (85.3 ms), Qwen3-Omni's Code2Wav 1920 (80 ms)
 
     @property
     def audio_s(self) -> float:
-        return self.frames * 2048 / SAMPLE_RATE
+        return self.frames * self.frame_samples / SAMPLE_RATE
 
 
 QUICK = Sweep(frames=24, seconds=5.0, loads=(0.5, 1.0, 2.0, 4.0), burst=4.0)
@@ -118,7 +119,7 @@ def schedules(sweep: Sweep, capacity: int, seed: int = 0) -> list[tuple[str, flo
     return out
 
 
-async def _mode(mode: str, model_dir: Path, placement, threads: int, make, sweep: Sweep,
+async def _mode(family: str, mode: str, model_dir: Path, placement, threads: int, make, sweep: Sweep,
                 capacity: int | None) -> tuple[int, list[Level]]:
     from walkserve.core.config import RuntimeConfig
     from walkserve.core.scheduling import StreamScheduling
@@ -127,7 +128,7 @@ async def _mode(mode: str, model_dir: Path, placement, threads: int, make, sweep
     admission, scheduling = mode.split("+")
     config = RuntimeConfig(worker_threads=threads, status_interval_s=0.1, admission=admission,
                            stream_scheduling=StreamScheduling(scheduling))
-    engine = await AsyncEngine.start("orpheus", placement=placement, config=config, model_path=str(model_dir))
+    engine = await AsyncEngine.start(family, placement=placement, config=config, model_path=str(model_dir))
     try:
         for n in (1, 1, 2, 4):  # the same warm-up for both modes: the capacity model's first measurements
             await _level(engine, make(n, 12), [0.0] * n, Level(mode, "warm-up", 0, n))
@@ -145,10 +146,54 @@ async def _mode(mode: str, model_dir: Path, placement, threads: int, make, sweep
 
 
 def sweep_modes(model_dir: Path, placement, threads: int, make, sweep: Sweep,
-                modes: tuple[str, ...] = (NEW, BASELINE)) -> tuple[int, list[Level]]:
+                modes: tuple[str, ...] = (NEW, BASELINE), family: str = "orpheus") -> tuple[int, list[Level]]:
     """Each ``admission+scheduling`` mode: the first (capacity admission: its estimate sets the levels), then
     the others on the same schedules. ``make(n, frames)``: n fresh real-time speech specs of ``frames`` frames."""
-    capacity, levels = asyncio.run(_mode(modes[0], model_dir, placement, threads, make, sweep, None))
+    capacity, levels = asyncio.run(_mode(family, modes[0], model_dir, placement, threads, make, sweep, None))
     for mode in modes[1:]:
-        levels += asyncio.run(_mode(mode, model_dir, placement, threads, make, sweep, capacity))[1]
+        levels += asyncio.run(_mode(family, mode, model_dir, placement, threads, make, sweep, capacity))[1]
     return capacity, levels
+
+
+def modes_arg(text: str) -> str:
+    """``--sweep-modes``: ADMISSION+SCHEDULING,... the first with capacity admission (it sets the levels)."""
+    import argparse
+
+    modes = text.split(",")
+    ok = {f"{a}+{s}" for a in ("capacity", "count") for s in ("deadline", "fifo")}
+    if not modes or any(m not in ok for m in modes) or not modes[0].startswith("capacity+"):
+        raise argparse.ArgumentTypeError(f"modes from {sorted(ok)}, the first with capacity admission")
+    return text
+
+
+def load_report(title: str, model: str, sweep: Sweep, capacity: int, levels: list[Level],
+                load: tuple[float, float], plot: str, caption: str) -> str:
+    """The sweep's Markdown section (conditions, one table, a line per level), and its SVG at ``plot``."""
+    from benchmarks.common import conditions, table
+    from benchmarks.tts_plot import sweep_svg
+
+    by = {(lv.mode, lv.name): lv for lv in levels}
+    lines = [
+        f"## Real-time streams under offered load (`{title}`)", "", f"- model: {model}",
+        f"- streams: {sweep.frames} frames = {sweep.audio_s:.2f} s of audio each, realtime; Poisson levels over "
+        f"{sweep.seconds:g} s at offered concurrency load x capacity, then a burst; capacity = {capacity} streams "
+        f"(the capacity-mode server's estimate after warm-up, headroom 0.8), TTFA budget 1 s",
+        "- modes: ADMISSION+SCHEDULING = `--admission ADMISSION --stream-scheduling SCHEDULING`; capacity+deadline "
+        "are the defaults, count+fifo the baseline (both off, as before)",
+        "- viable: no gap after a start-up buffer of min(TTFA, 1 s); goodput: audio seconds of viable streams per "
+        "wall second; TTFA of admitted streams; 429: time to the rejection (AdmissionRejected; a stream that waited "
+        "within its TTFA budget and could not start is rejected when the budget ends)",
+        f"- machine: {conditions('cpu')}; load average {load[0]:.2f} before, {load[1]:.2f} after "
+        "(a shared machine: figures move with its load)", "",
+        table(["admission+scheduling", "level", "streams", "admitted", "viable", "TTFA p50 ms", "TTFA p99 ms",
+               "viable audio s / wall s", "429 p50 ms", "429 p99 ms"], [lv.row() for lv in levels]), "",
+    ]
+    for name in dict.fromkeys(lv.name for lv in levels):
+        new, base = by.get((NEW, name)), by.get((BASELINE, name))
+        if new and base:
+            lines.append(f"- {name}: viable {100 * new.viability():.0f}% vs {100 * base.viability():.0f}%, goodput "
+                         f"{new.goodput():.2f} vs {base.goodput():.2f} audio s / s ({NEW} vs {BASELINE})")
+    if plot:
+        Path(plot).write_text(sweep_svg(levels, f"{caption}; load average {load[0]:.1f}-{load[1]:.1f}"))
+        lines.append(f"\nplot: {plot}")
+    return "\n".join(lines)

@@ -59,8 +59,8 @@ class RequestRunner:
         try:
             stream = self.engine.generate(spec)
             async for event in stream:
-                if meter is not None:
-                    meter.on_event(getattr(event, "node", ""))
+                if meter is not None:  # the node that emits the audio: the one named when a chunk is late
+                    meter.on_event(event.node if getattr(event, "modality", "") == "audio" else "")
                 if isinstance(event, RequestFinished):
                     finished = event
                     yield event
