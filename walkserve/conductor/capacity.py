@@ -16,10 +16,12 @@ Both factors are learned online from the ranks' cumulative node counters
 (``RankStats.nodes``: batches, items, busy seconds) and the audio seconds the
 conductor saw leave: each report gives one (mean batch, mean step time)
 point per node, fitted as ``t(b) = a + c * b`` by least squares with
-exponential forgetting. The model never assumes more batching gain than it
-has seen: past the largest batch measured, a step costs proportionally more
-(``t(b) = t(b_seen) * b / b_seen``), so capacity grows only as load shows
-that larger batches are cheap. Bookkeeping only: floats, no clocks, no torch.
+exponential forgetting. The fitted line is trusted up to twice the largest
+batch measured (``EXTRAPOLATE``); past that a step costs proportionally more
+(``t(b) = t(2 b_seen) * b / (2 b_seen)``): capacity grows as load shows
+that larger batches are cheap, a doubling at most per exploration (the
+conductor's playback clocks catch an estimate that went too far).
+Bookkeeping only: floats, no clocks, no torch.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 DECAY = 0.97  # weight kept by older observations per report (a few hundred reports of memory)
 MIN_AUDIO_S = 0.25  # audio seconds seen before the costs per audio second are trusted
 MAX_STREAMS = 4096  # where the capacity search stops
+EXTRAPOLATE = 2.0  # the fitted step time is trusted up to this many times the largest batch measured
 
 
 @dataclass
@@ -60,11 +63,13 @@ class StepFit:
         return 0.0, mean_t / mean_b
 
     def step_s(self, batch: float) -> float:
-        """Seconds per step at ``batch``; never cheaper per item past the largest batch measured."""
+        """Seconds per step at ``batch``: the fitted line up to EXTRAPOLATE x the largest batch measured,
+        never cheaper per item past that."""
         a, c = self._line()
-        if batch <= self.b_seen:
+        trusted = EXTRAPOLATE * self.b_seen
+        if batch <= trusted:
             return a + c * batch
-        return (a + c * self.b_seen) * batch / self.b_seen
+        return (a + c * trusted) * batch / trusted
 
 
 @dataclass
