@@ -19,7 +19,7 @@ import openai
 import pytest
 import soundfile as sf
 
-from tests.api.real_server import in_thread_server
+from tests.api.real_server import in_thread_server, metric, metrics
 from tests.api.realtime_client import answer, append_audio, pcm16, until
 from walkserve.core.config import RuntimeConfig
 from walkserve.models.qwen3_omni.tiny import write_tiny_qwen3_omni
@@ -107,7 +107,13 @@ CLOSING = ["response.output_audio.done", "response.output_audio_transcript.done"
 
 def test_text_and_audio_turns_equal_chat_completions(server, client) -> None:
     turns = ["Hi", speech(0.8, seed=1), "and?"]
+    before = metrics(server.url)
     answers = asyncio.run(session(server.url, turns))
+    after = metrics(server.url)
+    for name in ("walkserve_audio_streams_admitted_total", "walkserve_audio_streams_ended_total"):
+        # each spoken answer is a real-time stream: admitted by capacity, played by the session's clock
+        assert metric(after, name, route="/v1/realtime") - metric(before, name, route="/v1/realtime") == len(turns)
+    assert metric(after, "walkserve_audio_streams_active", route="/v1/realtime") == 0
     history: list[dict] = []
     for turn, got in zip(turns, answers, strict=True):
         history.append(user_turn(turn))

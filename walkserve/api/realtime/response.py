@@ -130,6 +130,8 @@ class Response:
         async with contextlib.aclosing(updates):
             async for update in updates:
                 await self._deltas(update)
+                if self.config.speaks and update.audio is not None:  # the stream's playback clock (api/playback.py)
+                    self.state.runner.written(plan.specs[update.index].id, len(update.audio))
                 finish = update.finish_reason or finish
         self.usage = realtime_usage(usage(plan.trackers))
         if finish == "length":
