@@ -65,7 +65,11 @@ class Served:
 def served(tmp_path_factory):
     cache = tmp_path_factory.mktemp("walkserve-cache")
     port = free_port()
-    process = start_cli(["--port", str(port), "--default-max-tokens", str(MAX_TOKENS), "--drain-timeout", "30"],
+    # --admission count: these tests run several streamed answers at once on a shared machine and check audio,
+    # not admission (a measured real-time capacity below their concurrency would answer some 429; that is
+    # tests/api/test_stream_admission.py's subject)
+    process = start_cli(["--port", str(port), "--default-max-tokens", str(MAX_TOKENS), "--drain-timeout", "30",
+                         "--admission", "count"],
                         env={"WALKSERVE_CACHE_DIR": str(cache)})
     output = OutputReader(process)
     url = f"http://127.0.0.1:{port}"
