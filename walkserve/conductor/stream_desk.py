@@ -64,7 +64,7 @@ class StreamDesk:
         return {"running": len(self.admission.active), "waiting": len(self.admission.waiting),
                 "capacity": float(self.admission.capacity()), "capacity_measured": float(known is not None),
                 "capped": float(ceiling is not None),
-                "load": self.model.load(len(self.admission.active)) if known is not None else 0.0}
+                "load": self.model.load(len(self.admission.active)) if known is not None and self.admission.active else 0.0}
 
 
 def audio_samples(msg: m.ClientOuts) -> list[int]:
