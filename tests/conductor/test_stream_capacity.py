@@ -213,3 +213,16 @@ def test_a_stream_out_of_audio_caps_admission_until_calm_returns():
     assert a.capacity() == 3
     a.tick(2.3 + 2 * RECOVER_S)
     assert a.capacity() == 4 and a.ceiling is None  # back at the estimate: lifted
+
+
+def test_the_desk_reports_the_load_of_the_streams_running_and_none_when_none_runs():
+    from walkserve.conductor.stream_desk import StreamDesk
+    from walkserve.core.config import RuntimeConfig
+
+    desk = StreamDesk(RuntimeConfig())
+    ranks = Ranks(desk.model)
+    for b in (1, 4, 8):
+        ranks.run(b, audio_s=1.0)
+    assert desk.snapshot()["load"] == 0.0 and desk.snapshot()["capacity"] == 7
+    desk.started(a_spec(1), 0.0)
+    assert desk.snapshot()["load"] == pytest.approx(desk.model.load(1)) and desk.snapshot()["running"] == 1
