@@ -185,6 +185,43 @@ def test_requests_that_join_a_running_flow_loop_get_the_actions_they_get_alone(s
     assert f1 - f0 < 4 * STEPS and c1 - c0 == 4 * STEPS  # 4 loops of STEPS queries, fewer expert calls
 
 
+def _prefix_calls(engine) -> tuple[float, float, float]:
+    """(PaliGemma forwards, requests' prefixes they carried, SigLIP calls) so far."""
+    [stats] = [v for k, v in engine.stats().engines.items() if k.startswith("expert@")]
+    return stats["forwards.lm"], stats["forward_chunks.lm"], engine.stats().nodes["vision"]["batches"]
+
+
+def test_prefixes_that_arrive_together_run_in_one_forward_and_get_the_actions_they_get_alone(server, oracle):
+    """While A's flow loop runs, six requests arrive at once: their cameras go through SigLIP in shared calls and
+    their prefixes through PaliGemma in shared forwards (several requests' prefixes, ragged, in one), and each
+    chunk is the one the request gets alone."""
+    engine = server.engine
+    processor = engine.processor
+    observations = [_observation(30 + i, cameras=("base_0_rgb",) if i % 3 == 0 else ("base_0_rgb", "left_wrist_0_rgb"))
+                    for i in range(7)]
+    build = lambda o: processor.build_request("act", {"inputs": o}, SamplingParams(), {})  # noqa: E731
+    alone = [server.call(_actions(engine, build(o)))[0] for o in observations]
+
+    async def scenario():
+        await engine.refresh_status()
+        before = _prefix_calls(engine)
+        base = await _flow_steps(engine)
+        first = asyncio.ensure_future(_actions(engine, build(observations[0])))
+        while await _flow_steps(engine) - base < 2:
+            await asyncio.sleep(0)
+        results = await asyncio.gather(first, *(_actions(engine, build(o)) for o in observations[1:]))
+        await engine.refresh_status()
+        return results, before, _prefix_calls(engine)
+
+    results, (f0, c0, v0), (f1, c1, v1) = server.call(scenario())
+    for (actions, finished), want, obs in zip(results, alone, observations):
+        assert finished.reason.value == "stop", finished
+        assert np.abs(actions - want).max() <= 1e-5
+        assert np.abs(actions - oracle(obs)).max() <= TOL
+    assert c1 - c0 == 7  # one prefix each
+    assert f1 - f0 <= 3 and v1 - v0 <= 3  # A alone, then the six together (measured: 2 and 2; 3 if they straddle a step)
+
+
 @pytest.mark.parametrize(("change", "param"), [
     ({"state": None}, "inputs.state"),
     ({"state": [0.0] * 3}, "inputs.state"),
