@@ -1,7 +1,7 @@
 """pi0 action chunks: walkserve against transformers' PI0 ``sample_actions``, side by side in one run.
 
     ./dev bench pi [--quick] [--preset bench|tiny] [--requests N] [--concurrency C] [--rounds R] [--threads T]
-                   [--device cpu|cuda]
+                   [--repeats K] [--device cpu|cuda]
 
 Both run the same random-weight lerobot-layout pi0 checkpoint (``walkserve tiny
 pi0 --preset bench``: the released shapes with widths / 8 and 6 layers, two
@@ -12,13 +12,19 @@ on the same device (the CPU by default, with the same thread count):
 - reference: ``PI0ForConditionalGeneration.sample_actions`` in this process, one request at a time (the
   prefix once, then 10 expert steps over its cache); served to C clients it still runs one at a time;
 - walkserve: ``AsyncEngine`` with one worker (the runtime path of every API route, without HTTP); C
-  clients each send their next request when their last chunk arrives.
+  clients (robots) each send their next request when their last chunk arrives, client i the requests
+  i, i + C, i + 2C, ...
+
+``--repeats K`` makes each robot send each of its observations K times in a row (a robot whose cameras,
+state and prompt have not changed between chunks; the noise differs), so walkserve's prefix cache can
+stand in for the prefix; the reference computes every chunk whole, as transformers does.
 
 Reported: chunk latency p50/p95 at concurrency 1 and at C; chunks per second at
 C; the ratios (targets: latency <= 1.1x the reference's, throughput >= 3x); the
 prefix / flow split of each (the reference's prefix alone timed on the same
-inputs; walkserve's from its engines' busy time per request); and the expert's
-batch sizes (requests per expert call). Rounds alternate the two systems so a
+inputs; walkserve's from its engines' busy time per request); the prefix's and
+the expert's batch sizes (requests per PaliGemma forward and SigLIP call, per
+expert call); and the prefix rows the prefix cache supplied. Rounds alternate the two systems so a
 shared machine's drift hits both alike.
 """
 
@@ -50,10 +56,16 @@ class Served:
     nodes: dict[str, float] = field(default_factory=dict)
 
 
-def observations(n: int, horizon: int, resolution: int, seed: int = 0) -> list[dict]:
+def observations(n: int, horizon: int, resolution: int, seed: int = 0, concurrency: int = 1,
+                 repeats: int = 1) -> list[dict]:
+    """``n`` requests; request i is robot i mod ``concurrency``'s (i // concurrency)-th, and each robot asks
+    ``repeats`` chunks in a row for one observation (cameras, state, prompt; its own noise each time)."""
     rng = np.random.default_rng(seed)
-    return [{**{c: rng.integers(0, 256, (resolution, resolution, 3), dtype=np.uint8) for c in CAMERAS},
-             "state": rng.uniform(-1, 1, 8).astype(np.float32), "prompt": f"pick up object {i} and place it left",
+    per_robot = -(-(-(-n // concurrency)) // repeats)  # observations each robot goes through
+    scenes = [{**{c: rng.integers(0, 256, (resolution, resolution, 3), dtype=np.uint8) for c in CAMERAS},
+               "state": rng.uniform(-1, 1, 8).astype(np.float32), "prompt": f"pick up object {j} and place it left"}
+              for j in range(concurrency * per_robot)]
+    return [{**scenes[i % concurrency * per_robot + i // concurrency // repeats],
              "noise": rng.standard_normal((horizon, 32)).astype(np.float32)} for i in range(n)]
 
 
@@ -147,16 +159,15 @@ async def _one(engine, spec) -> float:
 
 async def served_run(engine, specs: list, concurrency: int) -> Served:
     out = Served()
-    queue = list(specs)
     await engine.refresh_status()
     before = _snapshot(engine)
 
-    async def client():
-        while queue:
-            out.latencies.append(await _one(engine, queue.pop(0)))
+    async def client(mine: list):
+        for spec in mine:
+            out.latencies.append(await _one(engine, spec))
 
     t0, c0 = time.perf_counter(), cpu_seconds()
-    await asyncio.gather(*(client() for _ in range(concurrency)))
+    await asyncio.gather(*(client(specs[i::concurrency]) for i in range(concurrency)))
     out.wall, out.requests, out.cpu = time.perf_counter() - t0, len(specs), cpu_seconds() - c0
     await engine.refresh_status()
     after = _snapshot(engine)
@@ -189,6 +200,15 @@ def expert_batch(run: Served) -> tuple[float, float]:
             run.engine.get("forward_rows.expert", 0.0) / calls if calls else float("nan"))
 
 
+def prefix_batch(run: Served) -> tuple[float, float, float]:
+    """(requests per PaliGemma forward, requests per SigLIP call, share of prefix rows the prefix cache supplied)."""
+    forwards, calls = run.engine.get("forwards.lm", 0.0), run.nodes.get("vision.batches", 0.0)
+    computed, hits = run.engine.get("forward_rows.lm", 0.0), run.engine.get("prefix_hit_tokens", 0.0)
+    return (run.engine.get("forward_chunks.lm", 0.0) / forwards if forwards else float("nan"),
+            run.nodes.get("vision.items", 0.0) / calls if calls else float("nan"),
+            hits / (hits + computed) if hits + computed else float("nan"))
+
+
 def merge(runs: list[Served]) -> Served:
     out = Served()
     for r in runs:
@@ -203,6 +223,27 @@ def merge(runs: list[Served]) -> Served:
     return out
 
 
+@dataclass
+class Workload:
+    """One column's requests: the observations, as walkserve's processor and the reference take them."""
+
+    obs: list[dict]
+    prepared: list
+    reference: list
+
+
+def workload(files, args, seed: int, concurrency: int) -> Workload:
+    """Fresh observations per column and round (so no column finds another's prefixes in walkserve's cache)."""
+    from walkserve.models.pi0.inputs import InputSpec, validate_inputs
+    from walkserve.models.pi0.request import prepare_request
+    from walkserve.testing.pi0_reference import reference_inputs
+
+    config = files.config
+    obs = observations(args.requests, config.chunk_size, config.image_resolution[0], seed, concurrency, args.repeats)
+    prepared = [prepare_request(files, validate_inputs(InputSpec.from_config(config), o)) for o in obs]
+    return Workload(obs, prepared, [reference_inputs(config, p, device=args.device) for p in prepared])
+
+
 async def _measure(path: Path, args) -> dict:
     import torch
 
@@ -210,36 +251,34 @@ async def _measure(path: Path, args) -> dict:
     from walkserve.core.sampling import SamplingParams
     from walkserve.entrypoint.engine import AsyncEngine
     from walkserve.models.pi0.files import load_policy_files
-    from walkserve.models.pi0.inputs import InputSpec, validate_inputs
-    from walkserve.models.pi0.request import prepare_request
-    from walkserve.testing.pi0_reference import load_reference, reference_inputs
+    from walkserve.testing.pi0_reference import load_reference
 
     torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]
     files = load_policy_files(path)
     config = files.config
-    obs = observations(args.requests, config.chunk_size, config.image_resolution[0])
-    prepared = [prepare_request(files, validate_inputs(InputSpec.from_config(config), o)) for o in obs]
-    ref_inputs = [reference_inputs(config, p, device=args.device) for p in prepared]
     reference = load_reference(path, args.device)
     engine = await AsyncEngine.start("pi0", placement=placement(path, args.device), model_path=str(path),
                                      config=RuntimeConfig(worker_threads=args.threads, status_interval_s=0.05))
     try:
         processor = engine.processor
-        specs = lambda: [processor.build_request("act", {"inputs": o}, SamplingParams(), processor.check_params({})) for o in obs]  # noqa: E731
-        reference_run(reference, ref_inputs[:2], 1)  # warm-up both
-        await served_run(engine, specs()[:2], 1)
+        specs = lambda w: [processor.build_request("act", {"inputs": o}, SamplingParams(),  # noqa: E731
+                                                   processor.check_params({})) for o in w.obs]
+        warm = workload(files, args, 1000, 1)
+        reference_run(reference, warm.reference[:2], 1)  # warm-up both
+        await served_run(engine, specs(warm)[:2], 1)
         runs: dict[str, list[Served]] = {"ref1": [], "ws1": [], "refC": [], "wsC": []}
-        for _ in range(args.rounds):
-            runs["ref1"].append(reference_run(reference, ref_inputs, 1))
-            runs["ws1"].append(await served_run(engine, specs(), 1))
-            runs["refC"].append(reference_run(reference, ref_inputs, args.concurrency))
-            runs["wsC"].append(await served_run(engine, specs(), args.concurrency))
-        prefix = reference_prefix_s(reference, ref_inputs)
-        floor = prefix_floor(path, prepared, config, args.concurrency)
+        for r in range(args.rounds):
+            one, many = workload(files, args, 2 * r, 1), workload(files, args, 2 * r + 1, args.concurrency)
+            runs["ref1"].append(reference_run(reference, one.reference, 1))
+            runs["ws1"].append(await served_run(engine, specs(one), 1))
+            runs["refC"].append(reference_run(reference, many.reference, args.concurrency))
+            runs["wsC"].append(await served_run(engine, specs(many), args.concurrency))
+        prefix = reference_prefix_s(reference, one.reference)
+        floor = prefix_floor(path, one.prepared, config, args.concurrency)
     finally:
         await engine.shutdown(drain_s=0)
-    prompt = sum(len(p.token_ids) for p in prepared) / len(prepared)
+    prompt = sum(len(p.token_ids) for p in one.prepared) / len(one.prepared)
     return {"config": config, "prefix_ref_ms": 1e3 * prefix, "load": (load, os.getloadavg()[0]), "prompt": prompt,
             "floor": floor,
             "gemm": max(gemm_rate(512, config.paligemma.hidden_size, 2 * config.paligemma.intermediate_size),
@@ -273,12 +312,14 @@ def report(m: dict, args) -> str:
     ws_split1, ws_splitc = split_ms(ws1), split_ms(wsc)
     ref_flow = lat(ref1, 0.5) - m["prefix_ref_ms"]
     b1, bc = expert_batch(ws1), expert_batch(wsc)
+    p1, pc = prefix_batch(ws1), prefix_batch(wsc)
     lines = [
         f"pi0 action chunks, preset {args.preset}: PaliGemma {c.paligemma.hidden_size}x{c.paligemma.num_hidden_layers}, "
         f"expert {c.expert.hidden_size}x{c.expert.num_hidden_layers}, SigLIP {c.vision.hidden_size}x"
         f"{c.vision.num_hidden_layers} at {c.vision.image_size} px, {len(CAMERAS)} cameras ({c.image_tokens} tokens "
         f"each), horizon {c.chunk_size}, {c.num_inference_steps} flow steps, float32 on {args.device}; {args.requests} requests x "
-        f"{args.rounds} rounds per column; {conditions(args.device)}",
+        f"{args.rounds} rounds per column; each robot's observation changes every {args.repeats} chunk(s); "
+        f"{conditions(args.device)}",
         "",
         table(["system", "c=1 p50 ms", "c=1 p95 ms", "c=1 chunks/s", f"c={conc} p50 ms", f"c={conc} p95 ms",
                f"c={conc} chunks/s"], rows),
@@ -291,6 +332,9 @@ def report(m: dict, args) -> str:
         f"{ws_splitc['prefix']:.1f} ms, flow {ws_splitc['flow']:.1f} ms per request",
         f"- expert batch: {b1[0]:.2f} requests ({b1[1]:.0f} rows) per expert call at c=1, {bc[0]:.2f} requests "
         f"({bc[1]:.0f} rows) at c={conc} (one call per flow step for every request in the loop)",
+        f"- prefix batch: {p1[0]:.2f} requests per PaliGemma forward, {p1[1]:.2f} per SigLIP call at c=1; "
+        f"{pc[0]:.2f} and {pc[1]:.2f} at c={conc}; prefix rows from the prefix cache: {100 * p1[2]:.0f}% at c=1, "
+        f"{100 * pc[2]:.0f}% at c={conc}",
         *arithmetic(m, conc),
         f"- conditions: walkserve's one worker and the reference use the same thread count and never run at the "
         f"same time; load average {m['load'][0]:.2f} before, {m['load'][1]:.2f} after (on a shared machine rerun "
@@ -331,6 +375,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 2; quick 1)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="chunks each robot asks for one observation before it changes (default 1: every chunk new)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (both systems on that device; default cpu)")
     args = p.parse_args(argv)
     args.preset = args.preset or ("tiny" if args.quick else "bench")
