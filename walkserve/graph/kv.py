@@ -48,7 +48,9 @@ Inputs, by slot name (``tokens``/``embeds``/``embed_rows``/``positions``/``targe
   content     (declared with ``content="slot"``) int [T]: what each row's embedding and token inputs depend on
               besides its token id: 0 for a row that is its token id, else a digest of the content that fills
               it (a media item's encoder input). It makes an append with embeddings, explicit positions or token
-              inputs shareable through the prefix cache, keyed on (token id, content, position) per row
+              inputs shareable through the prefix cache, keyed on (token id, content, position) per row; in a
+              ``full`` append (rows that see each other both ways) every row's key also covers the whole
+              append, so its blocks are shared only with an append equal in every row (pi0's prefix)
   lazy        (an append) a firing that names no output is answered once its rows are in the context's
               history; they run with the context's next firing that computes, so a prompt cut in pieces
               loses no prefix-cache block at the cuts (a block may then span two pieces)
@@ -156,8 +158,9 @@ class ContextOpSpec:
             raise GraphError(f"capture maps output names to layer indices >= 0, got {self.capture}")
         if self.lazy and self.op != "append":
             raise GraphError("only an append may be lazy")
-        if self.content and (self.op != "append" or self.mask != "causal"):
-            raise GraphError(f"content keys ({self.content!r}) are for causal appends (what the prefix cache shares)")
+        if self.content and (self.op != "append" or self.mask not in ("causal", "full")):
+            raise GraphError(f"content keys ({self.content!r}) are for causal or full appends (what the prefix cache "
+                             "shares)")
         simple = self.op == "append" and self.mask == "causal" and self.rows == LAST and not self.fan and not self.content \
             and not self.lazy
         object.__setattr__(self, "_tokens_only", simple and not self.capture and not self.token_inputs)

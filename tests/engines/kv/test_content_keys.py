@@ -197,13 +197,13 @@ def _hf_logits(hf_lm, tokens: list[int]) -> torch.Tensor:
         return hf_lm(torch.tensor([tokens])).logits[0, -1]
 
 
-def test_content_keys_and_laziness_are_declared_on_causal_appends_only():
+def test_content_keys_and_laziness_are_declared_on_causal_or_full_appends_only():
     from walkserve.core.errors import GraphError
     from walkserve.graph.kv import query
 
-    with pytest.raises(GraphError, match="causal appends"):
-        append("main", mask="full", content="content")
-    with pytest.raises(GraphError, match="causal appends"):
+    with pytest.raises(GraphError, match="causal or full appends"):
+        append("main", mask="block_causal", frame=4, content="content")
+    with pytest.raises(GraphError, match="causal or full appends"):
         query("main", content="content")
     with pytest.raises(GraphError, match="only an append may be lazy"):
         query("main", lazy=True)

@@ -99,7 +99,7 @@ class ContextOp:
     @property
     def keyed(self) -> bool:
         """Not plain, but its rows are keyed on content (token ids, content keys, positions): shareable too."""
-        return self.content is not None and self.mask == "causal" and self.token_ids is not None
+        return self.content is not None and self.mask in ("causal", "full") and self.token_ids is not None
 
 
 def bind(node: str, node_params: Mapping[str, Any], inputs: Mapping[str, Any]) -> tuple[ContextOp, ...]:

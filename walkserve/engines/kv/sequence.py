@@ -13,7 +13,9 @@ Prefix-cache keys, one per row (``row_keys``): a plain row's key is its token
 id; so is a content-keyed row (``ContextOp.keyed``) with content 0 at the
 running position (what a plain row there would get). Any other content-keyed
 row is keyed ``(token id, content, positions)``: a media row by its item's
-digest, a row at an explicit position by that position. A block's key chains
+digest, a row at an explicit position by that position. A row of a ``full``
+append is keyed ``(its key, hash of every row's key in the append)``: its K/V
+depend on every row of the append, not only on those before it. A block's key chains
 its parent's, so a row's key needs no more than that: the running position is
 a function of the rows before it.
 """
@@ -184,18 +186,25 @@ class Context:
         return pending
 
     def _key_rows(self, op: Any, start: int) -> None:
-        """Record the keys of a content-keyed chunk's rows that are not their token ids."""
+        """Record the keys of a content-keyed chunk's rows that are not their token ids. In a ``full`` append
+        every row's K/V depend on every row of it, so each row's key is paired with a hash of all of them."""
         ids, content = op.token_ids.tolist(), op.content.tolist()
         positions = None if op.positions is None else op.positions.tolist()
         running = self.next_position
+        keys: list[Any] = []
         for i, (token, digest) in enumerate(zip(ids, content)):
             if positions is None:
                 at: tuple = (running,)
             else:
                 at = tuple(axis[i] for axis in positions) if op.positions.dim() == 2 else (positions[i],)
-            if digest or any(p != running for p in at):
-                self.key_overrides[start + i] = (token, digest, at)
+            keys.append((token, digest, at) if digest or any(p != running for p in at) else token)
             running = max(running, max(at) + 1)
+        if op.mask == "full":
+            whole = hash(tuple(keys))
+            keys = [(key, whole) for key in keys]
+        for i, (token, key) in enumerate(zip(ids, keys)):
+            if key != token:
+                self.key_overrides[start + i] = key
 
     def restore(self) -> None:
         """Ask for the whole history back in the pool (a query will read it)."""
