@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import tempfile
 import time
@@ -61,7 +62,8 @@ def observations(n: int, horizon: int, resolution: int, seed: int = 0, concurren
     """``n`` requests; request i is robot i mod ``concurrency``'s (i // concurrency)-th, and each robot asks
     ``repeats`` chunks in a row for one observation (cameras, state, prompt; its own noise each time)."""
     rng = np.random.default_rng(seed)
-    per_robot = -(-(-(-n // concurrency)) // repeats)  # observations each robot goes through
+    turns = math.ceil(n / concurrency)  # requests each robot sends
+    per_robot = math.ceil(turns / repeats)  # observations it goes through
     scenes = [{**{c: rng.integers(0, 256, (resolution, resolution, 3), dtype=np.uint8) for c in CAMERAS},
                "state": rng.uniform(-1, 1, 8).astype(np.float32), "prompt": f"pick up object {j} and place it left"}
               for j in range(concurrency * per_robot)]
