@@ -185,22 +185,27 @@ def test_requests_that_join_a_running_flow_loop_get_the_actions_they_get_alone(s
     assert f1 - f0 < 4 * STEPS and c1 - c0 == 4 * STEPS  # 4 loops of STEPS queries, fewer expert calls
 
 
-def _prefix_calls(engine) -> tuple[float, float, float]:
-    """(PaliGemma forwards, requests' prefixes they carried, SigLIP calls) so far."""
+def _kv_stats(engine) -> dict[str, float]:
     [stats] = [v for k, v in engine.stats().engines.items() if k.startswith("expert@")]
-    return stats["forwards.lm"], stats["forward_chunks.lm"], engine.stats().nodes["vision"]["batches"]
+    return stats
+
+
+def _prefix_calls(engine) -> tuple[float, float, float, float]:
+    """(PaliGemma forwards, requests' prefixes they carried, prefix rows from the prefix cache, SigLIP calls)."""
+    stats = _kv_stats(engine)
+    return (stats["forwards.lm"], stats["forward_chunks.lm"], stats["prefix_hit_tokens"],
+            engine.stats().nodes["vision"]["batches"])
 
 
 def test_prefixes_that_arrive_together_run_in_one_forward_and_get_the_actions_they_get_alone(server, oracle):
     """While A's flow loop runs, six requests arrive at once: their cameras go through SigLIP in shared calls and
     their prefixes through PaliGemma in shared forwards (several requests' prefixes, ragged, in one), and each
-    chunk is the one the request gets alone."""
+    chunk is the one the request gets alone (asked again afterwards, one at a time)."""
     engine = server.engine
     processor = engine.processor
     observations = [_observation(30 + i, cameras=("base_0_rgb",) if i % 3 == 0 else ("base_0_rgb", "left_wrist_0_rgb"))
                     for i in range(7)]
     build = lambda o: processor.build_request("act", {"inputs": o}, SamplingParams(), {})  # noqa: E731
-    alone = [server.call(_actions(engine, build(o)))[0] for o in observations]
 
     async def scenario():
         await engine.refresh_status()
@@ -213,13 +218,44 @@ def test_prefixes_that_arrive_together_run_in_one_forward_and_get_the_actions_th
         await engine.refresh_status()
         return results, before, _prefix_calls(engine)
 
-    results, (f0, c0, v0), (f1, c1, v1) = server.call(scenario())
+    results, (f0, c0, h0, v0), (f1, c1, h1, v1) = server.call(scenario())
+    alone = [server.call(_actions(engine, build(o)))[0] for o in observations]
     for (actions, finished), want, obs in zip(results, alone, observations):
         assert finished.reason.value == "stop", finished
         assert np.abs(actions - want).max() <= 1e-5
         assert np.abs(actions - oracle(obs)).max() <= TOL
-    assert c1 - c0 == 7  # one prefix each
+    assert c1 - c0 == 7 and h1 == h0  # one whole prefix each, none from the prefix cache
     assert f1 - f0 <= 3 and v1 - v0 <= 3  # A alone, then the six together (measured: 2 and 2; 3 if they straddle a step)
+
+
+def test_an_unchanged_observation_reuses_its_prefix_and_a_changed_one_recomputes_it(server, oracle):
+    """A robot asks again with the same cameras, state and prompt: its prefix comes from the prefix cache (all but
+    the last rows) and the chunk equals the first one (same noise) or the oracle's (new noise). One changed pixel,
+    or another prompt, and nothing is reused."""
+    engine = server.engine
+    processor = engine.processor
+    obs = _observation(50)
+    pixel = {**obs, "left_wrist_0_rgb": obs["left_wrist_0_rgb"].copy()}
+    pixel["left_wrist_0_rgb"][5, 7, 2] ^= 1
+    cases = [("first", obs, 0), ("again", obs, 1), ("new noise", {**obs, "noise": obs["noise"][::-1].copy()}, 1),
+             ("one pixel", pixel, 0), ("prompt", {**obs, "prompt": "put block 50 in the cup"}, 0)]
+    spec = processor.build_request("act", {"inputs": obs}, SamplingParams(), {})
+    reusable = (spec.inputs["tokens"].shape[0] - 1) // 16 * 16  # whole 16-row blocks before the last row
+    got = {}
+    for name, o, reused in cases:
+        before = server.call(_hits(engine))
+        actions, finished = server.call(_actions(engine, processor.build_request("act", {"inputs": o},
+                                                                                  SamplingParams(), {})))
+        assert finished.reason.value == "stop", finished
+        assert server.call(_hits(engine)) - before == reused * reusable, name
+        assert np.abs(actions - oracle(o)).max() <= TOL, name
+        got[name] = actions
+    assert reusable > 0 and np.abs(got["again"] - got["first"]).max() <= 1e-5
+
+
+async def _hits(engine) -> float:
+    await engine.refresh_status()
+    return _kv_stats(engine)["prefix_hit_tokens"]
 
 
 @pytest.mark.parametrize(("change", "param"), [

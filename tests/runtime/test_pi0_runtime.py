@@ -41,9 +41,14 @@ def oracle(checkpoint):
 
 
 @pytest.fixture(scope="module")
-def url(checkpoint):
-    with in_thread_server("pi0", checkpoint, RuntimeConfig(worker_threads=1)) as server:
-        yield server.url
+def server(checkpoint):
+    with in_thread_server("pi0", checkpoint, RuntimeConfig(worker_threads=1)) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def url(server):
+    return server.url
 
 
 def _array(a: np.ndarray) -> dict:
@@ -98,3 +103,32 @@ def test_openpi_client_with_a_libero_observation(url, oracle):
     assert meta["family"] == "pi0" and meta["action_horizon"] == HORIZON
     actions = policy.infer(libero)["actions"]
     assert np.abs(actions - oracle(map_observation(libero, tuple(meta["cameras"])))).max() <= TOL
+
+
+async def _prefix_hits(engine) -> float:
+    await engine.refresh_status()
+    [stats] = [v for k, v in engine.stats().engines.items() if k.startswith("expert@")]
+    return stats["prefix_hit_tokens"]
+
+
+def test_a_robot_session_reuses_the_prefix_while_its_cameras_and_prompt_stay(server, oracle):
+    """Over openpi's websocket, a robot's next observations: the state moved (pi0's state is its own token after
+    the prefix, so the cameras' and prompt's K/V are reused), then a camera changed (all recomputed)."""
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    rng = np.random.default_rng(8)
+    obs = {"observation/image": rng.integers(0, 256, (32, 32, 3), dtype=np.uint8),
+           "observation/wrist_image": rng.integers(0, 256, (32, 32, 3), dtype=np.uint8),
+           "observation/state": rng.uniform(-1, 1, 8), "prompt": "stack the cups",
+           "noise": rng.standard_normal((HORIZON, 32)).astype(np.float32)}
+    moved = {**obs, "observation/state": obs["observation/state"] + 0.3}
+    changed = {**moved, "observation/wrist_image": np.roll(obs["observation/wrist_image"], 1, axis=0)}
+    policy = WebsocketClientPolicy(host=server.url.replace("http", "ws") + "/v1/openpi")
+    cameras = tuple(policy.get_server_metadata()["cameras"])
+    hits = []
+    for o in (obs, moved, changed):
+        before = server.call(_prefix_hits(server.engine))
+        actions = policy.infer(o)["actions"]
+        hits.append(server.call(_prefix_hits(server.engine)) - before)
+        assert np.abs(actions - oracle(map_observation(o, cameras))).max() <= TOL
+    assert hits[0] == 0 and hits[1] > 0 and hits[2] == 0, hits

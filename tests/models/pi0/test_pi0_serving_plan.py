@@ -20,7 +20,7 @@ from walkserve.models.base import ModelRef
 from walkserve.models.pi0.inputs import validate_inputs
 from walkserve.models.pi0.model import RobotPolicy
 from walkserve.models.pi0.predict import prefix_context
-from walkserve.models.pi0.request import prepare_request
+from walkserve.models.pi0.request import image_digest, prepare_request
 from walkserve.models.pi0.sizes import component_bytes
 from walkserve.models.pi0.vision import unpack_images
 from walkserve.placement.plan import load_placement, parse_placement
@@ -178,6 +178,14 @@ def test_walk_inputs_lay_out_the_prefix(models, tiny_pi0):
     per_image = tiny_pi0.policy.config.image_tokens
     assert tokens[: 2 * per_image].tolist() == [0] * (2 * per_image) and tokens[2 * per_image:].tolist() == prepared.token_ids
     assert np.frombuffer(spec.inputs["embed_rows"].data, dtype=np.int64).tolist() == list(range(2 * per_image))
+    content = np.frombuffer(spec.inputs["content"].data, dtype=np.int64)  # the prefix cache's keys: a digest per camera
+    digests = [image_digest(raw["base_0_rgb"]), image_digest(raw["left_wrist_0_rgb"])]
+    assert content.tolist() == [digests[0]] * per_image + [digests[1]] * per_image + [0] * len(prepared.token_ids)
+    assert 0 not in digests and digests[0] != digests[1]
+    other = raw["base_0_rgb"].copy()
+    other[3, 4, 1] ^= 1  # one pixel
+    assert image_digest(other) != digests[0] and image_digest(raw["base_0_rgb"].copy()) == digests[0]
+    assert image_digest(raw["base_0_rgb"].reshape(30, 20, 3)) != digests[0]  # the same bytes in another shape
     assert spec.inputs["images"].dtype == "float32"  # one float camera: both sent as floats in [0, 1]
     images = unpack_images({k: torch.frombuffer(bytearray(spec.inputs[k].data), dtype=getattr(torch, spec.inputs[k].dtype))
                             for k in ("images", "image_shapes")})

@@ -1,7 +1,8 @@
 """The walks of pi0 and pi0.5 (torch-free): a prefix context written once, then a flow loop that only reads it.
 
     prefix:  input.images, input.image_shapes -> vision -> image_embeds ─┐
-             input.tokens, input.embed_rows ─────────────────────────────┴> lm        append "prefix" (full mask)
+             input.tokens, input.embed_rows, input.content ──────────────┴> lm        append "prefix" (full mask,
+                                                                                      content-keyed)
              pi0 only:  input.state, lm.hidden (order) -> state_embed -> state_token  expert appends its state
                                                                                       token to "prefix" (causal)
     act:     input.noise -> flow_start -> (x, embeds, time at t = 1)
@@ -19,6 +20,14 @@ for all of them, requests at different flow times included (the time is a
 per-token input; pi0.5's adaRMS condition is computed per distinct time).
 Positions: the prefix takes 0..n-1 (only valid tokens are appended), pi0's
 state token n, and the action tokens the running position after them.
+
+The prefix append is content-keyed (``content``: each image row carries its
+camera image's digest, a prompt row its token id): a request whose cameras
+and prompt (pi0.5: with the state bins) equal an earlier one's attaches that
+request's prefix blocks from the KV engine's prefix cache, all but the last
+rows; a full append shares only with one equal in every row, so any changed
+pixel or token recomputes all of it. pi0's state token is not keyed: it is
+computed for every request.
 """
 
 from __future__ import annotations
@@ -44,18 +53,18 @@ CONTEXT = "prefix"
 VISION, LM, EXPERT, FLOW_HEAD = "vision", "lm", "expert", "flow_head"  # components
 STATE_EMBED, STATE_TOKEN, FLOW_START, FLOW_STEP, ACTIONS = "state_embed", "state_token", "flow_start", "flow_step", "actions"
 PREFIX_WALK, ACT_WALK, FLOW_LOOP = "prefix", "act", "flow"
-PREFIX_INPUTS = ("images", "image_shapes", "tokens", "embed_rows")
+PREFIX_INPUTS = ("images", "image_shapes", "tokens", "embed_rows", "content")
 NOISE = "noise"
 
 
 def prefix_walk(pi0_state: bool) -> Walk:
     """Cameras and prompt into the ``prefix`` context; pi0 (``pi0_state``) then appends its state token."""
     vision = GraphNode(VISION, inputs=["images", "image_shapes"], outputs=["image_embeds"])
-    lm = GraphNode(LM, inputs=["tokens", "embeds", "embed_rows"], outputs=["hidden"] if pi0_state else [],
-                   params=kv_params(append(CONTEXT, mask="full")))
+    lm = GraphNode(LM, inputs=["tokens", "embeds", "embed_rows", "content"], outputs=["hidden"] if pi0_state else [],
+                   params=kv_params(append(CONTEXT, mask="full", content="content")))
     edges = [GraphEdge("input.images", "vision.images"), GraphEdge("input.image_shapes", "vision.image_shapes"),
              GraphEdge("vision.image_embeds", "lm.embeds"), GraphEdge("input.tokens", "lm.tokens"),
-             GraphEdge("input.embed_rows", "lm.embed_rows")]
+             GraphEdge("input.embed_rows", "lm.embed_rows"), GraphEdge("input.content", "lm.content")]
     if not pi0_state:
         return Walk(PREFIX_WALK, Sequential(vision, lm), edges=edges, inputs=list(PREFIX_INPUTS))
     state_embed = GraphNode(STATE_EMBED, inputs=["state", "after"], outputs=["embeds"], component=FLOW_HEAD, op="state")

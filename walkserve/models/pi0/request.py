@@ -14,11 +14,14 @@ served walks:
     image_shapes  int64 [n, 2]: each camera's [H, W] (resized with padding on the worker)
     tokens        int64 [n * P + L]: 0 for the image rows, then the prompt ids
     embed_rows    int64 [n * P]: the rows the image features replace
+    content       int64 [n * P + L]: each image row its camera image's digest (nonzero), 0 for the prompt rows
+                  (the prefix cache's content keys: ``graph.py``)
     state         float32 [32] (pi0 only): the normalised, zero-padded state
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +32,7 @@ from walkserve.models.pi0.inputs import PolicyInputs
 from walkserve.models.pi0.prompt import prompt_tokens
 
 IMAGES, IMAGE_SHAPES, TOKENS, EMBED_ROWS, STATE = "images", "image_shapes", "tokens", "embed_rows", "state"
+CONTENT = "content"
 
 
 @dataclass(frozen=True)
@@ -76,13 +80,24 @@ def pack_images(images: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]
     return flat, shapes
 
 
+def image_digest(image: np.ndarray) -> int:
+    """A nonzero int64 key of an image's dtype, shape and pixels."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(f"{image.dtype.str}{image.shape}".encode())
+    h.update(np.ascontiguousarray(image).data)
+    return int.from_bytes(h.digest(), "little", signed=True) or 1
+
+
 def walk_inputs(request: PreparedRequest, tokens_per_image: int) -> dict[str, np.ndarray]:
-    """The prefix walk's inputs (module docstring): images, their shapes, the prefix's ids and image rows (+ state)."""
+    """The prefix walk's inputs (module docstring): images, their shapes, the prefix's ids, image rows and content
+    keys (+ state)."""
     images, shapes = pack_images(request.images)
     image_rows = len(request.cameras) * tokens_per_image
+    digests = np.repeat(np.array([image_digest(i) for i in request.images], dtype=np.int64), tokens_per_image)
     out = {IMAGES: images, IMAGE_SHAPES: shapes,
            TOKENS: np.concatenate([np.zeros(image_rows, dtype=np.int64), np.asarray(request.token_ids, dtype=np.int64)]),
-           EMBED_ROWS: np.arange(image_rows, dtype=np.int64)}
+           EMBED_ROWS: np.arange(image_rows, dtype=np.int64),
+           CONTENT: np.concatenate([digests, np.zeros(len(request.token_ids), dtype=np.int64)])}
     if request.state is not None:
         out[STATE] = request.state
     return out
