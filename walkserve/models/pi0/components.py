@@ -24,13 +24,15 @@ from walkserve.models.pi0.weights import load_component
 PROGRESS_BAR_BYTES = 256 * 2**20
 
 
-def build_component(part: str, path: str | Path, device: str, dtype: str | torch.dtype | None) -> nn.Module:
-    """The component ``part`` of the checkpoint at ``path``, loaded onto ``device``."""
+def build_component(part: str, path: str | Path, device: str, dtype: str | torch.dtype | None,
+                    image_cache: int = 0) -> nn.Module:
+    """The component ``part`` of the checkpoint at ``path``, loaded onto ``device`` (the vision encoder keeps the
+    features of the ``image_cache`` most recent images)."""
     path = Path(path)
     progress = tensor_bytes(path) > PROGRESS_BAR_BYTES
     if part == "vision":
-        return load_component(path, "vision", lambda c: VisionEncoder(c.vision, c.paligemma.hidden_size), device,
-                              dtype, progress)
+        return load_component(path, "vision", lambda c: VisionEncoder(c.vision, c.paligemma.hidden_size, image_cache),
+                              device, dtype, progress)
     if part == "lm":
         return load_component(path, "lm", lambda c: PaliGemmaLM(c.paligemma, c.vocab_size, kv_only=True), device, dtype, progress)
     if part == "expert":

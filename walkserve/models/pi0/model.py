@@ -7,7 +7,9 @@ pi05) and its variant (horizon, action dims, cameras, state input); naming
 the other family is an error. Options: ``tokenizer_path`` (PaliGemma's
 SentencePiece model; default ``tokenizer.model`` in the checkpoint, which only
 tiny checkpoints ship), ``model_id``, ``kv`` (KVCacheEngine options of the
-shared VLM/expert pool), ``max_batch`` (stateless batches, default 64).
+shared VLM/expert pool), ``max_batch`` (stateless batches, default 64),
+``image_cache`` (camera images whose SigLIP features the vision component
+keeps, default 32; 0: none).
 Importing this module imports no torch.
 
 Components (``graph.py`` has the walks):
@@ -39,14 +41,15 @@ from walkserve.models.pi0.sizes import component_bytes, kv_bytes_per_token
 KV_SHARE = "paligemma"  # the VLM and the expert: one pool, the expert reads the VLM's layer-l K/V at its layer l
 DEFAULT_KV_OPTIONS: Mapping[str, Any] = {"block_size": 16}
 DEFAULT_MAX_BATCH = 64
+DEFAULT_IMAGE_CACHE = 32  # SigLIP features of ~32 recent camera images (~1 MiB each at gemma_2b's width in bf16)
 
 
-def _build(part: str, path: Path, ctx: BuildContext) -> Any:
+def _build(part: str, path: Path, image_cache: int, ctx: BuildContext) -> Any:
     from walkserve.models.pi0.components import (
         build_component,  # imports torch: only where weights load
     )
 
-    return build_component(part, path, ctx.device, ctx.dtype or None)
+    return build_component(part, path, ctx.device, ctx.dtype or None, image_cache)
 
 
 class RobotPolicy(Model):
@@ -76,9 +79,11 @@ class RobotPolicy(Model):
         sizes = component_bytes(self.path, dtype)
         kv = self.kv_options()
         batch = {"max_batch": int(options.get("max_batch", DEFAULT_MAX_BATCH))}
+        image_cache = int(options.get("image_cache", DEFAULT_IMAGE_CACHE))
 
         def spec(name: str, engine: str, **fields: Any) -> ComponentSpec:
-            return ComponentSpec(name, engine, partial(_build, name, self.path), weight_bytes=sizes[name], **fields)
+            return ComponentSpec(name, engine, partial(_build, name, self.path, image_cache), weight_bytes=sizes[name],
+                                 **fields)
 
         return {
             VISION: spec(VISION, "stateless", options=batch),

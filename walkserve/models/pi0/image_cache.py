@@ -1,0 +1,45 @@
+"""ImageFeatureCache: SigLIP features of recent camera images, keyed by the image's content.
+
+A robot whose camera has not changed between two chunks (a fixed exterior view
+of a still scene, the same observation asked again) sends the same pixels;
+each image goes through SigLIP on its own (no attention across images), so its
+features can be taken from here instead of computed. The key is a digest of
+the image's dtype, shape and bytes (``request.image_digest``): any changed
+pixel misses. Least recently used entries go first; ``capacity`` 0 disables it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+from walkserve.models.pi0.request import image_digest
+
+
+class ImageFeatureCache:
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._entries: OrderedDict[int, torch.Tensor] = OrderedDict()
+
+    @staticmethod
+    def key(image: torch.Tensor) -> int:
+        """The content key of a camera image [H, W, 3] (on the CPU, as the request brought it)."""
+        return image_digest(image.numpy())
+
+    def get(self, key: int) -> torch.Tensor | None:
+        features = self._entries.get(key)
+        if features is not None:
+            self._entries.move_to_end(key)
+        return features
+
+    def put(self, key: int, features: torch.Tensor) -> None:
+        if self.capacity <= 0:
+            return
+        self._entries[key] = features
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
