@@ -205,7 +205,8 @@ def test_prefixes_that_arrive_together_run_in_one_forward_and_get_the_actions_th
     processor = engine.processor
     observations = [_observation(30 + i, cameras=("base_0_rgb",) if i % 3 == 0 else ("base_0_rgb", "left_wrist_0_rgb"))
                     for i in range(7)]
-    build = lambda o: processor.build_request("act", {"inputs": o}, SamplingParams(), {})  # noqa: E731
+    build = lambda o: processor.build_request("act", {"inputs": o}, SamplingParams(),  # noqa: E731
+                                              processor.check_params({}))
 
     async def scenario():
         await engine.refresh_status()
@@ -239,13 +240,13 @@ def test_an_unchanged_observation_reuses_its_prefix_and_a_changed_one_recomputes
     pixel["left_wrist_0_rgb"][5, 7, 2] ^= 1
     cases = [("first", obs, 0), ("again", obs, 1), ("new noise", {**obs, "noise": obs["noise"][::-1].copy()}, 1),
              ("one pixel", pixel, 0), ("prompt", {**obs, "prompt": "put block 50 in the cup"}, 0)]
-    spec = processor.build_request("act", {"inputs": obs}, SamplingParams(), {})
+    spec = processor.build_request("act", {"inputs": obs}, SamplingParams(), processor.check_params({}))
     reusable = (spec.inputs["tokens"].shape[0] - 1) // 16 * 16  # whole 16-row blocks before the last row
     got = {}
     for name, o, reused in cases:
         before = server.call(_hits(engine))
-        actions, finished = server.call(_actions(engine, processor.build_request("act", {"inputs": o},
-                                                                                  SamplingParams(), {})))
+        request = processor.build_request("act", {"inputs": o}, SamplingParams(), processor.check_params({}))
+        actions, finished = server.call(_actions(engine, request))
         assert finished.reason.value == "stop", finished
         assert server.call(_hits(engine)) - before == reused * reusable, name
         assert np.abs(actions - oracle(o)).max() <= TOL, name
