@@ -13,10 +13,12 @@ from walkserve.core.sampling import SamplingParams
 from walkserve.engines.spec import BuildContext
 from walkserve.models.base import ModelRef
 from walkserve.models.registry import load_model
+from walkserve.protocol import messages as m
 from walkserve.testing.fixtures.base import FixtureParams
 from walkserve.testing.fixtures.requests import fixture_request, prompt
 from walkserve.testing.reference import ReferenceExecutor
 from walkserve.testing.simulator import Simulator
+from walkserve.worker.outgoing import CONDUCTOR
 
 
 def setup(family):
@@ -164,3 +166,39 @@ def test_a_walk_input_handed_on_reaches_the_next_walk_the_worker_starts():
         assert res.error is None and [o.value.tolist() for o in res.outputs] == [[1], [11], [21], [31]]
         assert sim.stats.walks_started_by_workers == (3 if local_walks else 0)
         assert sim.stats.start_walks == (1 if local_walks else 4)
+
+
+class _Rows(Simulator):
+    """Records the rows of every Values message one rank sends another."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rows: list[tuple[str, int]] = []  # (node, rows) per message
+
+    def _flush(self, rank: int) -> None:
+        for dest, msg in self.executors[rank].out.take():
+            if isinstance(msg, m.Values):
+                self.rows.append((msg.node, len(msg.request_ids)))
+            if dest != CONDUCTOR:
+                self.stats.messages += 1
+            self.channels[(("rank", rank), dest)].append(msg)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_step_handed_to_another_rank_goes_in_two_halves_with_the_same_outputs(seed):
+    """``split_steps``: the 12 members' step of a (read by b on the other rank) leaves as two messages of at
+    most 6 rows, so rank 1 can run b on the first half while rank 0 runs a on the second; outputs unchanged."""
+    graph, comps, ref = setup("fixture-nested")
+    place = {"a": 0, "b": 1, "c": 0}
+    requests = [fixture_request("fixture-nested", seed * 100 + i) for i in range(12)]
+    seen = {}
+    for split in (0, 4):
+        sim = _Rows(graph, comps, lambda w, n: place[n], seed=seed, groups=1.0, split_steps=split)
+        for r in requests:
+            sim.submit(r)
+        results = sim.run()
+        for r in requests:
+            assert normalized(results[r.id]) == normalized(ref.run(r)), r.id
+        seen[split] = (max(n for node, n in sim.rows if node == "a"), sim.executors[0].counters["split_steps"])
+    assert seen[0][0] > 6 and seen[0][1] == 0  # without it, a step of a leaves whole
+    assert seen[4][0] <= 6 and seen[4][1] > 0

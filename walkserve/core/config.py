@@ -33,6 +33,10 @@ class RuntimeConfig:
     Chrome/Perfetto trace file per request. ``timings``: the conductor and workers record
     per-firing timing records (docs/operability.md); ``AsyncEngine.start`` turns it on when
     timelines, a trace directory or OpenTelemetry (``OTEL_*``) want them.
+    ``split_steps``: a cohort's step whose outputs another rank reads goes in
+    two halves once it holds at least this many members, so the other rank
+    works on the first half while this one runs the second (0: never split;
+    docs/runtime.md, "Loops split over ranks").
     """
 
     max_running: int = 256
@@ -57,6 +61,7 @@ class RuntimeConfig:
     stream_ttfa_budget_s: float = 1.0  # a stream that cannot start within this waits no longer: 429 at once
     max_streams: int = 0  # a bound on admitted streams beside the estimate (0: none)
     stream_warmup: int = 4  # streams admitted at once before any step cost is measured
+    split_steps: int = 16
 
     def __post_init__(self) -> None:
         if self.max_running < 1:
@@ -67,6 +72,8 @@ class RuntimeConfig:
             raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.start_timeout_s <= 0:
             raise ConfigError("start_timeout_s must be > 0")
+        if self.split_steps < 0:
+            raise ConfigError(f"split_steps must be >= 0, got {self.split_steps}")
         if self.placement_timeout_s <= 0:
             raise ConfigError("placement_timeout_s must be > 0")
         if self.timelines < 0:

@@ -128,12 +128,14 @@ class Simulator:
         batched: bool = True,
         groups: float = 0.5,
         local_walks: bool = True,
+        split_steps: int = 0,
     ):
         """``groups``: the share of (rank, component) engines that answer groups whole; the rest a few members
         per call."""
         self.graph, self.components, self.ranks_of = graph, components, ranks_of
         self.rng = random.Random(seed)
         self.batched, self.groups, self.local_walks = batched, groups, local_walks
+        self.split_steps = split_steps
         self.placement = placement_of(graph, ranks_of)
         self.executors: dict[int, Executor] = {}
         self.channels: dict[tuple, deque] = defaultdict(deque)  # (src, dst) -> messages in order
@@ -153,7 +155,8 @@ class Simulator:
                 grouped = self.rng.random() < self.groups
                 engines[name] = _GroupEngine(name, module) if grouped else _YieldingEngine(name, module, self.rng)
             ex = self.executors[rank] = Executor(
-                rank, self.graph, engines, concat, self.placement, self.batched, (to_array, to_tensor)
+                rank, self.graph, engines, concat, self.placement, self.batched, (to_array, to_tensor),
+                split_steps=self.split_steps,
             )
         return ex
 

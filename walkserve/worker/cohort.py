@@ -86,6 +86,11 @@ class Cohort:
     def members(self) -> int:
         return sum(1 for b in (*self.buckets, self.joining) for m in b if m.live)
 
+    def size(self) -> int:
+        """Members in the cohort's buckets (those that ended may still be counted until a pass drops them; those a
+        pass took out of their bucket to run a unit are not)."""
+        return sum(len(b) for b in self.buckets)
+
     def yielded(self) -> int:
         return sum(1 for b in self.buckets for m in b if m.phase is YIELDED)
 
@@ -337,8 +342,10 @@ class Cohorts:
     """The rank's cohorts: one per local level (per request too with loop cohorts off), the members that join
     them, the rows that reach a walk's members, and the passes."""
 
-    def __init__(self, fx: Effects, engines: EngineSet, deadlines: Deadlines, batched: bool = True):
+    def __init__(self, fx: Effects, engines: EngineSet, deadlines: Deadlines, batched: bool = True,
+                 split_steps: int = 0):
         self.fx, self.engines, self.deadlines, self.batched = fx, engines, deadlines, batched
+        self.split_steps = split_steps  # a hand-off step of at least this many members goes in two halves
         self.by_key: dict[Any, Cohort] = {}
         self.gathered: dict[Engine, list[Call]] = {}  # the gathering engines' calls, for after the pass
 
@@ -432,6 +439,12 @@ class Cohorts:
     def pick(self, cohort: Cohort, unit: NodeUnit, engine: Engine, ready: list[Member], stay: list[Member]) -> list[Member]:
         """The members one step of ``unit`` takes (``deadlines``); the others wait in ``stay`` for a later pass."""
         take, wait = self.deadlines.pick(unit.node, ready, engine.step_capacity())
+        if unit.sends and self.split_steps and len(take) >= self.split_steps:
+            half = (cohort.size() + len(ready) + 1) // 2  # of the cohort's members; ``ready`` left its bucket
+            if len(take) > half:
+                wait = take[half:] + wait
+                take = take[:half]
+                self.fx.count("split_steps")
         if wait:
             stay.extend(wait)
             self.fx.touch(cohort)

@@ -57,16 +57,18 @@ class Executor:
         convert: tuple[Callable, Callable] | None = None,
         scheduling: StreamScheduling | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        split_steps: int = 0,
     ):
         """``concat`` joins stream items and accumulated exits; ``convert`` = (to_array, to_tensor) for the
         state machine's values when this rank starts next walks itself (needs ``placement``). ``scheduling``
-        orders a step's members (``deadlines``) on ``clock`` (a test's virtual clock)."""
+        orders a step's members (``deadlines``) on ``clock`` (a test's virtual clock). ``split_steps``: a step
+        handing outputs to another rank goes in two halves from this many members on (0: never; ``cohort``)."""
         self.rank, self.graph, self.placement, self.convert = rank, graph, placement, convert
         self.fx = Effects(rank, concat)
         self.engine_set = EngineSet(engines, clock)
         self.scheduling = scheduling or StreamScheduling()
         self.deadlines = Deadlines(self.scheduling, self.engine_set.costs, clock)
-        self.cohorts = Cohorts(self.fx, self.engine_set, self.deadlines, batched)
+        self.cohorts = Cohorts(self.fx, self.engine_set, self.deadlines, batched, split_steps)
         self.engines, self.out, self.counters = self.engine_set.engines, self.fx.out, self.fx.counters
         self.programs = {w: compile_program(p) for w, p in graph.plans.items()}
         self.requests: dict[str, RequestState] = {}

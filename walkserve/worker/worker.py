@@ -61,7 +61,7 @@ class Worker:
         self.sent_to: dict[int, list[float]] = defaultdict(lambda: [0, 0, 0, 0.0])  # messages, tensors, bytes, pack s
         self.executor = Executor(
             rank, graph, engines, concat, placement, batched=spec.config.cohorts, convert=(to_array, to_tensor),
-            scheduling=spec.config.stream_scheduling,
+            scheduling=spec.config.stream_scheduling, split_steps=spec.config.split_steps,
         )
         self.timing = TimingLog(rank) if spec.config.timings else None  # firings and transfers, per request
         self.executor.engine_set.timing = self.timing
