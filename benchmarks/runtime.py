@@ -172,12 +172,15 @@ def compute_ratio(batch: int, steps: int, ms: float, threads: int, repeat: int =
     return bare, served, served / bare
 
 
+HALVES = 16  # split_steps of the row that sends a split loop's steps in two halves
+
+
 def _overhead_rows(args: argparse.Namespace, steps: int, repeat: int) -> list[tuple]:
     """One row per configuration: (fixture, workers, batch, client, median, min, max, per request-step, CPU x3)."""
     batches = (1, 16) if args.quick else (1, 16, 64)
     big = batches[-1]
     configs = [("loop", w, b, False, None) for w in (1, 2) for b in batches]
-    configs += [("loop", 2, big, False, 0), ("loop", 1, big, True, None)]
+    configs += [("loop", 2, big, False, HALVES), ("loop", 1, big, True, None)]
     configs += [("streamed loop", w, big, False, None) for w in (1, 2)]
     rows = []
     for what, workers, b, streams, split in configs:
@@ -187,7 +190,7 @@ def _overhead_rows(args: argparse.Namespace, steps: int, repeat: int) -> list[tu
         mid = statistics.median(runs)
         shares = [cpu.get(role, float("nan")) for role in ("workers", "conductor", "frontend")]
         client = "streams" if streams else "run"
-        label = f"{workers}" if split is None else f"{workers}, whole steps (split_steps 0)"
+        label = f"{workers}" if split is None else f"{workers}, in halves (split_steps {split})"
         rows.append((what, label, b, client, mid, min(runs), max(runs), mid / b, *shares))
     return rows
 
@@ -195,7 +198,7 @@ def _overhead_rows(args: argparse.Namespace, steps: int, repeat: int) -> list[tu
 def split_ratios(rows: list[tuple]) -> list[tuple]:
     """(fixture, batch, split µs, colocated µs, split / colocated) for every split row with its colocated twin."""
     one = {(r[0], r[2], r[3]): r[4] for r in rows if r[1] == "1"}
-    return [(r[0] + ("" if r[1] == "2" else " (whole steps)"), r[2], r[4], one[(r[0], r[2], r[3])],
+    return [(r[0] + ("" if r[1] == "2" else " (in halves)"), r[2], r[4], one[(r[0], r[2], r[3])],
              r[4] / one[(r[0], r[2], r[3])])
             for r in rows if r[1].startswith("2") and (r[0], r[2], r[3]) in one]
 

@@ -15,7 +15,7 @@ from walkserve.protocol import messages as m
 from walkserve.protocol.codec import BadMessage, decode, encode
 from walkserve.transport import rundir, shm
 from walkserve.transport.ipc import Inbox, Outbox
-from walkserve.transport.tensors import TensorCodec, unpack
+from walkserve.transport.tensors import TensorCodec, stack_rows, unpack
 
 
 def test_run_dir_is_private(tmp_path, monkeypatch):
@@ -91,3 +91,13 @@ def test_sweep_removes_segments_of_dead_runs_and_keeps_live_ones():
         for name in (f"ws-{dead_run}-r0-0", f"ws-{live_run}-r0-0"):
             if (shm.SHM_DIR / name).exists():
                 (shm.SHM_DIR / name).unlink()
+
+
+def test_stack_rows_stacks_only_tensors_of_one_dtype_and_shape():
+    rows = [torch.tensor([i, i + 1]) for i in range(5)]
+    assert torch.equal(stack_rows(rows), torch.tensor([[i, i + 1] for i in range(5)]))
+    assert stack_rows([torch.tensor([1]), torch.tensor([2.5])]) is None  # torch.stack would promote to float
+    assert stack_rows([torch.tensor([1.5]), torch.tensor([2], dtype=torch.int32)]) is None
+    assert stack_rows([torch.tensor([1]), torch.tensor([1, 2])]) is None
+    assert stack_rows([torch.tensor([1]), 2]) is None
+    assert stack_rows([3, torch.tensor([1])]) is None

@@ -35,8 +35,9 @@ class RuntimeConfig:
     timelines, a trace directory or OpenTelemetry (``OTEL_*``) want them.
     ``split_steps``: a cohort's step whose outputs another rank reads goes in
     two halves once it holds at least this many members, so the other rank
-    works on the first half while this one runs the second (0: never split;
-    docs/runtime.md, "Loops split over ranks").
+    can work on the first half while this one runs the second (0, the
+    default: never split; on a loaded 2-core machine the halves' extra
+    messages cost more than the overlap gives: docs/performance.md).
     """
 
     max_running: int = 256
@@ -61,7 +62,7 @@ class RuntimeConfig:
     stream_ttfa_budget_s: float = 1.0  # a stream that cannot start within this waits no longer: 429 at once
     max_streams: int = 0  # a bound on admitted streams beside the estimate (0: none)
     stream_warmup: int = 4  # streams admitted at once before any step cost is measured
-    split_steps: int = 16
+    split_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.max_running < 1:

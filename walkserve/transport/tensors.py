@@ -51,11 +51,15 @@ def stack_rows(values: list) -> torch.Tensor | None:
     first = values[0]
     if not isinstance(first, torch.Tensor):
         return None
-    shape, dtype = first.shape, first.dtype
-    for v in values:
-        if not isinstance(v, torch.Tensor) or v.shape != shape or v.dtype != dtype:
+    dtype = first.dtype
+    try:
+        stacked = torch.stack(values)  # refuses a value that is not a tensor, or of another shape or device
+    except (TypeError, RuntimeError):
+        return None
+    for v in values:  # stack would promote mixed dtypes: such values travel one by one
+        if v.dtype != dtype:
             return None
-    return torch.stack(values)
+    return stacked
 
 
 def unpack(msg: TensorMsg) -> torch.Tensor:
