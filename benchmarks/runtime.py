@@ -21,6 +21,7 @@ import asyncio
 import os
 import statistics
 import time
+from contextlib import ExitStack
 from dataclasses import replace
 
 from benchmarks.common import conditions, table
@@ -71,7 +72,7 @@ def windows(steps: int, window: int = 28, stride: int = 7) -> int:
 
 def null_overhead(
     batch: int, workers: int, steps: int, threads: int, repeat: int = 3, streams: bool = False,
-    family: str = "fixture-bench-null", split_steps: int | None = None,
+    family: str = "fixture-bench-null",
 ) -> tuple[list[float], dict[str, float]]:
     """Wall µs per loop step with B requests in lockstep (one value per measured run), and CPU µs per step by process.
 
@@ -82,15 +83,12 @@ def null_overhead(
     slower (freshly forked workers touching their pages, caches filling), which is not the
     steady state this measures. The CPU figures cover all measured runs: the worker
     processes (summed), the conductor, and this process (the frontend: the in-process
-    API's event loop, which receives every output). ``split_steps`` overrides
-    ``RuntimeConfig.split_steps`` (0: a hand-off step leaves whole).
+    API's event loop, which receives every output).
     """
     nodes = ("a", "b") if family == "fixture-bench-null" else ("lm", "codec")
     assign = {nodes[0]: 0, nodes[1]: 0 if workers == 1 else 1}
     want = steps if family == "fixture-bench-null" else windows(steps)
     config = RuntimeConfig(max_running=max(256, batch), worker_threads=threads)
-    if split_steps is not None:
-        config = replace(config, split_steps=split_steps)
     runs = []
     with Engine.start(family, placement=_placement(workers, assign), config=config) as engine:
         pids = {
@@ -172,35 +170,67 @@ def compute_ratio(batch: int, steps: int, ms: float, threads: int, repeat: int =
     return bare, served, served / bare
 
 
-HALVES = 16  # split_steps of the row that sends a split loop's steps in two halves
-
-
 def _overhead_rows(args: argparse.Namespace, steps: int, repeat: int) -> list[tuple]:
-    """One row per configuration: (fixture, workers, batch, client, median, min, max, per request-step, CPU x3)."""
     batches = (1, 16) if args.quick else (1, 16, 64)
-    big = batches[-1]
-    configs = [("loop", w, b, False, None) for w in (1, 2) for b in batches]
-    configs += [("loop", 2, big, False, HALVES), ("loop", 1, big, True, None)]
-    configs += [("streamed loop", w, big, False, None) for w in (1, 2)]
+    configs = [("loop", w, b, False) for w in (1, 2) for b in batches] + [("loop", 1, batches[-1], True)]
+    configs.append(("streamed loop", 1, batches[-1], False))
     rows = []
-    for what, workers, b, streams, split in configs:
+    for what, workers, b, streams in configs:
         family = "fixture-bench-null" if what == "loop" else "fixture-bench-stream"
-        runs, cpu = null_overhead(b, workers, steps, args.threads, repeat=repeat, streams=streams, family=family,
-                                  split_steps=split)
+        runs, cpu = null_overhead(b, workers, steps, args.threads, repeat=repeat, streams=streams, family=family)
         mid = statistics.median(runs)
         shares = [cpu.get(role, float("nan")) for role in ("workers", "conductor", "frontend")]
         client = "streams" if streams else "run"
-        label = f"{workers}" if split is None else f"{workers}, in halves (split_steps {split})"
-        rows.append((what, label, b, client, mid, min(runs), max(runs), mid / b, *shares))
+        rows.append((what, f"{workers}", b, client, mid, min(runs), max(runs), mid / b, *shares))
     return rows
 
 
-def split_ratios(rows: list[tuple]) -> list[tuple]:
-    """(fixture, batch, split µs, colocated µs, split / colocated) for every split row with its colocated twin."""
-    one = {(r[0], r[2], r[3]): r[4] for r in rows if r[1] == "1"}
-    return [(r[0] + ("" if r[1] == "2" else " (in halves)"), r[2], r[4], one[(r[0], r[2], r[3])],
-             r[4] / one[(r[0], r[2], r[3])])
-            for r in rows if r[1].startswith("2") and (r[0], r[2], r[3]) in one]
+HALVES = 16  # split_steps of the row whose split loop sends each step in two halves
+
+
+def split_pair(
+    family: str, batch: int, steps: int, threads: int, rounds: int, split_steps: int | None = None,
+) -> tuple[float, float, float]:
+    """(colocated µs per step, split µs per step, split / colocated): medians over ``rounds``.
+
+    Both runtimes run at once, the fixture's two nodes on one worker and on two, and
+    their rounds alternate, so both see the same machine; the ratio is the median of
+    each round's split time over the colocated round just before it. ``split_steps``
+    overrides ``RuntimeConfig.split_steps`` for the split runtime.
+    """
+    nodes = ("a", "b") if family == "fixture-bench-null" else ("lm", "codec")
+    want = steps if family == "fixture-bench-null" else windows(steps)
+    times: tuple[list[float], list[float]] = ([], [])
+    with ExitStack() as stack:
+        engines = []
+        for workers in (1, 2):
+            config = RuntimeConfig(max_running=max(256, batch), worker_threads=threads)
+            if workers == 2 and split_steps is not None:
+                config = replace(config, split_steps=split_steps)
+            place = _placement(workers, {nodes[0]: 0, nodes[1]: workers - 1})
+            engines.append(stack.enter_context(Engine.start(family, placement=place, config=config)))
+        for engine in engines:
+            engine.run(_requests(batch, steps))  # warm up
+        for _ in range(rounds):
+            for engine, runs in zip(engines, times):
+                t0 = time.perf_counter()
+                counts = [len(r.events) for r in engine.run(_requests(batch, steps))]
+                runs.append((time.perf_counter() - t0) / steps * 1e6)
+                assert counts == [want] * batch, "a request lost outputs"
+    ratio = statistics.median(s / c for c, s in zip(*times))
+    return statistics.median(times[0]), statistics.median(times[1]), ratio
+
+
+def _split_rows(args: argparse.Namespace, steps: int) -> list[tuple]:
+    batches = (1, 16) if args.quick else (1, 16, 64)
+    rounds = 2 if args.quick else 5
+    configs = [("loop", b, None) for b in batches] + [("loop, in halves", batches[-1], HALVES)]
+    configs.append(("streamed loop", batches[-1], None))
+    rows = []
+    for what, b, split in configs:
+        family = "fixture-bench-stream" if what.startswith("streamed") else "fixture-bench-null"
+        rows.append((what, b, *split_pair(family, b, steps, args.threads, rounds, split)))
+    return rows
 
 
 def main(argv: list[str]) -> int:
@@ -218,9 +248,9 @@ def main(argv: list[str]) -> int:
         return report(args.quick, args.steps, args.threads, args.payload_mib)
     steps = 30 if args.quick else args.steps
     repeat = 1 if args.quick else 3
+    load = "/".join(f"{x:.2f}" for x in os.getloadavg())
     rows = _overhead_rows(args, steps, repeat)
     runs_note = "one measured run" if args.quick else "median, min and max of 3 measured runs after a full-size warm-up run"
-    load = "/".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"## Runtime overhead (Null engine)\n\nconditions: {conditions()}; load average {load} (1/5/15 min) at the start; "
           f"{steps} loop steps; worker threads {args.threads}; {runs_note}\n")
     print(table(["fixture", "workers", "batch", "client", "µs per step", "min", "max", "µs per request-step",
@@ -232,10 +262,15 @@ def main(argv: list[str]) -> int:
           f"submission, events gathered into lists); streams = one generate() stream per request, "
           f"as the HTTP server reads them. Streamed loop: lm ~> SlidingWindow(28, 7) ~> codec, the "
           f"codec's 2,048-sample frames to the client.")
-    print(f"\n## Split over two workers against colocated (same run; load average {load} at the start, "
-          f"{'/'.join(f'{x:.2f}' for x in os.getloadavg())} now)\n")
-    print(table(["fixture", "batch", "split µs per step", "colocated µs per step", "split / colocated"],
-                split_ratios(rows)))
+    split_load = "/".join(f"{x:.2f}" for x in os.getloadavg())
+    split = _split_rows(args, steps)
+    print(f"\n## Split over two workers against colocated (load average {split_load} at the start, "
+          f"{'/'.join(f'{x:.2f}' for x in os.getloadavg())} at the end)\n")
+    print(table(["fixture", "batch", "colocated µs per step", "split µs per step", "split / colocated"], split))
+    print(f"\nBoth runtimes up at once, {2 if args.quick else 5} alternating rounds of {steps} steps each "
+          f"after a warm-up; medians; the ratio is the median of the rounds' ratios. Loop: a on rank 0, b on "
+          f"rank 1 (the carry and the stop rule's decision go back each step); in halves: "
+          f"RuntimeConfig(split_steps={HALVES}); streamed loop: lm on rank 0, codec on rank 1.")
     c_steps = 20 if args.quick else 100
     n_steps = 4 if args.quick else 20
     busy = [("flat loop", c_steps, *compute_ratio(16, c_steps, 5.0, args.threads, repeat=repeat)),
