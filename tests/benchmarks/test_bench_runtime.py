@@ -78,3 +78,14 @@ def test_quick_runtime_benchmark_prints_every_target_row():
         assert re.search(rf"^\| {fixture} \| {workers} \| 16 \| \w+ \| {number} \|", out, re.MULTILINE), out
     for loop in ("flat loop", r"nested loop \(1 \+ 15 calls per step\)"):
         assert re.search(rf"^\| {loop} \| \d+ \| {number} \| {number} \| {number} \|$", out, re.MULTILINE), out
+
+
+def test_split_pair_runs_both_placements_in_alternating_rounds():
+    from benchmarks.runtime import split_pair
+
+    # split_steps 2: the split runtime sends each step of the 4 requests in two halves; every output still
+    # arrives (split_pair asserts each request's count in every round)
+    colocated, split, ratio = split_pair("fixture-bench-null", batch=4, steps=30, threads=1, rounds=2, split_steps=2)
+    assert colocated > 0 and split > 0 and ratio > 0
+    _, _, ratio = split_pair("fixture-bench-stream", batch=2, steps=30, threads=1, rounds=1)
+    assert ratio > 0
