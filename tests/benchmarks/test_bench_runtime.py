@@ -80,6 +80,7 @@ def test_quick_runtime_benchmark_prints_every_target_row():
         assert re.search(rf"^\| {loop} \| \d+ \| {number} \| {number} \| {number} \|$", out, re.MULTILINE), out
 
 
+@pytest.mark.slow
 def test_split_pair_runs_both_placements_in_alternating_rounds():
     from benchmarks.runtime import split_pair
 
