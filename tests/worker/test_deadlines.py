@@ -167,18 +167,22 @@ def test_deadline_free_work_is_not_starved():
     assert [m.rid for m in d.pick(LM, [text, stream], capacity=1)[0]] == ["s"]
 
 
-def test_pacing_holds_streams_far_ahead_only_while_others_wait():
+def test_pacing_holds_streams_far_ahead_only_while_others_wait_for_a_full_step():
     d, clock, _ = scheduler(pace_slack_s=1.0)
-    ahead, new = member("ahead", 400), member("new", 0)
+    ahead, ahead2, new = member("ahead", 400), member("ahead2", 400), member("new", 0)
     started(d, clock, ahead, 0.0)
-    clock.t = 0.5  # ahead has ~4.5 s of audio left to play
-    take, wait = d.pick(LM, [ahead, new], capacity=None)
+    started(d, clock, ahead2, 0.0)
+    clock.t = 0.5  # the two ahead have ~4.5 s of audio left to play
+    take, wait = d.pick(LM, [ahead, new], capacity=1)
     assert [m.rid for m in take] == ["new"] and [m.rid for m in wait] == ["ahead"]
     assert d.counts["held_paced"] == 1
     d.new_pass()  # the pass before had other work: held once more ...
-    assert d.pick(LM, [ahead], capacity=None)[1] == [ahead]
-    d.new_pass()  # ... and then nothing else is waiting: it runs
-    assert d.pick(LM, [ahead], capacity=None) == ([ahead], [])
+    assert d.pick(LM, [ahead, ahead2], capacity=1) == ([], [ahead, ahead2])
+    d.new_pass()  # ... and then nothing else is waiting: the step takes one
+    assert d.pick(LM, [ahead, ahead2], capacity=1)[0] == [ahead]
+    d.new_pass()
+    assert d.pick(LM, [ahead, new], capacity=None) == ([new, ahead], [])  # room for both: nothing is held
+    assert d.counts["held_paced"] == 3
 
 
 def test_fifo_takes_every_member_in_order_and_still_measures():

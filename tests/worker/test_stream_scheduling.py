@@ -71,8 +71,9 @@ class Codec(TimedEngine):
 
 
 def run(mode: str, arrivals: list[tuple[float, str, int]], lm=(0.002, 0.001, 16), codec=(0.001, 0.0005, None),
-        **knobs) -> tuple[dict[str, list[tuple[float, float]]], Executor]:
-    """Every stream's audio chunks as (arrival time, seconds), and the executor (for its stats)."""
+        stall: tuple[float, float] | None = None, **knobs) -> tuple[dict[str, list[tuple[float, float]]], Executor]:
+    """Every stream's audio chunks as (arrival time, seconds), and the executor (for its stats). ``stall``:
+    (at, seconds): once the clock passes ``at`` the rank stops for ``seconds`` (descheduled on a busy machine)."""
     clock = Clock()
     engines = {"lm": LM("lm", clock, *lm), "codec": Codec("codec", clock, *codec)}
     ex = Executor(0, build_graph(), engines, concat, scheduling=StreamScheduling(mode=mode, **knobs), clock=clock)
@@ -83,6 +84,8 @@ def run(mode: str, arrivals: list[tuple[float, str, int]], lm=(0.002, 0.001, 16)
             ex.receive(m.StartWalk(rid, "decode", {"lm": 0, "codec": 0}, {"last": torch.tensor([AUDIO_CODE_BASE])},
                                    SpeechParams(), SamplingParams(max_tokens=tokens)))
         moved = ex.advance()
+        if stall and clock.t >= stall[0]:
+            clock.t, stall = clock.t + stall[1], None
         for _, msg in ex.out.take():
             if isinstance(msg, m.ClientOuts):
                 for rid, value in zip(msg.request_ids, msg.values, strict=True):
@@ -136,3 +139,25 @@ def test_the_rank_counts_the_gaps_the_client_hears():
     stats = ex.stats()
     assert stats.scheduling["gaps"] == sum(gaps(c) for c in audio.values()) > 0
     assert stats.scheduling["held_paced"] == stats.scheduling["held_capacity"] == 0  # fifo holds nothing back
+
+
+# two long streams and, while they play, a short one arriving every 0.2 s: at most four at once, well within the
+# rank's capacity (the LM step has room for all of them), so nothing competes for a step. The rank stalls for
+# 1.5 s at 3 s (descheduled on a busy machine): the audio a stream had buffered at the client carries it over.
+CALM = [(0.0, "long0", 1000), (0.05, "long1", 1000)] + [(0.1 + 0.2 * i, f"short{i}", 60) for i in range(30)]
+CALM_LM = (0.002, 0.0002, 16)
+
+
+def test_deadline_scheduling_does_not_pace_streams_when_the_step_has_room():
+    """Pacing holds a stream far ahead of playback only to give its place in a full step to one that needs it.
+    Before, it held a stream whenever another was ready (every new stream before its first chunk is), so under
+    a steady trickle of arrivals each long stream's lead stayed near ``pace_slack_s`` and the stall gapped them,
+    where fifo's had seconds of audio buffered."""
+    fifo_audio, _ = run(FIFO, CALM, lm=CALM_LM, stall=(3.0, 1.5))
+    deadline_audio, ex = run(DEADLINE, CALM, lm=CALM_LM, stall=(3.0, 1.5))
+    fifo_gaps = {rid: gaps(c) for rid, c in fifo_audio.items()}
+    deadline_gaps = {rid: gaps(c) for rid, c in deadline_audio.items()}
+    assert fifo_gaps["long0"] == fifo_gaps["long1"] == 0
+    assert deadline_gaps["long0"] == deadline_gaps["long1"] == 0, deadline_gaps
+    assert sum(deadline_gaps.values()) <= sum(fifo_gaps.values()), (deadline_gaps, fifo_gaps)
+    assert ex.stats().scheduling["held_paced"] == ex.stats().scheduling["held_capacity"] == 0

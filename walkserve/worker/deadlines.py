@@ -23,9 +23,11 @@ the next pass::
     STREAM   streams with slack to spare: least slack first
     FREE     work with no deadline (non-streamed requests, text): longest waiting first
 
-Pacing: a stream with slack above ``pace_slack_s`` waits while other work is
-ready on this rank (in this pass or the one before), so its compute goes to
-the streams that need it; with nothing else waiting it runs. ``fifo`` mode
+Pacing: when the ready members are more than one step takes, a stream with
+slack above ``pace_slack_s`` waits while other work is ready on this rank (in
+this pass or the one before), so its place goes to the streams that need it;
+with room in the step, or nothing else waiting, it runs (holding it back then
+would only shrink the audio its client has buffered against a late step). ``fifo`` mode
 keeps the former order (every ready member, as they came) and only measures.
 """
 
@@ -96,12 +98,15 @@ class Deadlines:
             return ready, []
         needy = sum(1 for p in prios if not p.paced)
         self.waiting += needy
-        pace = needy > 0 or self.waited > 0  # other work is ready: streams far ahead wait
+        # streams far ahead wait only for a place in a full step that work in need takes: with room for all, a
+        # batched step costs about the same, and holding them back only shrinks the audio the client has buffered
+        pace = len(ready) > cap and (needy > 0 or self.waited > 0)
         order = sorted(range(len(ready)), key=lambda i: (prios[i].tier, prios[i].key))
         take = [i for i in order if not (pace and prios[i].paced)][:cap]
         chosen = set(take)
-        self.counts["held_paced"] += sum(1 for i in order if i not in chosen and prios[i].paced)
-        self.counts["held_capacity"] += sum(1 for i in order if i not in chosen and not prios[i].paced)
+        held_paced = sum(1 for i in order if i not in chosen and pace and prios[i].paced)
+        self.counts["held_paced"] += held_paced
+        self.counts["held_capacity"] += len(ready) - len(take) - held_paced
         self._dispatched(node, [prios[i] for i in take])
         return [ready[i] for i in take], [ready[i] for i in order if i not in chosen]
 
