@@ -86,6 +86,9 @@ async def realtime_session(url: str, turns: list[bytes], tokens: int) -> tuple[l
                     first = time.monotonic()
                     await conn.response.cancel()
                 if event.type == "response.done":  # an answer that ended before the cancel arrived has no figure
+                    if first is None:
+                        raise RuntimeError(f"an answer ended {event.response.status} before any audio: "
+                                           f"{event.response.status_details}")
                     if event.response.status == "cancelled":
                         cancels.append(time.monotonic() - first)
                     break
@@ -112,6 +115,8 @@ async def chat_session(url: str, turns: list[bytes], tokens: int) -> list[float]
                     if (audio or {}).get("data"):
                         first = time.monotonic()
                         break
+            if first is None:
+                raise RuntimeError(f"a chat answer streamed no audio (HTTP {reply.status_code})")
             latencies.append(first - end)
             history.append({"role": "assistant", "content": transcript})
     return latencies
@@ -124,7 +129,10 @@ async def serve(path: Path):
     from walkserve.core.config import RuntimeConfig
     from walkserve.entrypoint.engine import AsyncEngine
 
-    engine = await AsyncEngine.start("qwen3-omni", None, model_path=str(path), config=RuntimeConfig(max_running=64))
+    # Admission by count: this bench times answers, and capacity admission (measured by `bench tts --only load`)
+    # could turn a session's answer away on a busy machine, which leaves that turn without a figure.
+    config = RuntimeConfig(max_running=64, admission="count")
+    engine = await AsyncEngine.start("qwen3-omni", None, model_path=str(path), config=config)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(build_app(engine, ServerConfig(max_audio_seconds=60)), log_level="warning"))
