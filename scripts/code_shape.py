@@ -13,6 +13,10 @@ import pathlib
 import statistics
 import sys
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from the root: tests/ importable
+
+from tests.test_layering import cycles as circles  # one Tarjan, shared with the layering test
+
 PACKAGE = pathlib.Path("walkserve")
 SHARED = {"common"}  # models/common is every family's base, not a family
 
@@ -54,39 +58,6 @@ def import_edges(parsed: dict[pathlib.Path, ast.Module], runtime_only: bool) -> 
                 out |= {f"{n.module}.{a.name}" if f"{n.module}.{a.name}" in mods else n.module for a in n.names}
         edges[mod] = {t for t in out if t in mods and t != mod and mods[t].name != "__init__.py"}
     return edges
-
-
-def circles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found: list[list[str]] = []
-    sys.setrecursionlimit(10_000)
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in edges.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            part = []
-            while True:
-                w = stack.pop()
-                part.append(w)
-                if w == v:
-                    break
-            if len(part) > 1:
-                found.append(sorted(part))
-
-    for v in edges:
-        if v not in index:
-            visit(v)
-    return found
 
 
 def family_imports(parsed: dict[pathlib.Path, ast.Module]) -> None:
