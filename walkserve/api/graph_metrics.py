@@ -29,6 +29,9 @@ TRANSFER_COUNTERS = (  # (family, key, help)
     ("walkserve_transfer_tensors", "tensors", "Tensors (chunks) a rank sent to a peer rank."),
     ("walkserve_transfer_bytes", "bytes", "Tensor bytes a rank sent to a peer rank (shared memory or inline)."),
     ("walkserve_transfer_seconds", "seconds", "Seconds a rank spent packing, encoding and sending to a peer rank."),
+    ("walkserve_transfer_frames", "frames", "Frames (one per flush: all messages of a heartbeat) a rank sent to a peer."),
+    ("walkserve_transfer_direct_frames", "direct_frames",
+     "Of those frames, the ones sent over the node's datagram socket rather than ZeroMQ."),
 )
 KV_GAUGES = (
     ("walkserve_kv_pool_blocks_used", "kv_blocks_used", "KV blocks in use, per pool (component and rank)."),

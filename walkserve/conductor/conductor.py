@@ -53,6 +53,7 @@ class Conductor:
         self.ready: dict[int, bool] = {r: False for r in placement.ranks}
         self.addresses: dict[int, str] = {}
         self.nodes: dict[int, str] = {}  # rank -> its node (from Ready): same node, shared memory
+        self.direct: dict[int, str] = {}  # rank -> its datagram socket for workers of its node (from Ready)
         self.hosts: dict[int, str] = {}  # rank -> its node's IP (from Ready)
         self.down: dict[int, str] = {}  # ranks that cannot be restarted for now -> why
         self.load: dict[int, int] = defaultdict(int)
@@ -360,13 +361,17 @@ class Conductor:
         self.ready[msg.rank] = True
         self.addresses[msg.rank] = msg.address
         self.nodes[msg.rank], self.hosts[msg.rank] = msg.node, msg.host
+        if msg.direct:
+            self.direct[msg.rank] = msg.direct
+        else:
+            self.direct.pop(msg.rank, None)
         self.down.pop(msg.rank, None)
         if self.placement.ranks[msg.rank].transport == "tcp":
             self.outbox.connect(("rank", msg.rank), msg.address)
         log.info("rank %d ready (pid %d, %s)", msg.rank, msg.pid, msg.address)
         if all(self.ready.values()):
             for rank in self.placement.ranks:
-                self.outbox.put(("rank", rank), m.Peers(dict(self.addresses), dict(self.nodes)))
+                self.outbox.put(("rank", rank), m.Peers(dict(self.addresses), dict(self.nodes), dict(self.direct)))
             if self.state in ("starting", "degraded"):
                 self.state, self.detail = "ready", "serving"
             self.started_once = True

@@ -38,6 +38,9 @@ class RuntimeConfig:
     can work on the first half while this one runs the second (0, the
     default: never split; on a loaded 2-core machine the halves' extra
     messages cost more than the overlap gives: docs/performance.md).
+    ``direct_peers``: workers of one node send each other their frames over
+    Unix datagram sockets rather than ZeroMQ (one wake-up per hop instead of
+    three; docs/runtime.md); off: ZeroMQ for every frame.
     """
 
     max_running: int = 256
@@ -63,6 +66,7 @@ class RuntimeConfig:
     max_streams: int = 0  # a bound on admitted streams beside the estimate (0: none)
     stream_warmup: int = 4  # streams admitted at once before any step cost is measured
     split_steps: int = 0
+    direct_peers: bool = True
 
     def __post_init__(self) -> None:
         if self.max_running < 1:

@@ -335,7 +335,8 @@ class Failed(msgspec.Struct, tag=True, array_like=True):
 
 
 class Ready(msgspec.Struct, tag=True, array_like=True):
-    """A worker built its components and listens on ``address``; ``node``/``host``: its RankSite's."""
+    """A worker built its components and listens on ``address``; ``node``/``host``: its RankSite's; ``direct``:
+    the path of its datagram socket for workers of its node ("" for none; ``walkserve.transport.direct``)."""
 
     rank: int
     pid: int
@@ -343,6 +344,7 @@ class Ready(msgspec.Struct, tag=True, array_like=True):
     detail: str = ""
     node: str = ""
     host: str = ""
+    direct: str = ""
 
 
 # Upper edges (seconds) of the slack-at-dispatch buckets of ``RankStats.slack``; one more bucket holds the rest.
@@ -376,7 +378,8 @@ class RankStats(msgspec.Struct, kw_only=True):
     shm_sent: int = 0
     shm_to: dict[int, int] = {}  # tensors sent through shared memory, per destination rank
     inline_to: dict[int, int] = {}  # tensors sent inside frames, per destination rank
-    # per destination rank: messages, tensors, bytes (tensor payload) and seconds (packing, encoding, sending)
+    # per destination rank: messages, tensors, bytes (tensor payload), seconds (packing, encoding, sending), frames
+    # and direct_frames (those sent over the node's datagram socket, not ZeroMQ)
     sent_to: dict[int, dict[str, float]] = {}
     address: str = ""  # the inbox it bound
     node: str = ""  # its RankSite's node and host
@@ -452,10 +455,13 @@ class Peers(msgspec.Struct, tag=True, array_like=True):
 
     Ranks on the same node pass big tensors through shared memory; to a rank
     on another node (or of unknown node) tensors travel inside the frames.
+    ``direct``: the ranks that take frames from workers of their node on a
+    datagram socket, and its path.
     """
 
     addresses: dict[int, str]
     nodes: dict[int, str] = {}
+    direct: dict[int, str] = {}
 
 
 Message = (

@@ -4,7 +4,10 @@ Addresses are IPC paths in the run's 0700 directory, or TCP ports on
 127.0.0.1 (ranks configured to use TCP) or on a node's IP (ranks started
 through Ray; the conductor then listens on its node's IP too). Every frame is a codec Batch carrying the
 run token; frames with another token or that do not decode are dropped and
-counted, never executed.
+counted, never executed. Between the workers of one node, frames may go
+through a ``direct`` datagram socket instead (``walkserve.transport.direct``):
+the Inbox then polls and drains both, and the Outbox sends every frame for such
+a peer through its link, so a peer's frames keep their order.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import zmq
 
 from walkserve.protocol.codec import BadMessage, decode, encode
 from walkserve.protocol.messages import Message
+from walkserve.transport.direct import DirectInbox, DirectLink
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +34,19 @@ class Inbox:
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.RCVHWM, 0)
         self.address = self.bind(address)
-        self.bad_frames = 0
+        self.direct: DirectInbox | None = None
+        self._bad = 0
+        self.poller = zmq.Poller()
+        self.poller.register(self.socket, zmq.POLLIN)
+
+    @property
+    def bad_frames(self) -> int:
+        return self._bad + (self.direct.bad_frames if self.direct is not None else 0)
+
+    def listen_direct(self, path: str) -> None:
+        """Receive frames on a datagram socket at ``path`` too (from workers of this node)."""
+        self.direct = DirectInbox(path, self.token)
+        self.poller.register(self.direct.fileno(), zmq.POLLIN)
 
     def bind(self, address: str) -> str:
         """Listen on ``address`` too (``tcp://HOST:0`` picks a free port); returns the bound address."""
@@ -40,7 +56,9 @@ class Inbox:
         return address
 
     def poll(self, timeout_ms: float) -> bool:
-        return bool(self.socket.poll(timeout_ms))
+        if self.direct is None:
+            return bool(self.socket.poll(timeout_ms))
+        return bool(self.poller.poll(timeout_ms))
 
     def receive(self, limit: int = 256) -> list[Message]:
         """Every message waiting now (up to ``limit`` frames), without blocking."""
@@ -53,12 +71,16 @@ class Inbox:
             try:
                 out.extend(decode(frame, self.token))
             except BadMessage as e:
-                self.bad_frames += 1
+                self._bad += 1
                 log.warning("dropped a frame: %s", e)
+        if self.direct is not None:
+            out.extend(self.direct.receive(limit))
         return out
 
     def close(self) -> None:
         self.socket.close(0)
+        if self.direct is not None:
+            self.direct.close()
 
 
 class Outbox:
@@ -70,7 +92,10 @@ class Outbox:
         self.addresses: dict[object, str] = {}
         self.sockets: dict[object, zmq.Socket] = {}
         self.pending: dict[object, list[Message]] = defaultdict(list)
+        self.links: dict[object, DirectLink] = {}  # peers reached through a datagram socket instead
         self.send_s: dict[object, float] = defaultdict(float)  # per peer: time spent encoding and sending (metrics)
+        self.frames: dict[object, int] = defaultdict(int)  # per peer: frames sent
+        self.direct_frames: dict[object, int] = defaultdict(int)  # per peer: of those, through its link
 
     def connect(self, peer: object, address: str) -> None:
         old = self.sockets.pop(peer, None)
@@ -83,20 +108,44 @@ class Outbox:
         sock.connect(address)
         self.sockets[peer] = sock
 
+    def link(self, peer: object, path: str, sender: int) -> None:
+        """From now on, frames for ``peer`` go through a datagram socket to ``path`` (``sender``: our rank)."""
+        self.unlink(peer)
+        self.links[peer] = DirectLink(path, sender)
+
+    def unlink(self, peer: object) -> None:
+        """Frames for ``peer`` go through ZeroMQ again."""
+        old = self.links.pop(peer, None)
+        if old is not None:
+            old.close()
+
+    @property
+    def backlog(self) -> bool:
+        """Frames wait for a peer whose queue was full: ``flush`` again soon."""
+        return any(link.backlog for link in self.links.values())
+
     def put(self, peer: object, message: Message) -> None:
         self.pending[peer].append(message)
 
     def flush(self) -> None:
         for peer, messages in self.pending.items():
             if messages:
-                sock = self.sockets.get(peer)
-                if sock is None:
+                link, sock = self.links.get(peer), self.sockets.get(peer)
+                t0 = time.perf_counter()
+                if link is not None:
+                    link.send(encode(self.token, messages))
+                    self.direct_frames[peer] += 1
+                elif sock is None:
                     log.warning("dropping %d message(s) for unknown peer %r", len(messages), peer)
+                    continue
                 else:
-                    t0 = time.perf_counter()
                     sock.send(encode(self.token, messages), copy=False)
-                    self.send_s[peer] += time.perf_counter() - t0
+                self.frames[peer] += 1
+                self.send_s[peer] += time.perf_counter() - t0
         self.pending.clear()
+        for link in self.links.values():
+            if link.backlog:
+                link.flush()
 
     def send_now(self, peer: object, message: Message) -> None:
         self.put(peer, message)
@@ -107,3 +156,6 @@ class Outbox:
         for sock in self.sockets.values():
             sock.close(linger_ms)
         self.sockets.clear()
+        for link in self.links.values():
+            link.close()
+        self.links.clear()

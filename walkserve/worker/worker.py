@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 STATS_INTERVAL_S = 0.5
 SWEEP_S = 1.0
 IDLE_POLL_MS = 100
+BACKLOG_POLL_MS = 1  # frames wait for a peer's full queue: retry soon
 
 
 class Worker:
@@ -55,6 +56,7 @@ class Worker:
         self.inbox = Inbox(self.ctx, site.inbox, spec.token)
         self.outbox = Outbox(self.ctx, spec.token)
         self.outbox.connect(CONDUCTOR, site.conductor)
+        self.direct = self._listen_direct() if spec.config.direct_peers else ""
         self.codec = TensorCodec(site.shm_id or spec.run_id, f"r{rank}")
         self.shm_to: dict[int, int] = defaultdict(int)  # tensors sent through shared memory, per rank
         self.inline_to: dict[int, int] = defaultdict(int)  # tensors sent inside frames, per rank
@@ -72,7 +74,8 @@ class Worker:
 
     # ---- the heartbeat -----------------------------------------------------------------------
     def run(self) -> None:
-        ready = m.Ready(self.rank, os.getpid(), self.inbox.address, node=self.site.node, host=self.site.host)
+        ready = m.Ready(self.rank, os.getpid(), self.inbox.address, node=self.site.node, host=self.site.host,
+                        direct=self.direct)
         self.outbox.send_now(CONDUCTOR, ready)
         try:
             while not self.stopping:
@@ -97,7 +100,7 @@ class Worker:
 
     def receive(self) -> None:
         """What has arrived; when the executor has nothing to do, wait for it in the poll."""
-        if not self.busy and not self.inbox.poll(IDLE_POLL_MS):
+        if not self.busy and not self.inbox.poll(BACKLOG_POLL_MS if self.outbox.backlog else IDLE_POLL_MS):
             return
         ex = self.executor
         for msg in self.inbox.receive():
@@ -170,8 +173,10 @@ class Worker:
     def _site_stats(self, stats: m.RankStats) -> None:
         stats.shm_sent, stats.bad_frames = self.codec.shm_sent, self.inbox.bad_frames
         stats.shm_to, stats.inline_to = dict(self.shm_to), dict(self.inline_to)
-        send_s = self.outbox.send_s
-        stats.sent_to = {rank: {"messages": n, "tensors": t, "bytes": b, "seconds": s + send_s.get(("rank", rank), 0.0)}
+        box = self.outbox
+        stats.sent_to = {rank: {"messages": n, "tensors": t, "bytes": b, "seconds": s + box.send_s.get(("rank", rank), 0.0),
+                                "frames": box.frames.get(("rank", rank), 0),
+                                "direct_frames": box.direct_frames.get(("rank", rank), 0)}
                          for rank, (n, t, b, s) in self.sent_to.items()}
         stats.address, stats.node, stats.host = self.inbox.address, self.site.node, self.site.host
 
@@ -180,6 +185,24 @@ class Worker:
         for rank, address in msg.addresses.items():
             if self.outbox.addresses.get(("rank", rank)) != address or rank == self.rank:
                 self.outbox.connect(("rank", rank), address)
+        for rank in msg.addresses:
+            path = msg.direct.get(rank, "")
+            if self.direct and path and rank != self.rank and self.nodes.get(rank) == self.site.node:
+                self.outbox.link(("rank", rank), path, self.rank)
+            else:
+                self.outbox.unlink(("rank", rank))
+
+    def _listen_direct(self) -> str:
+        """A datagram socket beside an IPC inbox, for frames from workers of this node; its path ("" if none)."""
+        if not self.site.inbox.startswith("ipc://"):
+            return ""
+        path = self.site.inbox.removeprefix("ipc://").removesuffix(".sock") + ".dgram"
+        try:
+            self.inbox.listen_direct(path)
+        except OSError as e:
+            log.warning("rank %d: no datagram socket at %s (%s): ZeroMQ for every frame", self.rank, path, e)
+            return ""
+        return path
 
     # ---- housekeeping ------------------------------------------------------------------------
     def housekeeping(self) -> None:
