@@ -190,13 +190,15 @@ HALVES = 16  # split_steps of the row whose split loop sends each step in two ha
 
 def split_pair(
     family: str, batch: int, steps: int, threads: int, rounds: int, split_steps: int | None = None,
+    direct_peers: bool = True,
 ) -> tuple[float, float, float]:
     """(colocated µs per step, split µs per step, split / colocated): medians over ``rounds``.
 
     Both runtimes run at once, the fixture's two nodes on one worker and on two, and
     their rounds alternate, so both see the same machine; the ratio is the median of
     each round's split time over the colocated round just before it. ``split_steps``
-    overrides ``RuntimeConfig.split_steps`` for the split runtime.
+    overrides ``RuntimeConfig.split_steps`` for the split runtime; ``direct_peers`` off sends its
+    frames between the two workers over ZeroMQ instead of datagram sockets.
     """
     nodes = ("a", "b") if family == "fixture-bench-null" else ("lm", "codec")
     want = steps if family == "fixture-bench-null" else windows(steps)
@@ -207,6 +209,8 @@ def split_pair(
             config = RuntimeConfig(max_running=max(256, batch), worker_threads=threads)
             if workers == 2 and split_steps is not None:
                 config = replace(config, split_steps=split_steps)
+            if workers == 2:
+                config = replace(config, direct_peers=direct_peers)
             place = _placement(workers, {nodes[0]: 0, nodes[1]: workers - 1})
             engines.append(stack.enter_context(Engine.start(family, placement=place, config=config)))
         for engine in engines:
@@ -224,12 +228,13 @@ def split_pair(
 def _split_rows(args: argparse.Namespace, steps: int) -> list[tuple]:
     batches = (1, 16) if args.quick else (1, 16, 64)
     rounds = 2 if args.quick else 5
-    configs = [("loop", b, None) for b in batches] + [("loop, in halves", batches[-1], HALVES)]
-    configs.append(("streamed loop", batches[-1], None))
+    configs = [("loop", b, None, True) for b in batches] + [("loop, in halves", batches[-1], HALVES, True)]
+    configs.append(("loop, over ZeroMQ", batches[-1], None, False))
+    configs.append(("streamed loop", batches[-1], None, True))
     rows = []
-    for what, b, split in configs:
+    for what, b, split, direct in configs:
         family = "fixture-bench-stream" if what.startswith("streamed") else "fixture-bench-null"
-        rows.append((what, b, *split_pair(family, b, steps, args.threads, rounds, split)))
+        rows.append((what, b, *split_pair(family, b, steps, args.threads, rounds, split, direct)))
     return rows
 
 
@@ -270,7 +275,8 @@ def main(argv: list[str]) -> int:
     print(f"\nBoth runtimes up at once, {2 if args.quick else 5} alternating rounds of {steps} steps each "
           f"after a warm-up; medians; the ratio is the median of the rounds' ratios. Loop: a on rank 0, b on "
           f"rank 1 (the carry and the stop rule's decision go back each step); in halves: "
-          f"RuntimeConfig(split_steps={HALVES}); streamed loop: lm on rank 0, codec on rank 1.")
+          f"RuntimeConfig(split_steps={HALVES}); over ZeroMQ: RuntimeConfig(direct_peers=False), the workers' "
+          f"frames through ZeroMQ rather than datagram sockets; streamed loop: lm on rank 0, codec on rank 1.")
     c_steps = 20 if args.quick else 100
     n_steps = 4 if args.quick else 20
     busy = [("flat loop", c_steps, *compute_ratio(16, c_steps, 5.0, args.threads, repeat=repeat)),

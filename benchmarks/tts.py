@@ -114,13 +114,13 @@ def baseline_rows(traces: list[StreamTrace], concurrency: tuple[int, ...]) -> li
     return rows
 
 
-def served_rows(rounds, concurrency: tuple[int, ...]) -> list[Row]:
+def served_rows(rounds, concurrency: tuple[int, ...], system: str = "walkserve") -> list[Row]:
     rows = []
     for c in concurrency:
         mine = [r for r in rounds if r.concurrency == c]
         batches = sum(r.codec.get("batches", 0) for r in mine)
         items = sum(r.codec.get("items", 0) for r in mine)
-        rows.append(Row("walkserve", c, [t for r in mine for t in r.traces], sum(r.wall_s for r in mine) / len(mine),
+        rows.append(Row(system, c, [t for r in mine for t in r.traces], sum(r.wall_s for r in mine) / len(mine),
                         items / batches if batches else float("nan")))
         if c == 1:  # sequential single requests: throughput of one at a time
             rows[-1].wall_s = sum(r.wall_s for r in mine)
@@ -210,7 +210,7 @@ def report(setup: Setup, args, served: list[Row], base_rows: list[Row], baseline
     if probe:
         lines += ["walkserve's SNAC decoder alone (this process, best of 3), ms per row for a 4-frame window: " +
                   ", ".join(f"batch {b} {what} {ms:.0f}" for b, what, ms in probe), ""]
-    lines += verdicts(served, base, baseline)
+    lines += verdicts([r for r in served if r.system == served[0].system], base, baseline)  # the first placement's
     return "\n".join(lines)
 
 
@@ -230,10 +230,14 @@ def run(setup: Setup, args) -> str:
         rounds += [reqs.make(c) for c in setup.concurrency if c != 1]
         from benchmarks.tts_served import served_rounds
 
-        print(f"walkserve: {len(rounds)} rounds on {args.placement} ({args.device}) ...", flush=True)
-        placement = _placement(str(placement_path(args.placement)), args.device)
         kv = {"cuda_graphs": True} if args.cuda_graphs and args.device != "cpu" else None
-        done = served_rounds(model_dir, placement, args.threads, reqs.make(1, 35)[0], rounds, args.dtype, kv)
+        names, served = args.placement.split(","), []
+        for i, name in enumerate(names):  # several placements: one after another, the same requests each
+            print(f"walkserve: {len(rounds)} rounds on {name} ({args.device}) ...", flush=True)
+            placement = _placement(str(placement_path(name)), args.device)
+            done = served_rounds(model_dir, placement, args.threads, reqs.make(1, 35)[0], rounds, args.dtype, kv)
+            system = "walkserve" if len(names) == 1 else f"walkserve {name}" + (f" #{i + 1}" if names.count(name) > 1 else "")
+            served += served_rows(done, setup.concurrency, system)
         from benchmarks.tts_baseline import Baseline
 
         print(f"baseline: {setup.baseline_requests} requests one at a time ...", flush=True)
@@ -242,7 +246,7 @@ def run(setup: Setup, args) -> str:
         traces = [baseline.speak(s) for s in reqs.make(setup.baseline_requests)]
         probe = [] if args.quick or args.device != "cpu" else codec_probe(model_dir, (1, max(setup.concurrency)),
                                                                             args.threads)
-    served, base_rows = served_rows(done, setup.concurrency), baseline_rows(traces, setup.concurrency)
+    base_rows = baseline_rows(traces, setup.concurrency)
     return report(setup, args, served, base_rows, traces, probe, (load0, os.getloadavg()[0]))
 
 
@@ -257,6 +261,7 @@ def run_sweep(args) -> str:
     from walkserve.placements import path as placement_path
 
     sweep = SWEEP_QUICK if args.quick else SWEEP_FULL
+    name = args.placement.split(",")[0]  # the sweep runs on the first placement
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="walkserve-bench-tts-load-") as tmp:
         model_dir = write_tiny_orpheus(Path(tmp) / "orpheus", lm=args.sweep_lm, snac=args.sweep_snac, seed=0)
@@ -271,13 +276,13 @@ def run_sweep(args) -> str:
 
         print("load sweep: capacity+deadline, then the baselines ...", flush=True)
         modes = tuple(args.sweep_modes.split(","))
-        capacity, levels = sweep_modes(model_dir, _placement(str(placement_path(args.placement)), "cpu"),
+        capacity, levels = sweep_modes(model_dir, _placement(str(placement_path(name)), "cpu"),
                                        args.threads, make, sweep, modes)
     model = (f"tiny Orpheus (LM preset {args.sweep_lm}, SNAC {args.sweep_snac}), random weights, placement "
-             f"{args.placement}, {args.threads} torch thread(s) per worker, CPU")
+             f"{name}, {args.threads} torch thread(s) per worker, CPU")
     title = f"./dev bench tts --only load{' --quick' if args.quick else ''} --sweep-modes {args.sweep_modes}"
     return load_report(title, model, sweep, capacity, levels, (load0, os.getloadavg()[0]), args.plot,
-                       f"tiny Orpheus, {args.placement}, capacity {capacity}")
+                       f"tiny Orpheus, {name}, capacity {capacity}")
 
 
 def _placement(path: str, device: str):
@@ -298,7 +303,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--quick", action="store_true", help="tiny LM + tiny SNAC, concurrency 1 and 3, 6 frames (smoke run)")
     p.add_argument("--concurrency", default=None, help="comma-separated levels (default 1,4,16)")
     p.add_argument("--frames", type=int, default=None, help="audio frames per request (default 24 = 2.05 s)")
-    p.add_argument("--placement", default="orpheus-split", help="shipped placement name or YAML path")
+    p.add_argument("--placement", default="orpheus-split",
+                   help="shipped placement name or YAML path; several, comma-separated (e.g. orpheus-split,orpheus-colocated"
+                   "), run one after another on the same requests, a row each (the verdicts are the first's)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per walkserve worker (default 1)")
     p.add_argument("--baseline-threads", type=int, default=1,
                    help="torch threads for the baseline (default 1: on a busy shared machine more threads stall)")

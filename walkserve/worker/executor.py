@@ -108,8 +108,9 @@ class Executor:
         self.start(req, msg.walk, msg.ranks, msg.inputs)
 
     def on_values(self, msg: m.Values) -> None:
+        """The rows of a step, usually all for members of one cohort: the cohort touched once per run of rows."""
         walk, node, out = msg.walk, msg.node, msg.output
-        program, requests, levels = self.programs[walk], self.requests, {}
+        program, requests, levels, touched = self.programs[walk], self.requests, {}, None
         for rid, path, value in zip(msg.request_ids, msg.paths, msg.values, strict=True):
             req = requests.get(rid)
             run = req.walks.get(walk) if req is not None else None
@@ -124,9 +125,11 @@ class Executor:
             member = run.members.get((lid, outer))
             if member is None:
                 run.stash((lid, outer), ValueRow(node, out, path, value))
-            else:
-                member.put(k, node, out, value)
-                self.fx.touch(member.cohort)
+                continue
+            member.put(k, node, out, value)
+            if member.cohort is not touched:
+                touched = member.cohort
+                self.fx.touch(touched)
 
     def on_items(self, msg: m.StreamItems) -> None:
         for rid, prefix, index, value in zip(msg.request_ids, msg.prefixes, msg.indices, msg.values, strict=True):
@@ -137,7 +140,7 @@ class Executor:
             self._row(rid, msg.walk, EndRow(msg.stream, tuple(prefix), n))
 
     def on_loops(self, msg: m.LoopEvents) -> None:
-        walk, scope, requests = msg.walk, msg.scope, self.requests
+        walk, scope, requests, touched = msg.walk, msg.scope, self.requests, None
         for rid, outer, k, end in zip(msg.request_ids, msg.outers, msg.ks, msg.ends, strict=True):
             req = requests.get(rid)
             run = req.walks.get(walk) if req is not None else None
@@ -146,7 +149,9 @@ class Executor:
                 self._row(rid, walk, DecisionRow(scope, outer, k, end))
             elif end < 0:  # the common case, inline: iteration k continues
                 member.continue_to(k)
-                self.fx.touch(member.cohort)
+                if member.cohort is not touched:
+                    touched = member.cohort
+                    self.fx.touch(touched)
             else:
                 iteration.decision(self.fx, member, k, end)
 
