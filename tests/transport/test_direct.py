@@ -122,3 +122,26 @@ def test_outbox_sends_a_linked_peers_frames_through_the_datagram_socket(tmp_path
         box.close()
         inbox.close()
         ctx.term()
+
+
+def test_linking_a_peer_again_at_the_same_path_keeps_its_backlog(tmp_path):
+    """Peers comes again whenever a rank restarts: the links to the others stay, with what waits in them."""
+    ctx = zmq.Context()
+    box = Outbox(ctx, "tok")
+    path = str(tmp_path / "r1.dgram")
+    try:
+        box.link(("rank", 1), path, 0)
+        link = box.links[("rank", 1)]
+        box.send_now(("rank", 1), m.Abort("waits"))  # nobody listens yet
+        assert box.backlog
+        box.link(("rank", 1), path, 0)
+        assert box.links[("rank", 1)] is link and box.backlog
+        inbox = DirectInbox(path, "tok")
+        box.flush()
+        assert not box.backlog and _drain(inbox, 1) == [m.Abort("waits")]
+        inbox.close()
+        box.link(("rank", 1), str(tmp_path / "elsewhere.dgram"), 0)
+        assert box.links[("rank", 1)] is not link
+    finally:
+        box.close()
+        ctx.term()

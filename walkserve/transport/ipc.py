@@ -109,7 +109,11 @@ class Outbox:
         self.sockets[peer] = sock
 
     def link(self, peer: object, path: str, sender: int) -> None:
-        """From now on, frames for ``peer`` go through a datagram socket to ``path`` (``sender``: our rank)."""
+        """From now on, frames for ``peer`` go through a datagram socket to ``path`` (``sender``: our rank). A link
+        to that path stays as it is, its backlog too (a peer restarted at the same path is reconnected on send)."""
+        old = self.links.get(peer)
+        if old is not None and old.path == path:
+            return
         self.unlink(peer)
         self.links[peer] = DirectLink(path, sender)
 
