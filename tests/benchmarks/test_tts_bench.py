@@ -36,3 +36,18 @@ def test_quick_tts_benchmark_prints_the_table():
             assert float(ratio) > 0  # measured against the baseline at the same concurrency
     assert re.search(r"^- concurrency 3: [\d.]+x the baseline's audio throughput", out, re.MULTILINE), out
     assert re.search(r"^- concurrency 1: TTFA p50 \d+ ms vs target \d+ ms", out, re.MULTILINE), out
+
+
+@pytest.mark.slow
+def test_several_placements_run_in_one_command_a_row_each():
+    """``--placement orpheus-split,orpheus-colocated``: both on the same requests, one after the other, each its row."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "tts", "--quick", "--concurrency", "1",
+                           "--placement", "orpheus-split,orpheus-colocated"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    rows = re.findall(r"^\| (walkserve [\w-]+|baseline) \| (\d+) \| (\d+) \| [\d.,]+ \|", out, re.MULTILINE)
+    assert [(s, int(c), int(n)) for s, c, n in rows] == [("walkserve orpheus-split", 1, 1),
+                                                         ("walkserve orpheus-colocated", 1, 1), ("baseline", 1, 1)], out
+    assert "walkserve: 1 rounds on orpheus-split" in out and "walkserve: 1 rounds on orpheus-colocated" in out
