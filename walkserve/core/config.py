@@ -40,7 +40,7 @@ class RuntimeConfig:
     messages cost more than the overlap gives: docs/performance.md).
     ``direct_peers``: workers of one node send each other their frames over
     Unix datagram sockets rather than ZeroMQ (one wake-up per hop instead of
-    three; docs/runtime.md); off: ZeroMQ for every frame.
+    three; docs/runtime.md; Linux only); off: ZeroMQ for every frame.
     """
 
     max_running: int = 256
