@@ -1,27 +1,32 @@
 """``./dev bench vjepa``: V-JEPA 2-AC rollouts and CEM planning served, against the released loops, in one run.
 
-    ./dev bench vjepa [--preset bench] [--horizons 4,15,30] [--concurrency 8] [--candidates 64] [--threads 1]
-                      [--repeat 3] [--quick]
+    ./dev bench vjepa [--preset bench] [--horizons 4,8,15,30] [--throughput-horizons 4,8,15] [--concurrency 8]
+                      [--candidates 64] [--threads 1] [--repeat 3] [--parts rollout,throughput,plan] [--quick]
 
 On a random-weight checkpoint (``walkserve tiny vjepa2-ac --preset bench``: predictor width 256, 8
 blocks, 64 tokens per frame; encoder width 128, 2 blocks at a 128 crop), from one context frame:
 
 1. rollout latency at each horizon, batch 1: the released loop (every step re-runs the predictor on the
    whole history), our offline KV-reusing loop, and the served rollout (placement vjepa2-ac); the ratio
-   official / walkserve (targets 2x / 3.5x / 10x at H = 4 / 15 / 30). The three run in interleaved
-   rounds (order rotating), after a warm-up of each, so load from other processes weighs on all alike;
-   short horizons get more rounds (``rounds_for``). Reported: median wall times, the median per-round
-   ratio with its min-max, and the ratio of CPU seconds (this process and the worker ranks for walkserve:
-   what the wall ratio is on an otherwise idle CPU), with the load average at the row's start and end;
-2. rollout throughput: ``--concurrency`` rollouts of the middle horizon at once, served, in predicted
-   frames per second, against the released loop running them one after another;
+   official / walkserve against the FLOP ratio (the target: 2.55 / 4.69 / 8.59 / 17.4 at H = 4 / 8 / 15
+   / 30) and against the batch-1 ceiling on this machine (``vjepa_ceiling``: the FLOP ratio with the
+   fixed cost of each predictor forward, fitted from bare forwards in the same run). The three run in
+   interleaved rounds (order rotating), after a warm-up of each, so load from other processes weighs on
+   all alike; short horizons get more rounds (``rounds_for``). Reported: median wall times, the median
+   per-round ratio with its min-max, and the ratio of CPU seconds (this process and the worker ranks for
+   walkserve: what the wall ratio is on an otherwise idle CPU), with the load average at the row's start
+   and end;
+2. rollout throughput at each of ``--throughput-horizons``: ``--concurrency`` rollouts at once, served,
+   in predicted frames per second, against the released loop running them one after another, beside
+   the FLOP ratio (concurrent rollouts share each predictor forward, which amortises its fixed cost);
 3. plan latency: one CEM iteration of ``--candidates`` candidates x horizon 2, served (one fanned
    append of K forked contexts a step) against each candidate rolled out alone (our offline planner,
    KV forks) and the released way (each candidate's whole history re-run).
 
 Each case includes encoding the context frame (and the goal) with the same encoder. Figures are medians
 of ``--repeat`` runs (rollout latency: of ``rounds_for(H, repeat)`` rounds); the offline cases run in
-this process, walkserve in its worker, each with ``--threads`` threads. ``--quick`` (the tiny preset, small sizes) is the smoke test.
+this process, walkserve in its worker, each with ``--threads`` threads. ``--parts`` picks the tables.
+``--quick`` (the tiny preset, small sizes) is the smoke test.
 """
 
 from __future__ import annotations
@@ -45,8 +50,10 @@ from benchmarks.vjepa_cases import (
     median_time,
     timed,
 )
+from benchmarks.vjepa_ceiling import ForwardCost, ceiling, measure_forward_cost
+from benchmarks.vjepa_offline import rollout_flops
 
-TARGETS = {4: 2.0, 15: 3.5, 30: 10.0}
+PARTS = ("rollout", "throughput", "plan")
 
 
 def describe(path: Path) -> str:
@@ -64,13 +71,23 @@ def rounds_for(h: int, repeat: int) -> int:
     return max(repeat, min(4 * repeat, math.ceil(repeat * 16 / h)))
 
 
-def rollout_rows(offline: Offline, served: Served, work: Work, horizons: list[int]) -> list[list]:
+def flop_ratio(path: Path, h: int) -> float:
+    from walkserve.models.vjepa2.config import read_config
+
+    cfg = read_config(path).predictor
+    return rollout_flops(cfg, h, cached=False) / rollout_flops(cfg, h, cached=True)
+
+
+def rollout_rows(offline: Offline, served: Served, work: Work, horizons: list[int]) -> tuple[list[list], ForwardCost]:
     """Per horizon, rounds of the three cases interleaved (the order rotating each round), so load that comes
-    and goes weighs on all of them alike; medians of wall and CPU time, and the spread of the per-round ratio."""
+    and goes weighs on all of them alike; medians of wall and CPU time, and the spread of the per-round ratio;
+    beside them the FLOP ratio and the batch-1 ceiling (``vjepa_ceiling``) from this run's forward cost."""
     rows = []
     pixels = frames_of(work, 1, 0)
     actions, states = actions_states(horizons[0], horizons[0])
     offline.rollout(pixels, actions, states, horizons[0], cached=False)  # first calls: allocator, kernels
+    cost = measure_forward_cost(offline.model, rounds=4 * work.repeat)
+    encode = median_time(lambda: offline.features(pixels), 4 * work.repeat)
     for h in horizons:
         actions, states = actions_states(h, h)
         body = served.rollout_body(pixels, actions, states, h)
@@ -87,22 +104,25 @@ def rollout_rows(offline: Offline, served: Served, work: Work, horizons: list[in
         wall = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
         cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
         per_round = [o[0] / s[0] for o, s in zip(runs["official"], runs["walkserve"])]
-        ratio, target = statistics.median(per_round), TARGETS.get(h)
+        ratio, flops = statistics.median(per_round), flop_ratio(work.path, h)
+        top = ceiling(offline.model.config, h, wall["official"], encode, cost)
         rows.append([h, 1e3 * wall["official"], 1e3 * wall["cached"], 1e3 * wall["walkserve"], ratio,
                      f"{min(per_round):.2f}-{max(per_round):.2f} ({len(per_round)})", wall["official"] / wall["cached"],
-                     cpu["official"] / cpu["walkserve"], f"{load0:.1f}-{os.getloadavg()[0]:.1f}",
-                     f">= {target:g}x: {'met' if ratio >= target else 'missed'}" if target else "-"])
-    return rows
+                     cpu["official"] / cpu["walkserve"], flops, top, ratio / top,
+                     f"{load0:.1f}-{os.getloadavg()[0]:.1f}"])
+    return rows, cost
 
 
 def throughput_row(offline: Offline, served: Served, work: Work, h: int, concurrency: int) -> list:
     cases = [(frames_of(work, 1, 10 + i), *actions_states(h, 10 + i)) for i in range(concurrency)]
     bodies = [served.rollout_body(px, a, s, h) for px, a, s in cases]
     served.run(bodies[:2])  # warm-up
+    load0 = os.getloadavg()[0]
     seconds = median_time(lambda: served.run(bodies), work.repeat)
     official = median_time(lambda: [offline.rollout(px, a, s, h, cached=False) for px, a, s in cases], 1)
     frames = concurrency * h
-    return [concurrency, h, frames / official, frames / seconds, official / seconds]
+    return [concurrency, h, frames / official, frames / seconds, official / seconds, flop_ratio(work.path, h),
+            f"{load0:.1f}-{os.getloadavg()[0]:.1f}"]
 
 
 def plan_row(offline: Offline, served: Served, work: Work, samples: int, h: int = 2) -> list:
@@ -117,36 +137,53 @@ def plan_row(offline: Offline, served: Served, work: Work, samples: int, h: int 
             t["forks"] / t["walkserve"]]
 
 
-def report(path: Path, work: Work, rollouts: list, throughput: list, plan: list) -> str:
+def report(path: Path, work: Work, loads: tuple[str, str], parts: dict[str, object]) -> str:
     lines = [f"V-JEPA 2-AC served, {describe(path)}; 1 context frame; {work.threads} thread(s) per side, median of "
-             f"{work.repeat}; {conditions()}", "", "Rollout latency, batch 1 (encode the frame + H predicted frames):",
-             table(["H", "official ms", "cached (offline) ms", "walkserve ms", "official / walkserve",
-                    "per round: min-max (rounds)", "official / cached", "CPU s: official / walkserve", "load (1 min)",
-                    "target"], rollouts),
-             "(rounds interleaved, medians; the target is judged on the wall-time ratio; CPU time counts the "
-             "serving processes, worker ranks included)", "",
-             "Rollout throughput, concurrent rollouts (predicted frames per second):",
-             table(["rollouts", "H", "official frames/s (one after another)", "walkserve frames/s", "x official"],
-                   [throughput]), "",
-             "Plan latency, one CEM iteration (encode frame and goal + K candidates x H steps):",
-             table(["candidates", "H", "official ms", "KV forks (offline) ms", "walkserve ms", "official / walkserve",
-                    "forks / walkserve"], [plan])]
+             f"{work.repeat}; {conditions()}; load average (1, 5, 15 min) at the start {loads[0]}, at the end "
+             f"{loads[1]}"]
+    if "rollout" in parts:
+        rows, cost = parts["rollout"]
+        lines += ["", "Rollout latency, batch 1 (encode the frame + H predicted frames):",
+                  table(["H", "official ms", "cached (offline) ms", "walkserve ms", "official / walkserve",
+                         "per round: min-max (rounds)", "official / cached", "CPU s: official / walkserve",
+                         "FLOP ratio", "batch-1 ceiling", "walkserve / ceiling", "load (1 min)"], rows),
+                  "(rounds interleaved, medians; the target is the FLOP ratio, judged on the wall-time ratio; CPU "
+                  "time counts the serving processes, worker ranks included; ceiling: the FLOP ratio with each "
+                  f"forward's fixed cost, fitted from bare predictor forwards in this run: {cost.describe()})"]
+    if "throughput" in parts:
+        lines += ["", "Rollout throughput, concurrent rollouts (predicted frames per second):",
+                  table(["rollouts", "H", "official frames/s (one after another)", "walkserve frames/s",
+                         "x official", "FLOP ratio", "load (1 min)"], parts["throughput"])]
+    if "plan" in parts:
+        lines += ["", "Plan latency, one CEM iteration (encode frame and goal + K candidates x H steps):",
+                  table(["candidates", "H", "official ms", "KV forks (offline) ms", "walkserve ms",
+                         "official / walkserve", "forks / walkserve"], [parts["plan"]])]
     return "\n".join(lines)
+
+
+def _loads() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="./dev bench vjepa", description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="bench", choices=["tiny", "bench"])
-    p.add_argument("--horizons", default="4,15,30", help="comma-separated horizons (<= 32)")
+    p.add_argument("--horizons", default="4,8,15,30", help="comma-separated horizons (<= 32)")
+    p.add_argument("--throughput-horizons", default="4,8,15", help="horizons of the throughput table")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--candidates", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--parts", default=",".join(PARTS), help="which tables: rollout, throughput, plan")
     p.add_argument("--quick", action="store_true", help="the tiny preset, horizons 2,4, 2 rollouts, 8 candidates")
     args = p.parse_args(argv)
     if args.quick:
-        args.preset, args.horizons, args.concurrency, args.candidates, args.repeat = "tiny", "2,4", 2, 8, 1
+        args.preset, args.horizons, args.throughput_horizons = "tiny", "2,4", "4"
+        args.concurrency, args.candidates, args.repeat = 2, 8, 1
     horizons = [int(h) for h in args.horizons.split(",")]
+    parts = [x for x in args.parts.split(",") if x]
+    if set(parts) - set(PARTS):
+        p.error(f"--parts takes {', '.join(PARTS)}")
     from walkserve.models.vjepa2.tiny import write_tiny_vjepa2_ac
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -154,12 +191,17 @@ def main(argv: list[str]) -> int:
         from walkserve.models.vjepa2.config import read_config
 
         work = Work(path, args.threads, args.repeat, read_config(path).encoder.crop_size)
+        start, results = _loads(), {}
         offline, served = Offline(work), Served.start(work, "vjepa2-ac")
         try:
-            rollouts = rollout_rows(offline, served, work, horizons)
-            throughput = throughput_row(offline, served, work, horizons[len(horizons) // 2], args.concurrency)
-            plan = plan_row(offline, served, work, args.candidates)
+            if "rollout" in parts:
+                results["rollout"] = rollout_rows(offline, served, work, horizons)
+            if "throughput" in parts:
+                results["throughput"] = [throughput_row(offline, served, work, int(h), args.concurrency)
+                                         for h in args.throughput_horizons.split(",")]
+            if "plan" in parts:
+                results["plan"] = plan_row(offline, served, work, args.candidates)
         finally:
             served.close()
-        print(report(path, work, rollouts, throughput, plan))
+        print(report(path, work, (start, _loads()), results))
     return 0
