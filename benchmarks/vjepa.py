@@ -96,11 +96,8 @@ def rollout_rows(offline: Offline, served: Served, work: Work, horizons: list[in
         cases = {"official": (partial(offline.rollout, pixels, actions, states, h, cached=False), time.process_time),
                  "cached": (partial(offline.rollout, pixels, actions, states, h, cached=True), time.process_time),
                  "walkserve": (partial(served.run, [body]), served.cpu)}
-        order, load0 = list(cases), os.getloadavg()[0]
-        runs: dict[str, list[tuple[float, float]]] = {k: [] for k in cases}
-        for r in range(rounds_for(h, work.repeat)):
-            for name in order[r % 3 :] + order[: r % 3]:
-                runs[name].append(timed(*cases[name]))
+        load0 = os.getloadavg()[0]
+        runs = interleaved(cases, rounds_for(h, work.repeat))
         wall = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
         cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
         per_round = [o[0] / s[0] for o, s in zip(runs["official"], runs["walkserve"])]
@@ -113,16 +110,35 @@ def rollout_rows(offline: Offline, served: Served, work: Work, horizons: list[in
     return rows, cost
 
 
+def interleaved(cases: dict[str, tuple], rounds: int) -> dict[str, list[tuple[float, float]]]:
+    """(wall, CPU) seconds of each case per round; the order of the cases rotates each round."""
+    order = list(cases)
+    runs: dict[str, list[tuple[float, float]]] = {k: [] for k in cases}
+    for r in range(rounds):
+        for name in order[r % len(order) :] + order[: r % len(order)]:
+            runs[name].append(timed(*cases[name]))
+    return runs
+
+
 def throughput_row(offline: Offline, served: Served, work: Work, h: int, concurrency: int) -> list:
+    """``concurrency`` rollouts served at once against the released loop running them one after another, in
+    ``--repeat`` interleaved rounds: predicted frames per second (median wall), the ratio by wall and CPU time."""
     cases = [(frames_of(work, 1, 10 + i), *actions_states(h, 10 + i)) for i in range(concurrency)]
     bodies = [served.rollout_body(px, a, s, h) for px, a, s in cases]
     served.run(bodies[:2])  # warm-up
     load0 = os.getloadavg()[0]
-    seconds = median_time(lambda: served.run(bodies), work.repeat)
-    official = median_time(lambda: [offline.rollout(px, a, s, h, cached=False) for px, a, s in cases], 1)
+    runs = interleaved({"official": (partial(_one_after_another, offline, cases, h), time.process_time),
+                        "walkserve": (partial(served.run, bodies), served.cpu)}, work.repeat)
+    wall = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
+    cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
     frames = concurrency * h
-    return [concurrency, h, frames / official, frames / seconds, official / seconds, flop_ratio(work.path, h),
-            f"{load0:.1f}-{os.getloadavg()[0]:.1f}"]
+    return [concurrency, h, frames / wall["official"], frames / wall["walkserve"], wall["official"] / wall["walkserve"],
+            cpu["official"] / cpu["walkserve"], flop_ratio(work.path, h), f"{load0:.1f}-{os.getloadavg()[0]:.1f}"]
+
+
+def _one_after_another(offline: Offline, cases: list[tuple], h: int) -> None:
+    for px, a, s in cases:
+        offline.rollout(px, a, s, h, cached=False)
 
 
 def plan_row(offline: Offline, served: Served, work: Work, samples: int, h: int = 2) -> list:
@@ -153,7 +169,9 @@ def report(path: Path, work: Work, loads: tuple[str, str], parts: dict[str, obje
     if "throughput" in parts:
         lines += ["", "Rollout throughput, concurrent rollouts (predicted frames per second):",
                   table(["rollouts", "H", "official frames/s (one after another)", "walkserve frames/s",
-                         "x official", "FLOP ratio", "load (1 min)"], parts["throughput"])]
+                         "x official", "CPU s: official / walkserve", "FLOP ratio", "load (1 min)"],
+                        parts["throughput"]),
+                  "(--repeat rounds, official and walkserve interleaved, medians)"]
     if "plan" in parts:
         lines += ["", "Plan latency, one CEM iteration (encode frame and goal + K candidates x H steps):",
                   table(["candidates", "H", "official ms", "KV forks (offline) ms", "walkserve ms",
