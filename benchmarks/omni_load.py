@@ -42,7 +42,7 @@ def run_load(quick: bool, threads: int, modes: str, plot: str, placement: str = 
                 count[0] += 1
                 payload = {"inputs": {"prompt_token_ids": prompt(processor, count[0])}, "modalities": ["text", "audio"]}
                 sampling = SamplingParams(temperature=0.0, max_tokens=TOKENS, ignore_eos=True)
-                spec = processor.build_request("generate", payload, sampling, {"max_audio_frames": frames})
+                spec = processor.build_request("generate", payload, sampling, processor.check_params({"max_audio_frames": frames}))
                 spec.audio_rate, spec.realtime = 24000, True
                 specs.append(spec)
             return specs

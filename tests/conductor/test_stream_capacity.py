@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -12,6 +13,7 @@ from walkserve.conductor.stream_desk import audio_samples
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
 from walkserve.protocol import messages as m
+from walkserve.worker.step_costs import bucket
 
 # An Orpheus-like graph on two ranks: the LM on rank 0 (82 steps per second of audio, one token per step for
 # every stream of the batch), the codec on rank 1 (11.7 windows per second of audio).
@@ -31,19 +33,18 @@ class Ranks:
 
     def __init__(self, model: StreamCapacity):
         self.model = model
-        self.nodes = {0: {"lm": dict.fromkeys(("batches", "items", "busy_s"), 0.0)},
-                      1: {"codec": dict.fromkeys(("batches", "items", "busy_s"), 0.0)}}
+        self.nodes: dict[int, dict[str, dict[int, list[float]]]] = {0: {"lm": {}}, 1: {"codec": {}}}
 
     def run(self, batch: int, audio_s: float) -> None:
         for rank, node, per_s, step in ((0, "lm", LM_PER_AUDIO_S, lm_step), (1, "codec", CODEC_PER_AUDIO_S, codec_step)):
             steps = per_s * audio_s  # every step advances each of the `batch` streams by one item
-            c = self.nodes[rank][node]
-            c["batches"] += steps
-            c["items"] += steps * batch
-            c["busy_s"] += steps * step(batch)
+            c = self.nodes[rank][node].setdefault(bucket(batch), [0.0, 0.0, 0.0])
+            c[0] += steps
+            c[1] += steps * batch
+            c[2] += steps * step(batch)
         self.model.add_audio(audio_s * batch)
         for rank in (0, 1):
-            self.model.observe(rank, {n: dict(v) for n, v in self.nodes[rank].items()})
+            self.model.observe(rank, copy.deepcopy(self.nodes[rank]))
 
 
 def expected_capacity(headroom: float, lm, codec) -> int:
@@ -90,13 +91,13 @@ def test_a_restarted_worker_starts_a_new_baseline():
     for b in (1, 4, 8):
         ranks.run(b, audio_s=1.0)
     before = model.capacity()
-    model.observe(0, {"lm": {"batches": 3.0, "items": 3.0, "busy_s": 0.01}})  # counters from zero again
+    model.observe(0, {"lm": {1: [3.0, 3.0, 0.01]}})  # counters from zero again
     assert model.capacity() == before
 
 
 def test_a_node_that_ran_only_while_no_audio_was_made_costs_streams_nothing():
     model = StreamCapacity(headroom=0.8)
-    model.observe(2, {"vision": {"batches": 10.0, "items": 10.0, "busy_s": 5.0}})  # an encoder, text requests only
+    model.observe(2, {"vision": {1: [10.0, 10.0, 5.0]}})  # an encoder, text requests only
     ranks = Ranks(model)
     for b in (1, 4, 8):
         ranks.run(b, audio_s=1.0)

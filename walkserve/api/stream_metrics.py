@@ -32,6 +32,7 @@ STREAM_GAUGES = (
     ("waiting", "walkserve_streams_waiting", "Real-time streams waiting to start within their TTFA budget."),
     ("capacity", "walkserve_stream_capacity", "Streams the runtime admits at once now (estimated real-time capacity)."),
     ("capacity_measured", "walkserve_stream_capacity_measured", "1 once the capacity comes from measured step costs, 0 in warm-up."),
+    ("estimate", "walkserve_stream_capacity_estimate", "The capacity model's estimate, before a cap (the warm-up count until measured)."),
     ("capped", "walkserve_stream_capacity_capped", "1 while admission is capped below the estimate: a stream ran out of audio."),
     ("load", "walkserve_stream_load", "Busiest rank's share of time the running streams need (estimate)."),
 )

@@ -12,15 +12,27 @@ and b streams stay real-time while every ``u_r(b) <= headroom`` (a rank
 busy past 1 falls behind the playback clock; headroom < 1 keeps spare time
 for jitter). Capacity is the largest such b.
 
-Both factors are learned online from the ranks' cumulative node counters
-(``RankStats.nodes``: batches, items, busy seconds) and the audio seconds the
-conductor saw leave: each report gives one (mean batch, mean step time)
-point per node, fitted as ``t(b) = a + c * b`` by least squares with
-exponential forgetting. The fitted line is trusted up to twice the largest
-batch measured (``EXTRAPOLATE``); past that a step costs proportionally more
+Both factors are learned online from the ranks' cumulative step counters per
+node and batch-size bucket (``RankStats.step_counts``: steps, members, busy
+seconds for batches 1, 2, 3-4, 5-8 ...) and the audio seconds the conductor
+saw leave: each report gives, per node, one (mean batch, mean step time)
+point per bucket that ran since the last, fitted as ``t(b) = a + c * b`` by
+least squares (weighted by steps) with exponential forgetting. Points per
+bucket, not one mean per report: a report's mean batch mixes streams at every
+phase (a prompt's prefill at batch 1 beside decode steps at batch 8), so its
+means barely move and say nothing of how a step's time grows with its batch.
+The fitted line is trusted up to twice the largest batch measured
+(``EXTRAPOLATE``); past that a step costs proportionally more
 (``t(b) = t(2 b_seen) * b / (2 b_seen)``): capacity grows as load shows
 that larger batches are cheap, a doubling at most per exploration (the
 conductor's playback clocks catch an estimate that went too far).
+
+A rank's engine calls are not all its time: between them it routes outputs,
+evaluates stop rules, builds the next step and packs tensors, work that
+grows with its steps (on a small model as much as the calls themselves). So
+each rank's sum is scaled by its measured ``active / engine`` time
+(``RankStats.active_s``: its loop's time not spent waiting for a message),
+at least 1.
 Bookkeeping only: floats, no clocks, no torch.
 """
 
@@ -45,10 +57,13 @@ class StepFit:
     wbt: float = 0.0
     b_seen: float = 0.0  # the largest mean batch measured
 
-    def add(self, batch: float, step_s: float, weight: float) -> None:
-        self.w, self.wb, self.wt = DECAY * self.w + weight, DECAY * self.wb + weight * batch, DECAY * self.wt + weight * step_s
-        self.wbb, self.wbt = DECAY * self.wbb + weight * batch * batch, DECAY * self.wbt + weight * batch * step_s
-        self.b_seen = max(self.b_seen, batch)
+    def add(self, points: list[tuple[float, float, float]]) -> None:
+        """One report's (batch, step seconds, weight) points: older ones fade by DECAY, these join at full weight."""
+        self.w, self.wb, self.wt, self.wbb, self.wbt = (DECAY * x for x in (self.w, self.wb, self.wt, self.wbb, self.wbt))
+        for batch, step_s, weight in points:
+            self.w, self.wb, self.wt = self.w + weight, self.wb + weight * batch, self.wt + weight * step_s
+            self.wbb, self.wbt = self.wbb + weight * batch * batch, self.wbt + weight * batch * step_s
+            self.b_seen = max(self.b_seen, batch)
 
     def _line(self) -> tuple[float, float]:
         """(intercept, slope); with one batch size seen (or a fit that says a step costs less than nothing
@@ -86,34 +101,62 @@ class NodeCost:
         return self.items / self.audio_s * self.fit.step_s(batch) if self.audio_s > 0 else 0.0
 
 
+@dataclass
+class RankTime:
+    """How much of a rank's loop time its engine calls are: the rest (routing, stop rules, building steps,
+    packing tensors) grows with the steps too, so engine time is scaled up by ``active / busy`` (at least 1)."""
+
+    active: float = 0.0  # decayed seconds: the loop not waiting for a message, and the engine calls within it
+    busy: float = 0.0
+    last: float | None = None  # the cumulative active seconds of the previous report (None: none yet)
+
+    def add(self, active_s: float, busy_s: float) -> None:
+        before, self.last = self.last, active_s
+        if before is None or active_s < before or busy_s <= 0:  # the first report, or a restarted worker: a baseline
+            return
+        self.active, self.busy = DECAY * self.active + active_s - before, DECAY * self.busy + busy_s
+
+    @property
+    def factor(self) -> float:
+        return max(1.0, self.active / self.busy) if self.busy > 0 else 1.0
+
+
 class StreamCapacity:
     """The capacity model of one run: fed each rank's cumulative node counters and the audio seen so far."""
 
     def __init__(self, headroom: float):
         self.headroom = headroom
         self.costs: dict[tuple[str, int], NodeCost] = {}
+        self.ranks: dict[int, RankTime] = {}
         self._last: dict[int, tuple[dict[str, dict[str, float]], float]] = {}  # rank -> (its counters, audio_s then)
         self.audio_s = 0.0  # audio seconds produced, all requests (the conductor adds them as outputs leave)
 
     def add_audio(self, seconds: float) -> None:
         self.audio_s += seconds
 
-    def observe(self, rank: int, nodes: dict[str, dict[str, float]]) -> None:
-        """A rank's report: cumulative ``{node: {"batches", "items", "busy_s"}}``. The differences since its
-        previous report are one observation (a restarted worker counts from zero again: the baseline resets)."""
+    def observe(self, rank: int, counts: dict[str, dict[int, list[float]]], active_s: float | None = None) -> None:
+        """A rank's report: cumulative ``{node: {bucket: [steps, members, busy_s]}}`` and its loop's active seconds
+        (None: not measured, engine time is all). The differences since its previous report are one observation
+        (a restarted worker counts from zero again: the baseline resets)."""
         previous, audio_then = self._last.get(rank, ({}, 0.0))  # both count from the start
-        self._last[rank] = ({n: dict(v) for n, v in nodes.items()}, self.audio_s)
-        audio = self.audio_s - audio_then
-        for node, now in nodes.items():
-            before = previous.get(node, {})
-            batches = now.get("batches", 0.0) - before.get("batches", 0.0)
-            items = now.get("items", 0.0) - before.get("items", 0.0)
-            busy = now.get("busy_s", 0.0) - before.get("busy_s", 0.0)
-            if batches <= 0 or items <= 0 or busy < 0:
+        self._last[rank] = ({n: {b: list(c) for b, c in v.items()} for n, v in counts.items()}, self.audio_s)
+        audio, engine_s = self.audio_s - audio_then, 0.0
+        for node, buckets in counts.items():
+            before, items = previous.get(node, {}), 0.0
+            points = []
+            for b, now in buckets.items():
+                steps, members, busy = (x - y for x, y in zip(now, before.get(b, (0.0, 0.0, 0.0))))
+                if steps > 0 and members > 0 and busy >= 0:
+                    points.append((members / steps, busy / steps, steps))
+                    items += members
+                    engine_s += busy
+            if not points:
                 continue
             cost = self.costs.setdefault((node, rank), NodeCost(StepFit()))
-            cost.fit.add(items / batches, busy / batches, batches)
+            cost.fit.add(points)
             cost.items, cost.audio_s = DECAY * cost.items + items, DECAY * cost.audio_s + audio
+        if active_s is not None:
+            self.ranks.setdefault(rank, RankTime()).add(active_s, engine_s)
 
     @property
     def known(self) -> bool:
@@ -125,7 +168,12 @@ class StreamCapacity:
         ranks: dict[int, float] = {}
         for (_, rank), cost in self.costs.items():
             ranks[rank] = ranks.get(rank, 0.0) + cost.busy(streams)
-        return max(ranks.values(), default=0.0)
+        return max((u * self.overhead(rank) for rank, u in ranks.items()), default=0.0)
+
+    def overhead(self, rank: int) -> float:
+        """The rank's loop time per second of its engine calls (1 until measured)."""
+        time = self.ranks.get(rank)
+        return time.factor if time is not None else 1.0
 
     def capacity(self) -> int | None:
         """The most streams that stay real-time within the headroom (at least 1: one stream always runs);

@@ -48,7 +48,7 @@ class StreamDesk:
         self.admission.end(request_id, ran_to_length)
 
     def on_rank_stats(self, rank: int, stats: m.RankStats) -> None:
-        self.model.observe(rank, stats.nodes)
+        self.model.observe(rank, stats.step_counts, stats.active_s)
 
     def due_stats(self, now: float) -> bool:
         """True (and the timer restarts) when the ranks should be asked for their counters now."""
@@ -62,7 +62,8 @@ class StreamDesk:
         known = self.model.capacity()
         ceiling = self.admission.ceiling
         return {"running": len(self.admission.active), "waiting": len(self.admission.waiting),
-                "capacity": float(self.admission.capacity()), "capacity_measured": float(known is not None),
+                "capacity": float(self.admission.capacity()), "estimate": float(self.admission.estimate()),
+                "capacity_measured": float(known is not None),
                 "capped": float(ceiling is not None),
                 "load": self.model.load(len(self.admission.active)) if known is not None and self.admission.active else 0.0}
 

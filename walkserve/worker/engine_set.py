@@ -62,12 +62,14 @@ class EngineSet:
         return out
 
     def _observe(self, groups: list[Group], seconds: float) -> None:
-        """The call's seconds, for each node in it at its members' count (a call of several nodes: each the whole)."""
+        """The call's seconds, for each node in it at its members' count (a call of several nodes: each the whole
+        as its step's time, its members' share as its busy time)."""
         batch: dict[str, int] = {}
         for g in groups:
             batch[g.node] = batch.get(g.node, 0) + len(g.request_ids)
+        total = sum(batch.values()) or 1
         for node, n in batch.items():
-            self.costs.observe(node, n, seconds)
+            self.costs.observe(node, n, seconds, seconds * n / total)
 
     def _record(self, groups: list[Group], component: str, start: int) -> None:
         end, batch = time.time_ns(), sum(len(g.request_ids) for g in groups)

@@ -338,6 +338,7 @@ class Executor:
         """The deadline scheduler's view for admission and /metrics (``RankStats`` documents the fields)."""
         d = self.deadlines
         return {"stream_scheduling": self.scheduling.mode, "streams": d.streams(),
-                "step_costs": self.engine_set.costs.snapshot(), "slack": {n: list(c) for n, c in d.slack_counts.items()},
+                "step_costs": self.engine_set.costs.snapshot(),
+                "step_counts": self.engine_set.costs.count_snapshot(), "slack": {n: list(c) for n, c in d.slack_counts.items()},
                 "scheduling": dict(d.counts), "gap_s": d.gap_s}
 

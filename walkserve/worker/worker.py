@@ -72,6 +72,7 @@ class Worker:
         self.busy = False  # the executor may move without a new message
         self._last_stats = 0.0
         self._last_sweep = time.monotonic()
+        self._born, self.idle_s = time.perf_counter(), 0.0  # the loop's time, and the part it waited for messages
 
     # ---- the heartbeat -----------------------------------------------------------------------
     def run(self) -> None:
@@ -100,9 +101,13 @@ class Worker:
                 log.exception("engine %s failed to close", engine.component)
 
     def receive(self) -> None:
-        """What has arrived; when the executor has nothing to do, wait for it in the poll."""
-        if not self.busy and not self.inbox.poll(BACKLOG_POLL_MS if self.outbox.backlog else IDLE_POLL_MS):
-            return
+        """What has arrived; when the executor has nothing to do, wait for it in the poll (idle time)."""
+        if not self.busy:
+            t0 = time.perf_counter()
+            arrived = self.inbox.poll(BACKLOG_POLL_MS if self.outbox.backlog else IDLE_POLL_MS)
+            self.idle_s += time.perf_counter() - t0
+            if not arrived:
+                return
         ex = self.executor
         for msg in self.inbox.receive():
             if isinstance(msg, m.Peers):
@@ -180,6 +185,7 @@ class Worker:
                                 "direct_frames": box.direct_frames.get(("rank", rank), 0)}
                          for rank, (n, t, b, s) in self.sent_to.items()}
         stats.address, stats.node, stats.host = self.inbox.address, self.site.node, self.site.host
+        stats.active_s = time.perf_counter() - self._born - self.idle_s
 
     def on_peers(self, msg: m.Peers) -> None:
         self.nodes = dict(msg.nodes)
