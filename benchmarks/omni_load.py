@@ -48,7 +48,7 @@ def run_load(quick: bool, threads: int, modes: str, plot: str, placement: str = 
             return specs
 
         print(f"omni load sweep on {placement}: {modes} ...", flush=True)
-        capacity, levels = sweep_modes(path, str(placement_path(placement)), threads, make, sweep,
+        capacity, levels, _ = sweep_modes(path, str(placement_path(placement)), threads, make, sweep,
                                        tuple(modes.split(",")), family="qwen3-omni")
     model = (f"tiny Qwen3-Omni (write_tiny_qwen3_omni, speech), random weights, {TOKENS} thinker tokens per answer, "
              f"placement {placement}, {threads} torch thread(s) per worker, CPU")

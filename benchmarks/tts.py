@@ -276,13 +276,14 @@ def run_sweep(args) -> str:
 
         print("load sweep: capacity+deadline, then the baselines ...", flush=True)
         modes = tuple(args.sweep_modes.split(","))
-        capacity, levels = sweep_modes(model_dir, _placement(str(placement_path(name)), "cpu"),
-                                       args.threads, make, sweep, modes)
+        over = {"input": "One stream too many.", "voice": "tara", "response_format": "pcm", "max_tokens": 71}
+        capacity, levels, rejections = sweep_modes(model_dir, _placement(str(placement_path(name)), "cpu"),
+                                                   args.threads, make, sweep, modes, http=("/v1/audio/speech", over))
     model = (f"tiny Orpheus (LM preset {args.sweep_lm}, SNAC {args.sweep_snac}), random weights, placement "
              f"{name}, {args.threads} torch thread(s) per worker, CPU")
     title = f"./dev bench tts --only load{' --quick' if args.quick else ''} --sweep-modes {args.sweep_modes}"
     return load_report(title, model, sweep, capacity, levels, (load0, os.getloadavg()[0]), args.plot,
-                       f"tiny Orpheus, {name}, capacity {capacity}")
+                       f"tiny Orpheus, {name}, capacity {capacity}", rejections)
 
 
 def _placement(path: str, device: str):

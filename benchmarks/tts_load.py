@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.common import pct
+from benchmarks.http_rejections import Rejections, http_rejections
 from benchmarks.tts_trace import SAMPLE_RATE, StreamTrace
 
 
@@ -120,7 +121,7 @@ def schedules(sweep: Sweep, capacity: int, seed: int = 0) -> list[tuple[str, flo
 
 
 async def _mode(family: str, mode: str, model_dir: Path, placement, threads: int, make, sweep: Sweep,
-                capacity: int | None) -> tuple[int, list[Level]]:
+                capacity: int | None, http: tuple[str, dict] | None = None) -> tuple[int, list[Level], Rejections | None]:
     from walkserve.core.config import RuntimeConfig
     from walkserve.core.scheduling import StreamScheduling
     from walkserve.entrypoint.engine import AsyncEngine
@@ -140,19 +141,27 @@ async def _mode(family: str, mode: str, model_dir: Path, placement, threads: int
             print(f"  {mode}: {name}, {len(arrivals)} streams ...", flush=True)
             levels.append(await _level(engine, make(len(arrivals), sweep.frames), arrivals,
                                        Level(mode, name, load, len(arrivals))))
-        return capacity, levels
+        rejections = None
+        if http is not None and admission == "capacity":
+            await engine.refresh_status()
+            streams = int(engine.stats().streams.get("capacity", 1))
+            print(f"  {mode}: 429s over HTTP while {streams} streams play ...", flush=True)
+            rejections = await http_rejections(engine, make, streams, *http)
+        return capacity, levels, rejections
     finally:
         await engine.shutdown(drain_s=0)
 
 
-def sweep_modes(model_dir: Path, placement, threads: int, make, sweep: Sweep,
-                modes: tuple[str, ...] = (NEW, BASELINE), family: str = "orpheus") -> tuple[int, list[Level]]:
+def sweep_modes(model_dir: Path, placement, threads: int, make, sweep: Sweep, modes: tuple[str, ...] = (NEW, BASELINE),
+                family: str = "orpheus", http: tuple[str, dict] | None = None) -> tuple[int, list[Level], Rejections | None]:
     """Each ``admission+scheduling`` mode: the first (capacity admission: its estimate sets the levels), then
-    the others on the same schedules. ``make(n, frames)``: n fresh real-time speech specs of ``frames`` frames."""
-    capacity, levels = asyncio.run(_mode(family, modes[0], model_dir, placement, threads, make, sweep, None))
+    the others on the same schedules. ``make(n, frames)``: n fresh real-time speech specs of ``frames`` frames.
+    ``http``: (route, body) of one stream over capacity: the first mode then also times 429s over HTTP."""
+    capacity, levels, rejections = asyncio.run(_mode(family, modes[0], model_dir, placement, threads, make, sweep,
+                                                     None, http))
     for mode in modes[1:]:
         levels += asyncio.run(_mode(family, mode, model_dir, placement, threads, make, sweep, capacity))[1]
-    return capacity, levels
+    return capacity, levels, rejections
 
 
 def modes_arg(text: str) -> str:
@@ -167,7 +176,7 @@ def modes_arg(text: str) -> str:
 
 
 def load_report(title: str, model: str, sweep: Sweep, capacity: int, levels: list[Level],
-                load: tuple[float, float], plot: str, caption: str) -> str:
+                load: tuple[float, float], plot: str, caption: str, rejections: Rejections | None = None) -> str:
     """The sweep's Markdown section (conditions, one table, a line per level), and its SVG at ``plot``."""
     from benchmarks.common import conditions, table
     from benchmarks.tts_plot import sweep_svg
@@ -193,6 +202,8 @@ def load_report(title: str, model: str, sweep: Sweep, capacity: int, levels: lis
         if new and base:
             lines.append(f"- {name}: viable {100 * new.viability():.0f}% vs {100 * base.viability():.0f}%, goodput "
                          f"{new.goodput():.2f} vs {base.goodput():.2f} audio s / s ({NEW} vs {BASELINE})")
+    if rejections is not None:
+        lines.append(rejections.line())
     if plot:
         Path(plot).write_text(sweep_svg(levels, f"{caption}; load average {load[0]:.1f}-{load[1]:.1f}"))
         lines.append(f"\nplot: {plot}")

@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.polling import alive, wait_for  # noqa: F401  (re-exported for the API tests)
 from walkserve.api import ServerConfig, build_app
 from walkserve.api.server import WS_SLACK_BYTES
+from walkserve.cli.serve_cmd import bind
 from walkserve.core.config import RuntimeConfig
 from walkserve.core.outputs import OutputEvent, RequestFinished
 from walkserve.core.request import RequestSpec
@@ -61,8 +62,7 @@ def in_thread_server(family: str, model_path: Path, runtime: RuntimeConfig | Non
                      **config) -> Iterator[InThreadServer]:
     """Start the runtime for ``family`` (on ``placement``: a mapping or YAML path; default: the model's) and
     serve it with uvicorn on a loop in a background thread."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock = bind("127.0.0.1", 0)  # as `walkserve serve` binds it
     port = sock.getsockname()[1]
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="real-server-loop", daemon=True)

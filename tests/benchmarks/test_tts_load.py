@@ -50,3 +50,13 @@ def test_the_svg_has_both_modes_and_every_level():
     assert len(list(root.iter("{http://www.w3.org/2000/svg}polyline"))) == 4  # 2 panels x 2 modes
     assert levels[0].viability() == 1.0 and levels[2].viability() == 0.0
     assert levels[0].goodput() == pytest.approx(2 * FRAME / 24000) and levels[2].goodput() == 0.0
+
+
+def test_the_http_rejection_line_gives_the_percentiles_and_names_answers_that_were_not_429():
+    from benchmarks.http_rejections import Rejections
+
+    r = Rejections(3, statuses=[429, 429, 200], reject_ms=[2.0, 4.0], health_ms=[1.0, 1.0, 3.0])
+    line = r.line()
+    assert "3 streams over capacity" in line and "while 3 streams played" in line
+    assert "p50 3.0 ms, p99 4.0 ms" in line and "/health between them p50 1.0 ms" in line and "not 429: [200]" in line
+    assert "not 429" not in Rejections(1, [429], [2.0], [1.0]).line()

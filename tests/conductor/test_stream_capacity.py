@@ -121,8 +121,8 @@ def test_over_capacity_a_stream_is_rejected_with_the_time_until_one_ends():
     assert a.capacity() == 2 and a.decide(0.0).action == "run"
     a.start(a_spec(1), 0.0)
     a.start(a_spec(2), 0.0)
-    a.produced("s1", 0.5, 0.0)  # expected 2.0 s each: 1.5 s and 0.5 s left
-    a.produced("s2", 1.5, 0.0)
+    a.produced("s1", 0.5, 1.0)  # expected 2.0 s each: 1.5 s and 0.5 s left
+    a.produced("s2", 1.5, 1.0)
     decision = a.decide(1.0)
     assert decision.action == "reject"
     assert decision.retry_after_s == pytest.approx(0.5)  # real time while the costs are unknown
@@ -227,3 +227,23 @@ def test_the_desk_reports_the_load_of_the_streams_running_and_none_when_none_run
     assert desk.snapshot()["load"] == 0.0 and desk.snapshot()["capacity"] == 7
     desk.started(a_spec(1), 0.0)
     assert desk.snapshot()["load"] == pytest.approx(desk.model.load(1)) and desk.snapshot()["running"] == 1
+
+
+def test_retry_after_is_when_the_soonest_stream_ends_at_the_pace_its_chunks_came():
+    """On a virtual clock: each admitted stream ends when its remaining audio is made at its own measured
+    pace from its latest chunk, not at real time (deadline scheduling paces only full steps)."""
+    a = admission()  # 100 tokens make 2 s of audio; at most 2 streams
+    a.paced = True
+    a.start(a_spec(1), 0.0)
+    for t in (0.3, 0.55, 0.8):  # 0.5 s chunks every 0.25 s: twice real time, 0.5 s of audio left
+        a.produced("s1", 0.5, t)
+    a.start(a_spec(2), 0.1)
+    for t in (0.5, 1.0):  # real time: 1 s left
+        a.produced("s2", 0.5, t)
+    assert a.frees_in(1.0) == pytest.approx([0.05, 1.0])  # s1 ends at 0.8 + 0.5 * 0.5, s2 at 1.0 + 1.0
+    decision = a.decide(0.85)
+    assert decision.action == "reject" and decision.retry_after_s == pytest.approx(0.2)
+    a.produced("s1", 0.5, 1.1)  # its last chunk came later than the pace said: nothing left, so no wait
+    assert a.frees_in(1.1)[0] == 0.0 and a.retry_after(1.1) == pytest.approx(0.1)  # the floor
+    a.end("s1", ran_to_length=True)
+    assert a.decide(1.1).action == "run"

@@ -15,12 +15,14 @@ stream has run out of audio, admission is capped at one stream fewer than
 run now; the cap rises by one per ``RECOVER_S`` without a stream running
 out, and is lifted when it reaches the model's estimate.
 
-Remaining time of an admitted stream: its expected audio (``max_tokens`` x
-the audio seconds per token learned from streams that ran to their length,
-else the mean audio of finished streams) minus what it produced, times the
-wall seconds one audio second takes at the current load (``load(b)`` of the
-capacity model, at most 1: admitted streams keep ahead of real time; exactly 1
-when the ranks pace streams, deadline scheduling's default).
+Remaining time of an admitted stream (``Retry-After``): its expected audio
+(``max_tokens`` x the audio seconds per token learned from streams that ran
+to their length, else the mean audio of finished streams) minus what it
+produced, at the pace its own chunks came (wall seconds per audio second
+since its first chunk), counted from its latest chunk. Before its second
+chunk, at the model's pace: ``load(b)`` of the capacity model (at most 1:
+admitted streams keep ahead of real time), or 1 while the costs are unknown
+or when the ranks pace streams.
 """
 
 from __future__ import annotations
@@ -43,6 +45,22 @@ class Stream:
     admitted_at: float
     audio_s: float = 0.0
     first_at: float | None = None  # when its first audio left
+    first_s: float = 0.0  # the audio seconds of its first chunk
+    last_at: float | None = None  # when its latest audio left
+
+    def pace(self) -> float | None:
+        """Wall seconds per audio second since its first chunk (None: only one chunk so far)."""
+        if self.first_at is None or self.last_at is None or self.audio_s <= self.first_s:
+            return None
+        return (self.last_at - self.first_at) / (self.audio_s - self.first_s)
+
+    def ends_in(self, expected_s: float, pace: float, ttfa_s: float, now: float) -> float:
+        """Seconds from ``now`` until it has made ``expected_s`` of audio: the rest at ``pace`` from its latest
+        chunk (a stream with no audio yet has its time to first audio ahead too)."""
+        left = max(0.0, expected_s - self.audio_s) * pace
+        if self.last_at is None:
+            return left + ttfa_s
+        return max(0.0, self.last_at + left - now)
 
     def ran_out(self, now: float) -> bool:
         """Its listener has played every second sent so far (the playback clock, start-up buffer included)."""
@@ -102,12 +120,16 @@ class StreamAdmission:
         return self.mean_audio_s if self.mean_audio_s is not None else DEFAULT_AUDIO_S
 
     def frees_in(self, now: float) -> list[float]:
-        """Seconds until each admitted stream ends, soonest first."""
+        """Seconds until each admitted stream ends, soonest first: each at the pace its own chunks came at
+        (wall seconds per audio second), else at the model's (the load of the streams running, or real time
+        while the costs are unknown or the ranks pace streams)."""
         known = self.capacity_model.known and not self.paced
-        pace = min(1.0, self.capacity_model.load(len(self.active))) if known else 1.0
-        left = [max(0.0, self.expected_audio_s(s.spec) - s.audio_s) * pace + (0.0 if s.audio_s else self.ttfa_s)
-                for s in self.active.values()]  # a stream with no audio yet has its time to first audio ahead too
-        return sorted(left)
+        model = min(1.0, self.capacity_model.load(len(self.active))) if known else 1.0
+        ends = []
+        for s in self.active.values():
+            pace = s.pace()
+            ends.append(s.ends_in(self.expected_audio_s(s.spec), model if pace is None else pace, self.ttfa_s, now))
+        return sorted(ends)
 
     def wait_s(self, now: float, ahead: int) -> float:
         """Seconds until a stream with ``ahead`` streams queued before it can start (inf: never, by estimate)."""
@@ -165,8 +187,9 @@ class StreamAdmission:
         stream = self.active.get(request_id)
         if stream is not None:
             if stream.first_at is None:
-                stream.first_at = now
+                stream.first_at, stream.first_s = now, seconds
             stream.audio_s += seconds
+            stream.last_at = now
 
     def first_audio(self, seconds: float) -> None:
         """An admitted stream's time from admission to its first output (learned TTFA)."""
