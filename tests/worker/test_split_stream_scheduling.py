@@ -19,7 +19,7 @@ import itertools
 
 import torch
 
-from tests.worker.test_stream_scheduling import PASS_S, Clock, Codec, LM, gaps
+from tests.worker.test_stream_scheduling import LM, PASS_S, Clock, Codec, gaps
 from walkserve.core.sampling import SamplingParams
 from walkserve.core.scheduling import DEADLINE, FIFO, StreamScheduling
 from walkserve.engines.values import concat
