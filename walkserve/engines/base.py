@@ -67,7 +67,9 @@ class Group:
     (and ``spans[i]`` when the node reads a stream), ``sampling[i]`` (this node's)
     and, for a KV-cache component, ``kv[i]`` (its bound context operations;
     ``kv`` None: the engine binds them); the other fields are those of a Firing,
-    shared by every member.
+    shared by every member. Members come in the rank's order (its deadline
+    scheduler's: least playback slack first): an engine that cannot run them
+    all in one step runs the first first.
     """
 
     walk: str

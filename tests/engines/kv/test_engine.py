@@ -466,3 +466,21 @@ def test_without_may_yield_a_long_prefill_is_answered_in_one_call(tiny_lm, hf_lm
     long = _prompt(50, 41)
     (answer,) = engine.run_groups([_group("long", long)])
     assert answer[0]["token"].tolist() == hf_greedy(hf_lm, long, 1) and engine.stats()["forward_steps"] == 4
+
+
+def test_run_groups_ranks_the_requests_in_the_order_their_members_came(tiny_lm):
+    """The worker orders a group's members least slack first: the engine's steps follow that order, not the
+    order the contexts were first made in."""
+    from walkserve.engines.base import Group
+
+    engine = _engine(tiny_lm)
+    engine.run_groups([_group("a", _prompt(4, 1))])
+    engine.run_groups([_group("b", _prompt(4, 2))])
+    tokens = [{"tokens": torch.tensor([7])}] * 2
+    engine.run_groups([Group("w", "lm", "lm", "forward", ("token",), {}, ["b", "a"], [(1,), (1,)], tokens, [{}, {}],
+                             [GREEDY_ROW, GREEDY_ROW])])
+    urgency = engine.scheduler.urgency
+    assert urgency["b"] < urgency["a"]
+    assert engine.scheduler.contexts[("a", "main")].order < engine.scheduler.contexts[("b", "main")].order
+    engine.release("b")
+    assert "b" not in urgency

@@ -192,3 +192,36 @@ def test_slots_are_reserved_when_asserts_are_stripped():
     out = subprocess.run([sys.executable, "-O", "-c", _RESERVE_UNDER_O], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["2", "3"]  # 8 tokens in 2 blocks of 4, then all 12 in 3
+
+
+def test_when_the_batch_is_full_the_most_urgent_go_first_not_the_first_admitted():
+    """The rank offers its members least slack first (``urge`` in that order): a full step takes them in that
+    order; work offered in an earlier call (in flight) goes before this call's."""
+    s = _sched(max_batch_tokens=100, max_running=2)
+    for req in "abc":
+        _submit(s, req, [1, 2])
+    for req in "cab":  # c is about to gap, a next; b has slack to spare
+        s.urge(req)
+    assert [c[0] for c in _run(s)[0]] == ["c", "a"]
+    assert [c[0] for c in _run(s)[0]] == ["b"]
+    for req in "abc":  # decodes, offered in the order b, c, a
+        _submit(s, req, [3])
+    for req in "bca":
+        s.urge(req)
+    assert [c[0] for c in _run(s)[0]] == ["b", "c"]
+    for req in "cb":  # the next decodes of c and b, offered after a's, which still waits: a goes first now
+        _submit(s, req, [4])
+        s.urge(req)
+    assert [c[0] for c in _run(s)[0]] == ["a", "c"]
+    s.drop_request("b")
+    assert "b" not in s.urgency
+
+
+def test_an_urgent_prompt_takes_the_prefill_budget_first():
+    s = _sched(max_batch_tokens=8)
+    _submit(s, "text", list(range(20)))  # admitted first: a long prompt
+    _submit(s, "stream", list(range(100, 108)))  # a stream's prompt: its first audio waits on it
+    s.urge("stream")
+    s.urge("text")
+    assert _run(s) == ([("stream", 0, 8)], ["stream:8"])
+    assert _run(s)[0] == [("text", 0, 8)]

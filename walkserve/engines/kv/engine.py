@@ -182,6 +182,9 @@ class KVCacheEngine(Engine):
         prefill chunk short of its firing's end: those members stay in flight here, and the worker offers
         them again in a later pass, which goes on from there (``_inflight``); a long prefill runs one chunk
         per pass and the other cohorts' steps run between its chunks."""
+        for group in groups:  # the members come in the rank's order (least slack first): the steps keep it
+            for rid in group.request_ids:
+                self.scheduler.urge(rid)
         ids = [[self._firing_for(group, i) for i in range(len(group.request_ids))] for group in groups]
         wanted = {fid for part in ids for fid in part}
         answers, others = self._answers, []

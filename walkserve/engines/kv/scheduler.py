@@ -2,14 +2,16 @@
 
 Each step fills a token budget:
   1. contexts that hold blocks and have work: decodes first, then prefill
-     chunks, each in admission order; a context short of blocks preempts
+     chunks, each in urgency order (``urge``: the order the rank's scheduler
+     offered their requests last, least playback slack first; else admission
+     order); a context short of blocks preempts
      idle contexts (holding blocks without work and read by no waiting
      query, latest first), then later-admitted contexts not yet in this step
      (latest first), then shrinks its chunk to what fits, and preempts itself
      when nothing fits;
   2. queries whose contexts are all in the pool and idle, whole (a query is
      never split: its rows attend to each other and are kept nowhere);
-  3. waiting contexts (work, no blocks) in admission order: attach their
+  3. waiting contexts (work, no blocks) in urgency order: attach their
      cached prefix, then take a chunk of what the budget and pool allow; a
      waiting context preempts idle ones only when nothing else runs this step,
      so progress is guaranteed without thrashing running work.
@@ -124,6 +126,7 @@ class Scheduler:
         self.prefix_hit_tokens = 0
         self.prefill_tokens = 0  # rows computed for firings of more than one row (prompts), recomputation included
         self._next_order = 0
+        self.urgency: dict[str, int] = {}  # request -> when it was last offered (``urge``); lower runs first
 
     # ---- contexts ------------------------------------------------------
     def context(self, key: ContextKey, component: str = "") -> Context:
@@ -140,7 +143,17 @@ class Scheduler:
         self.bm.free(key)
         return self.contexts.pop(key, None)
 
+    def urge(self, request_id: str) -> None:
+        """The request was offered now (call in the order the caller ranks them, most urgent first): when a
+        step cannot take every context with work, its contexts go after those offered before it and before
+        those offered after it. Preemption keeps admission order."""
+        self.urgency[request_id] = self._take_order()
+
+    def _urgency(self, ctx: Context) -> int:
+        return self.urgency.get(ctx.request_id, ctx.order)
+
     def drop_request(self, request_id: str) -> list[Context]:
+        self.urgency.pop(request_id, None)
         self.queries = [q for q in self.queries if q.reads[0].request_id != request_id]
         return [self.drop(k) for k in [k for k in self.contexts if k[0] == request_id]]
 
@@ -182,14 +195,14 @@ class Scheduler:
         plan = StepPlan()
         budget = self.config.max_batch_tokens
         held = [c for c in self.contexts.values() if c.has_work and self.bm.has(c.key)]
-        for ctx in sorted(held, key=lambda c: (c.remaining > 1, c.order)):
+        for ctx in sorted(held, key=lambda c: (c.remaining > 1, self._urgency(c), c.order)):
             if budget <= 0 or len(plan.chunks) == self.config.max_running:
                 return plan
             if self.bm.has(ctx.key):  # not preempted earlier in this loop
                 budget -= self._add(plan, ctx, self._reserve_running(ctx, self._running_chunk(ctx, budget, plan), plan))
         budget = self._schedule_queries(plan, budget)
         waiting = [c for c in self.contexts.values() if c.has_work and not self.bm.has(c.key)]
-        for ctx in sorted(waiting, key=lambda c: c.order):
+        for ctx in sorted(waiting, key=lambda c: (self._urgency(c), c.order)):
             if budget <= 0 or len(plan.chunks) == self.config.max_running:
                 break
             if ctx.key in plan.preempted:
