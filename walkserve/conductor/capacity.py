@@ -122,13 +122,13 @@ class RankTime:
 
 
 class StreamCapacity:
-    """The capacity model of one run: fed each rank's cumulative node counters and the audio seen so far."""
+    """The capacity model of one run: fed each rank's cumulative step counters (per node and batch bucket), its loop's active time and the audio seen so far."""
 
     def __init__(self, headroom: float):
         self.headroom = headroom
         self.costs: dict[tuple[str, int], NodeCost] = {}
         self.ranks: dict[int, RankTime] = {}
-        self._last: dict[int, tuple[dict[str, dict[str, float]], float]] = {}  # rank -> (its counters, audio_s then)
+        self._last: dict[int, tuple[dict[str, dict[int, list[float]]], float]] = {}  # rank -> (its counters, audio_s then)
         self.audio_s = 0.0  # audio seconds produced, all requests (the conductor adds them as outputs leave)
 
     def add_audio(self, seconds: float) -> None:
