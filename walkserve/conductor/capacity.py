@@ -122,7 +122,8 @@ class RankTime:
 
 
 class StreamCapacity:
-    """The capacity model of one run: fed each rank's cumulative step counters (per node and batch bucket), its loop's active time and the audio seen so far."""
+    """The capacity model of one run: fed each rank's cumulative step counters (per node and batch bucket),
+    its loop's active time, and the audio seen so far."""
 
     def __init__(self, headroom: float):
         self.headroom = headroom
