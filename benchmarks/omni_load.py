@@ -10,6 +10,7 @@ answer is (``RequestSpec.realtime``).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from pathlib import Path
@@ -21,7 +22,11 @@ FULL = Sweep(frames=50, seconds=12.0, loads=(0.5, 1.0, 2.0, 4.0), burst=4.0, fra
 TOKENS = 6  # thinker tokens per answer
 
 
-def run_load(quick: bool, threads: int, modes: str, plot: str, placement: str = "qwen3-omni-split") -> str:
+def run_load(quick: bool, threads: int, modes: str, plot: str, placement: str = "qwen3-omni-split",
+             frames: int = 0) -> str:
+    """``frames``: frames per stream instead of the sweep's (0: its own). A stream of one 25-frame chunk and a
+    short tail plays without a gap far past the sustained capacity (its tail has the first chunk's 2 s to
+    come); 100 frames (four chunks) measures what the capacity estimate prices."""
     import walkserve.models.builtin  # noqa: F401
     from benchmarks.omni_speech import prompt
     from walkserve.core.sampling import SamplingParams
@@ -31,6 +36,8 @@ def run_load(quick: bool, threads: int, modes: str, plot: str, placement: str = 
     from walkserve.placements import path as placement_path
 
     sweep = QUICK if quick else FULL
+    if frames:
+        sweep = dataclasses.replace(sweep, frames=frames)
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="walkserve-bench-omni-load-") as tmp:
         path = write_tiny_qwen3_omni(Path(tmp) / "qwen3-omni-load", seed=5, speech=True)
@@ -52,6 +59,6 @@ def run_load(quick: bool, threads: int, modes: str, plot: str, placement: str = 
                                        tuple(modes.split(",")), family="qwen3-omni")
     model = (f"tiny Qwen3-Omni (write_tiny_qwen3_omni, speech), random weights, {TOKENS} thinker tokens per answer, "
              f"placement {placement}, {threads} torch thread(s) per worker, CPU")
-    title = f"./dev bench omni --load{' --quick' if quick else ''} --sweep-modes {modes}"
+    title = f"./dev bench omni --load{' --quick' if quick else ''}{f' --frames {frames}' if frames else ''} --sweep-modes {modes}"
     return load_report(title, model, sweep, capacity, levels, (load0, os.getloadavg()[0]), plot,
                        f"tiny Qwen3-Omni, {placement}, capacity {capacity}")

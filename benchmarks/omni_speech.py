@@ -304,11 +304,13 @@ def main(argv: list[str]) -> int:
                    "admission + deadline scheduling against count + fifo (benchmarks/omni_load.py)")
     p.add_argument("--sweep-modes", default=f"{NEW},{BASELINE}", type=modes_arg, help="with --load: the modes")
     p.add_argument("--plot", default="", help="with --load: where the SVG goes (default: none)")
+    p.add_argument("--frames", type=int, default=0, help="with --load: frames per stream (default: 30 quick, "
+                   "50 full; 100 = four 25-frame chunks, a stream that must stay real-time past its first chunk)")
     args = p.parse_args(argv)
     if args.load:
         from benchmarks.omni_load import run_load
 
-        print(run_load(args.quick, args.threads, args.sweep_modes, args.plot))
+        print(run_load(args.quick, args.threads, args.sweep_modes, args.plot, frames=args.frames))
         return 0
     from walkserve.models.qwen3_omni.tiny import write_tiny_qwen3_omni
 
