@@ -357,9 +357,7 @@ class RankStats(msgspec.Struct, kw_only=True):
     Streams (docs/runtime.md, "Streams under load"): ``stream_scheduling`` is the
     rank's mode (deadline or fifo); ``streams`` the requests whose playback clock
     runs here; ``step_costs`` node -> batch bucket (1, 2, 4 ...) -> measured seconds of
-    one step (a moving mean); ``step_counts`` node -> batch bucket -> [steps, members,
-    busy seconds] (cumulative; a call shared by nodes split by members: what admission's
-    capacity model fits); ``slack`` node -> members dispatched per slack bucket
+    one step (a moving mean); ``slack`` node -> members dispatched per slack bucket
     (``SLACK_EDGES_S``, counts, len(edges) + 1); ``scheduling`` counters
     (``held_paced``, ``held_capacity``: member-steps that waited; ``gaps``: chunks
     the emitting node completed after the client's audio ran out) and ``gap_s``
@@ -390,8 +388,8 @@ class RankStats(msgspec.Struct, kw_only=True):
     stream_scheduling: str = ""
     streams: int = 0
     step_costs: dict[str, dict[int, float]] = {}
-    step_counts: dict[str, dict[int, list[float]]] = {}
-    active_s: float = 0.0  # the rank's loop time not spent waiting for a message: engine calls and the runtime's own work
+    step_counts: dict[str, dict[int, list[float]]] = {}  # node -> bucket -> cumulative [steps, members, busy s]
+    active_s: float = 0.0  # the loop's seconds not waiting for a message (both: admission's capacity model)
     slack: dict[str, list[int]] = {}
     scheduling: dict[str, int] = {}
     gap_s: float = 0.0
