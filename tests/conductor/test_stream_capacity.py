@@ -247,3 +247,7 @@ def test_retry_after_is_when_the_soonest_stream_ends_at_the_pace_its_chunks_came
     assert a.frees_in(1.1)[0] == 0.0 and a.retry_after(1.1) == pytest.approx(0.1)  # the floor
     a.end("s1", ran_to_length=True)
     assert a.decide(1.1).action == "run"
+    a.start(a_spec(3), 2.0)
+    a.produced("s3", 0.5, 2.5)
+    a.produced("s3", 0.5, 2.5)  # one chunk in two messages: no pace measured from it (not zero)
+    assert a.active["s3"].pace() is None

@@ -49,8 +49,9 @@ class Stream:
     last_at: float | None = None  # when its latest audio left
 
     def pace(self) -> float | None:
-        """Wall seconds per audio second since its first chunk (None: only one chunk so far)."""
-        if self.first_at is None or self.last_at is None or self.audio_s <= self.first_s:
+        """Wall seconds per audio second since its first chunk (None: no later chunk yet, or only at the same
+        moment: one chunk in several messages)."""
+        if self.first_at is None or self.last_at is None or self.audio_s <= self.first_s or self.last_at <= self.first_at:
             return None
         return (self.last_at - self.first_at) / (self.audio_s - self.first_s)
 
