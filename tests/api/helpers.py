@@ -9,21 +9,30 @@ import time
 from collections.abc import Iterator
 
 import httpx
-import uvicorn
 
 from walkserve.api import ServerConfig, build_app
+from walkserve.api.server import DrainingServer, uvicorn_config
 from walkserve.testing.fake_engine import FakeEngine, FakeEngineConfig
 
 
 @contextlib.contextmanager
 def live_server(engine: FakeEngine, **config) -> Iterator[str]:
     """Serve ``engine`` with uvicorn in a background thread; yields the base URL."""
+    with serving(engine, **config) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def serving(engine: FakeEngine, **config) -> Iterator[tuple[str, DrainingServer]]:
+    """``live_server`` with the server itself (``walkserve serve``'s: its uvicorn settings and drain)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    app = build_app(engine, ServerConfig(port=port, **config))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2))
+    server_config = ServerConfig(port=port, **{"log_level": "warning", **config})
+    app = build_app(engine, server_config)
+    server = DrainingServer(uvicorn_config(app, server_config, grace_s=2), app.state.walkserve,
+                            server_config.drain_timeout_s)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -31,7 +40,7 @@ def live_server(engine: FakeEngine, **config) -> Iterator[str]:
         assert time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", server
     finally:
         server.should_exit = True
         thread.join(10)

@@ -22,7 +22,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.polling import alive, wait_for  # noqa: F401  (re-exported for the API tests)
 from walkserve.api import ServerConfig, build_app
-from walkserve.api.server import WS_SLACK_BYTES
 from walkserve.cli.serve_cmd import bind
 from walkserve.core.config import RuntimeConfig
 from walkserve.core.outputs import OutputEvent, RequestFinished
@@ -74,7 +73,7 @@ def in_thread_server(family: str, model_path: Path, runtime: RuntimeConfig | Non
         server_config = ServerConfig(port=port, **config)
         app = build_app(engine, server_config)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2,
-                                               ws_max_size=server_config.max_ws_message_bytes + WS_SLACK_BYTES))
+                                               ws_max_size=server_config.ws_max_size))
         serving = asyncio.run_coroutine_threadsafe(server.serve(sockets=[sock]), loop)
         deadline = time.monotonic() + 20
         while not server.started:

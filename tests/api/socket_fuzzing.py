@@ -18,8 +18,8 @@ from websockets.frames import CloseCode
 from websockets.sync.client import ClientConnection, connect
 
 from tests.api.fuzzing import EXAMPLES, hypothesis_settings
+from walkserve.api.config import WS_SLACK_BYTES
 from walkserve.api.openpi.codec import decode, encode
-from walkserve.api.server import WS_SLACK_BYTES
 
 REPLY_TIMEOUT_S = 30.0
 LEAKS = ("Traceback", "File \"", "site-packages", " object at 0x")

@@ -97,9 +97,14 @@ def test_audio_format_probe() -> None:
 def test_server_config_validation() -> None:
     assert ServerConfig().host == "127.0.0.1"
     for bad in ({"max_n": 0}, {"port": 70000}, {"api_key": " "}, {"media_allowlist": ("example.com",)}, {"max_body_bytes": -1},
-                {"max_ws_message_bytes": 0}, {"default_max_tokens": 0}, {"default_max_tokens": 2.5}, {"default_max_tokens": True}):
+                {"max_ws_message_bytes": 0}, {"default_max_tokens": 0}, {"default_max_tokens": 2.5}, {"default_max_tokens": True},
+                {"realtime_max_event_bytes": 2048, "realtime_max_frame_bytes": 2048}):
         with pytest.raises(ConfigError):
             ServerConfig(**bad)
+    # uvicorn reads up to the larger route ceiling: the realtime one (twice the event limit unless set), or openpi's
+    assert ServerConfig(realtime_max_event_bytes=20 * 2**20).ws_max_size == 40 * 2**20
+    assert ServerConfig(realtime_max_event_bytes=2**20, realtime_max_frame_bytes=3 * 2**20).realtime_frame_ceiling == 3 * 2**20
+    assert ServerConfig(realtime_max_event_bytes=2**20).ws_max_size == 17 * 2**20
 
 
 def test_default_max_tokens_replaces_the_cards_default() -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from walkserve.core.errors import ConfigError
 
 MIB = 1024 * 1024
+WS_SLACK_BYTES = MIB  # openpi: a message a little over its limit gets an error frame; a far larger one, close 1009
 
 
 @dataclass(frozen=True)
@@ -21,8 +22,10 @@ class ServerConfig:
     for requests that set none (the only bound a ``/v1/audio/speech``
     request has on its length). ``realtime_*`` bound the ``/v1/realtime``
     sessions: how many at once, how long one lasts, how much input audio one
-    buffers before a commit, the largest client event, and how long a session
-    may stay silent (no client event) before it is closed.
+    buffers before a commit, the largest client event (a larger one is an
+    ``error`` event), the largest frame read at all (None: twice the event
+    limit; a larger one closes the socket, 1009), and how long a session may
+    stay silent (no client event) before it is closed.
     """
 
     host: str = "127.0.0.1"
@@ -45,6 +48,7 @@ class ServerConfig:
     realtime_max_session_s: float = 1800.0
     realtime_max_buffer_s: float = 120.0
     realtime_max_event_bytes: int = 15 * MIB
+    realtime_max_frame_bytes: int | None = None
     realtime_idle_timeout_s: float = 300.0
     stream_startup_buffer_s: float = 1.0  # a real-time stream's listener buffers min(TTFA, this) before playing
     log_level: str = "info"
@@ -55,6 +59,11 @@ class ServerConfig:
         self._positive("max_audio_seconds", "media_fetch_timeout_s", "max_stop_strings")
         self._positive("realtime_max_sessions", "realtime_max_session_s", "realtime_max_buffer_s",
                        "realtime_max_event_bytes", "realtime_idle_timeout_s")
+        frame = self.realtime_max_frame_bytes
+        if frame is not None and (isinstance(frame, bool) or not isinstance(frame, int)
+                                  or frame <= self.realtime_max_event_bytes):
+            raise ConfigError("ServerConfig.realtime_max_frame_bytes must be an integer above realtime_max_event_bytes "
+                              f"({self.realtime_max_event_bytes}) or None, got {frame!r}")
         n = self.default_max_tokens
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ConfigError(f"ServerConfig.default_max_tokens must be a positive integer or None, got {n!r}")
@@ -69,6 +78,21 @@ class ServerConfig:
         for prefix in self.media_allowlist:
             if not prefix.startswith(("http://", "https://")) or prefix.count("/") < 3:
                 raise ConfigError(f"media_allowlist entry {prefix!r} must look like https://host/ (scheme, host, '/')")
+
+    @property
+    def realtime_frame_ceiling(self) -> int:
+        """The largest /v1/realtime frame read: a larger one closes the socket (1009, message too big)."""
+        return self.realtime_max_frame_bytes or 2 * self.realtime_max_event_bytes
+
+    @property
+    def openpi_frame_ceiling(self) -> int:
+        """The largest /v1/openpi frame read: a larger one closes the socket (1009, message too big)."""
+        return self.max_ws_message_bytes + WS_SLACK_BYTES
+
+    @property
+    def ws_max_size(self) -> int:
+        """uvicorn's frame cap: the larger route ceiling (each route closes frames over its own)."""
+        return max(self.openpi_frame_ceiling, self.realtime_frame_ceiling)
 
     def _positive(self, *names: str) -> None:
         for name in names:

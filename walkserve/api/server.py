@@ -8,24 +8,27 @@ import signal
 import socket
 from collections.abc import Callable, Sequence
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
 from walkserve.api.app import build_app
 from walkserve.api.config import ServerConfig
+from walkserve.api.realtime.socket import end_sessions
 from walkserve.api.state import AppState
 from walkserve.entrypoint.interface import EngineClient
 
 log = logging.getLogger(__name__)
 DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 GRACE_AFTER_DRAIN_S = 3  # uvicorn's own wait for connections once the drain is over (or timed out)
-WS_SLACK_BYTES = 1024 * 1024  # a message a little over the limit gets an error frame; a far larger one, close 1009
 
 
 class DrainingServer(uvicorn.Server):
     """The first SIGTERM/SIGINT starts a drain instead of closing the sockets at once:
     /health answers 503 and new work 503 while in-flight requests finish (up to
-    ``drain_timeout_s``); then uvicorn shuts down as usual. A second signal forces the exit."""
+    ``drain_timeout_s``) and realtime sessions finish their running response, get an
+    ``error`` event and close 1001; then uvicorn shuts down as usual. A second signal
+    forces the exit."""
 
     def __init__(
         self,
@@ -62,10 +65,27 @@ class DrainingServer(uvicorn.Server):
 
     async def drain_and_exit(self) -> None:
         self.state.drain.start()
-        log.info("draining: %d request(s) in flight, waiting up to %.0fs", self.state.drain.in_flight, self.drain_timeout_s)
-        if not await self.state.drain.wait_idle(self.drain_timeout_s):
+        log.info("draining: %d request(s) in flight and %d realtime session(s), waiting up to %.0fs",
+                 self.state.drain.in_flight, len(self.state.realtime_sessions), self.drain_timeout_s)
+        idle, _ = await asyncio.gather(self.state.drain.wait_idle(self.drain_timeout_s),
+                                       end_sessions(self.state, self.drain_timeout_s))
+        if not idle:
             log.warning("drain timeout: %d request(s) still in flight", self.state.drain.in_flight)
         self.should_exit = True
+
+    async def shutdown(self, sockets=None) -> None:
+        """Realtime sessions still open (a stop without a drain) get their close event and 1001 before uvicorn
+        drops the connections (it would close them with 1012 and no event)."""
+        await end_sessions(self.state, 0.0)
+        await super().shutdown(sockets)
+
+
+def uvicorn_config(app: Any, config: ServerConfig, grace_s: float = GRACE_AFTER_DRAIN_S) -> uvicorn.Config:
+    """uvicorn's settings for ``app`` under ``config`` (its frame cap is the largest websocket route's ceiling;
+    ``grace_s``: its own wait for connections once a drain is over)."""
+    return uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+                          timeout_graceful_shutdown=grace_s, access_log=False,
+                          ws_max_size=config.ws_max_size)
 
 
 async def serve_async(
@@ -83,16 +103,7 @@ async def serve_async(
     config = config or ServerConfig()
     try:
         app = build_app(engine, config)
-        uv_config = uvicorn.Config(
-            app,
-            host=config.host,
-            port=config.port,
-            log_level=config.log_level,
-            timeout_graceful_shutdown=GRACE_AFTER_DRAIN_S,
-            access_log=False,
-            ws_max_size=config.max_ws_message_bytes + WS_SLACK_BYTES,
-        )
-        server = DrainingServer(uv_config, app.state.walkserve, config.drain_timeout_s, on_started)
+        server = DrainingServer(uvicorn_config(app, config), app.state.walkserve, config.drain_timeout_s, on_started)
         await server.serve(list(sockets) if sockets else None)
     finally:
         await engine.shutdown()

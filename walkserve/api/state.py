@@ -36,7 +36,7 @@ class AppState:
         self.audio = AudioFormats(self.card.sample_rate if speaks else None)
         self.media = MediaLoader(config)
         self.runner = RequestRunner(engine, self.metrics, self.card.sample_rate, config.stream_startup_buffer_s)
-        self.realtime_sessions = 0  # open /v1/realtime sessions (api/realtime/socket.py)
+        self.realtime_sessions: set[Any] = set()  # open /v1/realtime sessions (api/realtime/socket.py)
         # One thread for processor calls (templates, tokenization): off the event loop, never concurrent.
         self._processor_thread = ThreadPoolExecutor(1, thread_name_prefix="walkserve-processor")
 

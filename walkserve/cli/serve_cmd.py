@@ -49,6 +49,8 @@ LIMIT_FLAGS = (
     ("--realtime-max-buffer-seconds", "realtime_max_buffer_s", float,
      "input audio a /v1/realtime session buffers before a commit"),
     ("--realtime-max-event-bytes", "realtime_max_event_bytes", int, "one /v1/realtime client event in bytes"),
+    ("--realtime-max-frame-bytes", "realtime_max_frame_bytes", int,
+     "the largest /v1/realtime frame read at all (larger: close 1009; default: twice the event limit)"),
     ("--realtime-idle-timeout", "realtime_idle_timeout_s", float,
      "seconds a /v1/realtime session may send nothing before it is closed"),
     ("--default-max-tokens", "default_max_tokens", int,

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 ROUTE = "/v1/openpi"
 TASK = "act"
 POLICY_VIOLATION = 1008  # websocket close code: a refused handshake (the client sees HTTP 403)
+MESSAGE_TOO_BIG = 1009  # a frame over the route's ceiling
 
 
 def key_ok(websocket: WebSocket, api_key: str | None) -> bool:
@@ -66,6 +67,9 @@ async def serve_policy(websocket: WebSocket, state: AppState) -> None:
             if frame is None:
                 await _send_error(websocket, bad_request("send observations as binary msgpack-numpy frames", "frame"))
                 continue
+            if len(frame) > state.config.openpi_frame_ceiling:  # uvicorn reads up to the largest route's ceiling
+                await websocket.close(code=MESSAGE_TOO_BIG)
+                return
             if len(frame) > state.config.max_ws_message_bytes:
                 await _send_error(websocket, too_large(len(frame), state.config.max_ws_message_bytes))
                 continue

@@ -43,6 +43,8 @@ class RealtimeSession:
         self.response: Response | None = None
         self.outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(OUTBOX)
         self.closing = False
+        self.ended = asyncio.Event()  # set by ``end``: the socket sends ``end_reason`` and closes
+        self.end_reason: ApiError | None = None
         self.handlers = {
             "session.update": self._session_update, "input_audio_buffer.append": self._append,
             "input_audio_buffer.commit": self._commit, "input_audio_buffer.clear": self._clear,
@@ -69,6 +71,14 @@ class RealtimeSession:
         self.closing = True
         if self.response is not None:
             await self.response.cancel("client_cancelled")
+
+    async def end(self, reason: ApiError, grace_s: float) -> None:
+        """Ask the socket to end the session with ``reason`` once the running response is done, or after
+        ``grace_s`` (then ``close`` cancels it)."""
+        if self.responding:
+            await asyncio.wait({self.response.task}, timeout=grace_s)
+        self.end_reason = reason
+        self.ended.set()
 
     async def handle(self, text: str) -> None:
         """One client event (a text frame); any failure becomes an ``error`` event naming the problem."""
@@ -195,6 +205,7 @@ class RealtimeSession:
         await self._start_response(config, add=conversation == "auto")
 
     async def _start_response(self, config: SessionConfig, add: bool) -> None:
+        self.state.check_ready()  # a draining server starts no new response
         if "audio" in config.output_modalities:
             self.state.require("audio_out", "audio output", "output_modalities")
             if self.state.card.sample_rate != RATE:
