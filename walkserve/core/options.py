@@ -29,6 +29,8 @@ class KVOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     max_running: Positive = 64
     attention: Literal["auto", "torch", "flashinfer"] = "auto"
     prefix_caching: bool = True
+    # captured rows of finished prompt pieces, for an equal piece after the same history (engines/kv/capture_cache.py)
+    capture_cache_bytes: Annotated[int, msgspec.Meta(ge=0)] = 256 * 2**20
     seed: Annotated[int, msgspec.Meta(ge=0)] | None = None
     cuda_graphs: bool = False  # decode steps replay per-batch-size CUDA graphs (engines/kv/cuda_graphs.py)
     cuda_graph_sizes: list[Positive] | None = None  # the batch-size buckets (default 1 2 4 8 16 24 32 48 64)

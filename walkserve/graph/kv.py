@@ -53,7 +53,9 @@ Inputs, by slot name (``tokens``/``embeds``/``embed_rows``/``positions``/``targe
               append, so its blocks are shared only with an append equal in every row (pi0's prefix)
   lazy        (an append) a firing that names no output is answered once its rows are in the context's
               history; they run with the context's next firing that computes, so a prompt cut in pieces
-              loses no prefix-cache block at the cuts (a block may then span two pieces)
+              loses no prefix-cache block at the cuts (a block may then span two pieces); one whose outputs
+              are all captured rows (``rows=ALL``) is answered the same way when an equal piece ran after the
+              same history (the engine's capture cache, ``engines/kv/capture_cache.py``)
 
 Outputs (the node's declared outputs the engine fills):
   token, logprob, top_logprobs, top_logprob_ids   sampled from the chunk's last row

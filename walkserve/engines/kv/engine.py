@@ -14,7 +14,10 @@ A firing is answered once its chunk has run, with the outputs it names
 the KV). A *lazy* append (``ContextOp.lazy``) that names no output is answered
 as soon as its rows are in the context's history: they are computed with the
 context's next firing that computes (or a query's restore), so the prefix
-cache may stand in for a block that spans two prompt pieces. Sampling uses ``firing.sampling`` (greedy when None);
+cache may stand in for a block that spans two prompt pieces. A lazy append
+whose outputs are all captured rows is answered so too when an equal piece
+ran after the same history (``capture_cache.py`` keeps those rows by content).
+Sampling uses ``firing.sampling`` (greedy when None);
 ``node_params["token_ranges"]`` (a list of ``[lo, hi)`` id ranges, or a
 function of the number of tokens sampled so far returning one) restricts
 which ids may be drawn. ``run_groups`` runs a cohort's step as one call (``submit``/``step`` are
@@ -41,6 +44,7 @@ from walkserve.core.errors import ConfigError
 from walkserve.core.options import KVOptions
 from walkserve.engines.base import LATER, Engine, Firing, FiringResult, Group, Result
 from walkserve.engines.kv.block_manager import BlockManager, ContextKey
+from walkserve.engines.kv.capture_cache import CaptureCache, servable
 from walkserve.engines.kv.kv_pool import KVPool, KVPoolShape, pool_blocks
 from walkserve.engines.kv.migrate import ContextMigration
 from walkserve.engines.kv.ops import ContextOp, bind
@@ -101,6 +105,7 @@ class KVCacheEngine(Engine):
         self.block_manager = BlockManager(self.pool.num_blocks, block_size, o.prefix_caching)
         self.scheduler = Scheduler(self.block_manager, SchedulerConfig(o.max_batch_tokens, max_running))
         self.migration = ContextMigration(component, self.scheduler, self.block_manager, self.pool)
+        self.captures = CaptureCache(o.capture_cache_bytes) if o.prefix_caching and o.capture_cache_bytes else None
         backend = make_paged_backend(o.attention, self.device, dtype, shape.head_dim)
         self.runner = ModelRunner(self.models, self.pool, self.block_manager, backend, Sampler(o.seed))
         if cuda_graphs:
@@ -164,6 +169,8 @@ class KVCacheEngine(Engine):
             if ctx is not None and "token" in out:
                 ctx.sampled.append(int(out["token"][0]))
             fan = self._fans.get(id(pending.firing))
+            if self.captures is not None and fan is None and ctx is not None and servable(pending):
+                self.captures.store(ctx, pending, self._model_name(pending.firing), out)
             if fan is not None:
                 out = fan.put(pending.op, out)
                 if out is None:
@@ -262,6 +269,8 @@ class KVCacheEngine(Engine):
             "forward_steps": self.forwards,
             "preemptions": self.scheduler.preemptions,
             "prefix_hit_tokens": self.scheduler.prefix_hit_tokens,
+            "capture_cache_hits": self.captures.hits if self.captures is not None else 0,
+            "capture_cache_bytes": self.captures.bytes if self.captures is not None else 0,
             "prefill_tokens": self.scheduler.prefill_tokens,
             "running": self.scheduler.num_running(),
             "waiting": self.scheduler.num_waiting(),
@@ -332,6 +341,11 @@ class KVCacheEngine(Engine):
             if op.lazy and not firing.outputs and not op.row_outputs and id(firing) not in self._fans:
                 ctx.pending.remove(pending)  # fills only: its rows are computed with the next firing that needs them
                 self._ready.append(FiringResult(firing, outputs={}))
+            elif op.lazy and self.captures is not None and id(firing) not in self._fans:
+                found = self.captures.lookup(ctx, pending, self._model_name(firing))
+                if found is not None:  # an equal piece ran after the same history: its rows become history too
+                    ctx.pending.remove(pending)
+                    self._ready.append(FiringResult(firing, outputs=found))
         elif op.kind == "query":
             reads = tuple(s.context((rid, name), firing.component) for name in op.reads)
             blocks = sum(-(-c.length // self.block_manager.block_size) for c in {id(c): c for c in reads}.values())
@@ -351,6 +365,9 @@ class KVCacheEngine(Engine):
             s.truncate(key, op.length)
         else:
             s.drop(key)
+
+    def _model_name(self, firing: Firing) -> str:
+        return firing.component if firing.component in self.models else self.component
 
     def _check_capacity(self, key: ContextKey, length: int) -> None:
         capacity = self.pool.num_blocks * self.block_manager.block_size
