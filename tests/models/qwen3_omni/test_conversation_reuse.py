@@ -3,7 +3,7 @@
 Two servers on the speech checkpoint (one rank, block size 4): one with the prefix cache, one without.
 Each greedy answer of the cached server (text out, and text + audio out) equals the uncached server's;
 /metrics shows that a follow-up turn prefills only the new turn (and the rest of the block where it
-starts), and that a turn whose earlier clip or image differs reuses nothing of it.
+starts), spoken answers included, and that a turn whose earlier clip or image differs reuses nothing of it.
 """
 
 from __future__ import annotations
@@ -154,9 +154,11 @@ def test_another_image_reuses_nothing_of_it(cached, fresh, processor):
     assert same == (len(_ids(processor, turn)) - 1) // BS * BS
 
 
-def test_a_spoken_follow_up_answers_the_same_and_reuses_its_text_pieces(cached, fresh, processor):
-    """Text + audio out: the thinker's media pieces return their rows to the talker, so they are computed
-    again; the text pieces around them come from the cache. Transcript and audio equal the uncached server's."""
+def test_a_spoken_follow_up_prefills_only_the_new_turn_and_answers_the_same(cached, fresh, processor):
+    """Text + audio out: the thinker's media pieces hand their rows' layer-24 inputs to the talker; the capture cache
+    gives an earlier turn's clip those rows without running it again, so a follow-up turn's thinker prefill is the
+    new turn (and the rest of the block where it starts), as for a text answer. Transcript and audio equal the
+    uncached server's."""
     speech = dict(modalities=["text", "audio"], audio={"voice": "Chelsie", "format": "wav", "max_frames": 8})
     turn1 = [{"role": "system", "content": "Be brief"}, _user("Say hello", _audio(CLIP_B), "please")]
     first, _, _ = _measured(cached, turn1, last_apart=True, **speech)
@@ -166,5 +168,14 @@ def test_a_spoken_follow_up_answers_the_same_and_reuses_its_text_pieces(cached, 
     again, prefilled, reused = _measured(cached, turn1, last_apart=True, **speech)
     assert again.choices[0].message.audio.transcript == want.choices[0].message.audio.transcript
     assert_wave_equal(_wave(again), _wave(want), quantum=1 / 32768)
-    assert reused > 0 and prefilled + reused == again.usage.prompt_tokens - 1  # the last token: thinker_first
-    assert prefilled < again.usage.prompt_tokens - 1
+    assert prefilled + reused == again.usage.prompt_tokens - 1  # the last token: thinker_first
+    assert prefilled < BS  # the clip too: only the block holding the prompt's end runs
+    turn2 = [*turn1, {"role": "assistant", "content": first.choices[0].message.audio.transcript},
+             _user(_audio(CLIP_B), "And again?")]
+    second, prefilled2, reused2 = _measured(cached, turn2, last_apart=True, **speech)
+    want2 = _chat(fresh, turn2, **speech)
+    assert second.choices[0].message.audio.transcript == want2.choices[0].message.audio.transcript
+    assert_wave_equal(_wave(second), _wave(want2), quantum=1 / 32768)
+    n1, n2 = len(_ids(processor, turn1)), second.usage.prompt_tokens
+    assert prefilled2 + reused2 == n2 - 1
+    assert reused2 >= (n1 - 1) // BS * BS and prefilled2 < n2 - n1 + BS  # turn 1's clip is not run again

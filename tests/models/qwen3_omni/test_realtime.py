@@ -75,8 +75,25 @@ def user_turn(turn) -> dict:
     return {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": wav_b64(turn), "format": "wav"}}]}
 
 
-async def session(url: str, turns: list, modalities=("audio",)) -> list:
-    """Each turn (text, or pcm16 audio to append and commit) then a response; the answers in order."""
+def thinker_rows(engine) -> tuple[float, float]:
+    """(prefilled, reused) prompt rows of the thinker's KV pool, as the workers last reported them."""
+    pools = [v for (component, _), v in engine.stats().engine_ranks.items() if component == "thinker"]
+    return sum(p.get("prefill_tokens", 0.0) for p in pools), sum(p.get("prefix_hit_tokens", 0.0) for p in pools)
+
+
+async def rows_of(engine, before: tuple[float, float], prompt: int) -> tuple[float, float]:
+    """The rows a spoken answer's prompt prefilled and reused, once reported (all but its last, a one-row firing)."""
+    deadline = time.monotonic() + 20
+    while True:
+        after = thinker_rows(engine)
+        if sum(after) - sum(before) >= prompt - 1 or time.monotonic() > deadline:
+            return after[0] - before[0], after[1] - before[1]
+        await asyncio.sleep(0.05)
+
+
+async def session(url: str, turns: list, modalities=("audio",), engine=None, rows: list | None = None) -> list:
+    """Each turn (text, or pcm16 audio to append and commit) then a response; the answers in order. With ``engine``,
+    each response's (prompt tokens, prefilled rows, reused rows) of the thinker go to ``rows``."""
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
     answers = []
     async with client.realtime.connect(model="tiny-omni") as conn:
@@ -95,8 +112,12 @@ async def session(url: str, turns: list, modalities=("audio",)) -> list:
                 await conn.input_audio_buffer.commit()
                 assert [(await conn.recv()).type for _ in range(3)] == [
                     "input_audio_buffer.committed", "conversation.item.added", "conversation.item.done"]
+            before = thinker_rows(engine) if engine is not None else None
             await conn.response.create()
             answers.append(await answer(conn))
+            if engine is not None:
+                prompt = answers[-1].done.usage.input_tokens
+                rows.append((prompt, *await rows_of(engine, before, prompt)))
     return answers
 
 
@@ -127,6 +148,21 @@ def test_text_and_audio_turns_equal_chat_completions(server, client) -> None:
         history.append({"role": "assistant", "content": transcript})
     # the history is a real part of the prompt: the last turn alone gets another answer
     assert chat(client, [user_turn("and?")])[1] != answers[2].audio
+
+
+def test_a_second_spoken_turn_prefills_only_the_new_turn(server, client) -> None:
+    """Two spoken turns: the second's thinker prefill is its new rows (the first answer, the new clip, the
+    template) and the rest of the block where they start; the first turn's 3 s clip, whose layer-24 rows the
+    talker reads again, is not run again (KV block size 16). The answers equal chat completions."""
+    turns, rows = [speech(3.0, seed=7), speech(1.0, seed=8)], []  # a later clip no longer: the first keeps its key
+    answers = asyncio.run(session(server.url, turns, engine=server.engine, rows=rows))
+    (n1, _, _), (n2, prefilled, reused) = rows
+    assert prefilled + reused == n2 - 1  # all but the last prompt row, a one-row firing
+    assert reused >= (n1 - 1) // 16 * 16 and prefilled < n2 - n1 + 16
+    first = chat(client, [user_turn(turns[0])])
+    assert (answers[0].transcript, answers[0].audio) == first
+    history = [user_turn(turns[0]), {"role": "assistant", "content": first[0]}, user_turn(turns[1])]
+    assert (answers[1].transcript, answers[1].audio) == chat(client, history)
 
 
 def test_text_output_equals_a_text_chat(server, client) -> None:
