@@ -131,7 +131,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--speak", action="store_true", help="spoken answers (text + audio out): the thinker's media "
-                   "pieces feed the talker their rows, so they run again each turn")
+                   "pieces feed the talker their rows' layer-24 inputs, which the capture cache keeps for later turns")
     args = p.parse_args(argv)
     from walkserve.models.qwen3_omni.tiny import write_tiny_qwen3_omni
 
