@@ -165,6 +165,28 @@ def test_a_second_spoken_turn_prefills_only_the_new_turn(server, client) -> None
     assert (answers[1].transcript, answers[1].audio) == chat(client, history)
 
 
+async def transcribed(url: str, pcm: bytes) -> object:
+    """A committed turn's input audio transcription (language hint "en"), its completed event."""
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    async with client.realtime.connect(model="tiny-omni") as conn:
+        await conn.recv()
+        await conn.session.update(session={"type": "realtime", "audio": {"input": {
+            "turn_detection": None, "transcription": {"model": "whisper-1", "language": "en"}}}})
+        await until(conn, "session.updated")
+        await append_audio(conn, pcm)
+        await conn.input_audio_buffer.commit()
+        return await until(conn, "conversation.item.input_audio_transcription.completed")
+
+
+def test_input_audio_transcription_equals_the_transcription_route(server, client) -> None:
+    pcm = speech(1.2, seed=9)
+    done = asyncio.run(transcribed(server.url, pcm))
+    wav = io.BytesIO(base64.b64decode(wav_b64(pcm)))
+    want = client.audio.transcriptions.create(model="tiny-omni", file=("turn.wav", wav), language="en")
+    assert done.transcript == want.text and want.text
+    assert done.usage.output_tokens == MAX_TOKENS
+
+
 def test_text_output_equals_a_text_chat(server, client) -> None:
     got = asyncio.run(session(server.url, ["Hi"], modalities=("text",)))[0]
     assert "response.output_text.delta" in got.types and "response.output_audio.delta" not in got.types

@@ -6,6 +6,7 @@
     audio_buffer.py  the input audio buffer (pcm16 24 kHz) and its limit
     vad.py           server VAD: webrtcvad frames, a start rule and a silence hangover
     response.py      one response: the chat-completions walks for the conversation, streamed as events
+    input_transcription.py  a committed turn transcribed by the served model (the transcription route's prompt)
     session.py       one session: client event -> state change -> server events
     socket.py        the WebSocket: handshake, limits, idle timeout, teardown
 """

@@ -21,6 +21,7 @@ from walkserve.api.realtime.conversation import (
     item_from_client,
 )
 from walkserve.api.realtime.events import error_event, event, invalid, new_id
+from walkserve.api.realtime.input_transcription import transcribe_item
 from walkserve.api.realtime.response import Response
 from walkserve.api.realtime.session_config import RATE, SessionConfig, apply_update
 from walkserve.api.realtime.vad import ServerVad
@@ -44,6 +45,7 @@ class RealtimeSession:
         self.outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(OUTBOX)
         self.closing = False
         self.ended = asyncio.Event()  # set by ``end``: the socket sends ``end_reason`` and closes
+        self.transcriptions: set[asyncio.Task] = set()  # input audio transcriptions running (input_transcription.py)
         self.end_reason: ApiError | None = None
         self.handlers = {
             "session.update": self._session_update, "input_audio_buffer.append": self._append,
@@ -71,6 +73,9 @@ class RealtimeSession:
         self.closing = True
         if self.response is not None:
             await self.response.cancel("client_cancelled")
+        for task in list(self.transcriptions):
+            task.cancel()
+        await asyncio.gather(*self.transcriptions, return_exceptions=True)
 
     async def end(self, reason: ApiError, grace_s: float) -> None:
         """Ask the socket to end the session with ``reason`` once the running response is done, or after
@@ -146,6 +151,10 @@ class RealtimeSession:
             self.vad = self._new_vad()
         await self.send(event("input_audio_buffer.committed", previous_item_id=previous, item_id=item.id))
         await self._announce(item, previous)
+        if self.config.transcription is not None:
+            task = asyncio.ensure_future(transcribe_item(self.state, item, self.config.transcription, self.send))
+            self.transcriptions.add(task)
+            task.add_done_callback(self.transcriptions.discard)
 
     async def _clear(self, message: dict[str, Any]) -> None:
         self.buffer.clear()

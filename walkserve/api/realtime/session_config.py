@@ -4,7 +4,9 @@ Audio is pcm16 mono at 24 kHz both ways (``{"type": "audio/pcm", "rate": 24000}`
 Sampling rides in the session object as a walkserve extension the GA schema lacks (the ``openai`` client passes
 unknown keys through): ``temperature`` (0 = greedy), ``top_p``, ``seed``. Fields the model cannot honour
 (``tools``, ``semantic_vad``, a ``prompt``) are refused with an error event; fields that only tune the reference
-service (``tracing``, ``truncation``, ``include``, ``noise_reduction``, input ``transcription``, ``speed``) are ignored.
+service (``tracing``, ``truncation``, ``include``, ``noise_reduction``, ``speed``) are ignored. Input
+``transcription`` (``{model, language, prompt}`` or null) turns on the transcription of committed user audio by the
+served model itself (``input_transcription.py``); its ``model`` is echoed back, whatever it names.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from walkserve.api.errors import ApiError
+from walkserve.api.openai.transcription_prompt import language_name
 from walkserve.api.realtime.events import invalid, new_id
 
 RATE = 24000
@@ -36,6 +39,18 @@ class TurnDetection:
         return {"type": "server_vad", **dataclasses.asdict(self), "idle_timeout_ms": None}
 
 
+@dataclass(frozen=True)
+class InputTranscription:
+    """``audio.input.transcription``: transcribe each committed user turn (``language``: an ISO-639-1 hint)."""
+
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 @dataclass
 class SessionConfig:
     model: str
@@ -43,6 +58,7 @@ class SessionConfig:
     output_modalities: list[str]
     instructions: str = ""
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
+    transcription: InputTranscription | None = None
     max_output_tokens: int | None = None  # None: "inf" (the room left in the context, or the card's default)
     temperature: float | None = None  # None: the model card's default
     top_p: float | None = None
@@ -58,7 +74,8 @@ class SessionConfig:
         return {
             "type": "realtime", "object": "realtime.session", "id": self.id, "model": self.model,
             "output_modalities": self.output_modalities, "instructions": self.instructions,
-            "audio": {"input": {"format": PCM, "turn_detection": detection, "transcription": None, "noise_reduction": None},
+            "audio": {"input": {"format": PCM, "turn_detection": detection, "noise_reduction": None,
+                                "transcription": self.transcription.describe() if self.transcription else None},
                       "output": {"format": PCM, "voice": self.voice, "speed": 1.0}},
             "max_output_tokens": self.max_output_tokens or "inf", "tools": [], "tool_choice": "auto",
             "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
@@ -92,6 +109,8 @@ def apply_update(config: SessionConfig, session: Any, check_voice, where: str = 
         new.voice = check_voice(voice_name(audio_out["voice"]), f"{where}.audio.output.voice")
     if "turn_detection" in audio_in:
         new.turn_detection = turn_detection(audio_in["turn_detection"])
+    if "transcription" in audio_in and where == "session":
+        new.transcription = input_transcription(audio_in["transcription"])
     return new
 
 
@@ -156,6 +175,25 @@ def turn_detection(value: Any) -> TurnDetection | None:
         "interrupt_response": bool(value.get("interrupt_response", base.interrupt_response)),
     }
     return TurnDetection(**{k: (getattr(base, k) if v is None else v) for k, v in values.items()})
+
+
+def input_transcription(value: Any) -> InputTranscription | None:
+    param = "session.audio.input.transcription"
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise invalid(f"{param} must be null or an object {{model, language, prompt}}", param)
+    fields = {}
+    for name in ("model", "language", "prompt"):
+        text = value.get(name)
+        if text is not None and not isinstance(text, str):
+            raise invalid(f"{param}.{name} must be a string", f"{param}.{name}")
+        fields[name] = text or None
+    try:
+        language_name(fields["language"])
+    except ApiError as e:
+        raise ApiError(400, e.message, f"{param}.language", e.code) from None
+    return InputTranscription(**fields)
 
 
 def _text(value: Any, param: str) -> str:
