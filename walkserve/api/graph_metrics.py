@@ -38,12 +38,16 @@ KV_GAUGES = (
     ("walkserve_kv_pool_blocks_cached", "kv_blocks_cached", "Free KV blocks still holding a reusable prefix."),
     ("walkserve_kv_pool_running", "running", "Sequences the pool's scheduler runs."),
     ("walkserve_kv_pool_waiting", "waiting", "Sequences waiting in the pool's scheduler (its queue depth)."),
+    ("walkserve_kv_pool_capture_cache_bytes", "capture_cache_bytes",
+     "Bytes of captured rows the pool's capture cache keeps for later prompt pieces."),
 )
 KV_COUNTERS = (
     ("walkserve_kv_pool_prefix_hit_tokens", "prefix_hit_tokens", "Prompt tokens served from the prefix cache."),
     ("walkserve_kv_pool_prefill_tokens", "prefill_tokens",
      "Prompt tokens computed (rows of firings longer than one row, recomputation after preemption included)."),
     ("walkserve_kv_pool_preemptions", "preemptions", "Sequences preempted for KV space."),
+    ("walkserve_kv_pool_capture_cache_hits", "capture_cache_hits",
+     "Prompt pieces answered from the capture cache (their captured rows kept from an equal earlier piece)."),
 )
 
 

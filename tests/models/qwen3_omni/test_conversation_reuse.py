@@ -179,3 +179,5 @@ def test_a_spoken_follow_up_prefills_only_the_new_turn_and_answers_the_same(cach
     n1, n2 = len(_ids(processor, turn1)), second.usage.prompt_tokens
     assert prefilled2 + reused2 == n2 - 1
     assert reused2 >= (n1 - 1) // BS * BS and prefilled2 < n2 - n1 + BS  # turn 1's clip is not run again
+    hits = metric(metrics(cached.url), "walkserve_kv_pool_capture_cache_hits_total", component="thinker", rank="0")
+    assert hits >= 2  # turn 1's clip, answered twice from the capture cache
