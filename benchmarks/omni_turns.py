@@ -58,10 +58,12 @@ async def conversation(path: Path, turns: int, seconds: float, new_tokens: int, 
         for turn in range(turns):
             messages.append(user_turn(turn, seconds * (1 - 0.1 * turn)))
             before = await _thinker_counters(engine, 0.0)  # every earlier request's rows are in
+            clips = _capture_hits(engine)
             tokens, ttft, prompt = await _ask(engine, messages, new_tokens, speak)
             after = await _thinker_counters(engine, sum(before) + prompt - speak)  # spoken: the last row apart
             rows.append({"turn": turn + 1, "prompt": prompt, "prefilled": after[0] - before[0],
-                         "reused": after[1] - before[1], "ttft_s": ttft, "tokens": tokens})
+                         "reused": after[1] - before[1], "ttft_s": ttft, "tokens": tokens,
+                         "kept_clips": _capture_hits(engine) - clips})
             messages.append({"role": "assistant", "content": engine.processor.decode(tokens)})
     finally:
         await engine.shutdown()
@@ -88,6 +90,12 @@ async def _ask(engine, messages: list[dict], n: int, speak: bool = False) -> tup
     return tokens, first or float("nan"), int(spec.inputs["prompt_token_ids"].shape[0])
 
 
+def _capture_hits(engine) -> float:
+    """Media pieces the thinker's pools answered from their capture cache so far (spoken answers' earlier clips)."""
+    pools = [v for (component, _), v in engine.stats().engine_ranks.items() if component == "thinker"]
+    return sum(p.get("capture_cache_hits", 0.0) for p in pools)
+
+
 async def _thinker_counters(engine, at_least: float) -> tuple[float, float]:
     """(prefill_tokens, prefix_hit_tokens) of the thinker's pool once the workers reported ``at_least`` rows in all
     (a text answer's prompt rows are each prefilled or reused; a spoken answer's but its last, a one-row firing),
@@ -104,7 +112,8 @@ async def _thinker_counters(engine, at_least: float) -> tuple[float, float]:
 def report(on: list[dict], off: list[dict], args: argparse.Namespace) -> str:
     rows, previous = [], 0
     for a, b in zip(on, off):
-        rows.append((a["turn"], a["prompt"], a["prompt"] - previous, b["prefilled"], a["prefilled"], a["reused"],
+        kept = (int(a["kept_clips"]),) if args.speak else ()
+        rows.append((a["turn"], a["prompt"], a["prompt"] - previous, b["prefilled"], a["prefilled"], a["reused"], *kept,
                      a["prefilled"] / b["prefilled"], b["ttft_s"] * 1e3, a["ttft_s"] * 1e3,
                      "same" if a["tokens"] == b["tokens"] else "DIFFERENT"))
         previous = a["prompt"]
@@ -118,9 +127,12 @@ def report(on: list[dict], off: list[dict], args: argparse.Namespace) -> str:
              "- prefilled / reused: the thinker's prompt rows computed / taken from the prefix cache for that turn "
              "(the last prompt row is always computed: it samples the first token"
              f"{'; not counted for a spoken answer, a one-row firing' if args.speak else ''}); new since last prompt = "
-             "the earlier answer and the new user turn", ""]
+             "the earlier answer and the new user turn"
+             + ("; clips kept: earlier clips whose layer-24 rows (the talker's) came from the capture cache"
+                if args.speak else ""), ""]
+    kept_column = ["clips kept"] if args.speak else []
     lines.append(table(["turn", "prompt tokens", "new since last prompt", "prefilled (no reuse)", "prefilled (reuse)", "reused",
-                        "prefilled ratio", "TTFT ms (no reuse)", "TTFT ms (reuse)", "answer"], rows))
+                        *kept_column, "prefilled ratio", "TTFT ms (no reuse)", "TTFT ms (reuse)", "answer"], rows))
     return "\n".join(lines)
 
 

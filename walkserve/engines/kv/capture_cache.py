@@ -55,7 +55,7 @@ class CaptureCache:
         if key is None or key in self._entries:
             return
         capture = pending.op.capture
-        entry = {layer_key(capture[name]): outputs[name].detach() for name in pending.firing.outputs}
+        entry = {layer_key(capture[name]): outputs[name].detach().clone() for name in pending.firing.outputs}
         size = sum(t.numel() * t.element_size() for t in entry.values())
         if size > self.max_bytes:
             return

@@ -341,7 +341,7 @@ class KVCacheEngine(Engine):
             if op.lazy and not firing.outputs and not op.row_outputs and id(firing) not in self._fans:
                 ctx.pending.remove(pending)  # fills only: its rows are computed with the next firing that needs them
                 self._ready.append(FiringResult(firing, outputs={}))
-            elif op.lazy and self.captures is not None and id(firing) not in self._fans:
+            elif op.lazy and self.captures is not None and id(firing) not in self._fans and s.contexts.get(key) is ctx:
                 found = self.captures.lookup(ctx, pending, self._model_name(firing))
                 if found is not None:  # an equal piece ran after the same history: its rows become history too
                     ctx.pending.remove(pending)
