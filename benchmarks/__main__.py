@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 BENCHMARKS = {
@@ -27,6 +28,11 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHMARKS:
         print("usage: ./dev bench {" + ",".join(BENCHMARKS) + "} [options]   (each takes --help)")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
+    # In-process cases (a bare engine loop, transformers) wait between OpenMP regions as a served worker
+    # does (RuntimeConfig.worker_spin): OpenMP reads its environment once, when torch loads it.
+    from walkserve.core.config import RuntimeConfig
+
+    os.environ.update(RuntimeConfig().worker_environ())
     module = importlib.import_module(BENCHMARKS[argv[0]])
     return int(module.main(argv[1:]) or 0)
 

@@ -208,12 +208,14 @@ def _bare_engine(work: Workload, kv_options: dict[str, Any]) -> CaseResult:
     _Driver(engine, warm).run(time.perf_counter())
     driver = _Driver(engine, work)
     meter = _StepMeter(engine)
-    t0 = time.perf_counter()
+    load, wait0 = os.getloadavg()[0], _proc_wait(os.getpid())
+    t0, cpu0 = time.perf_counter(), time.process_time()
     driver.run(t0)
     seconds = time.perf_counter() - t0
     extra = {"kv_blocks_peak": meter.peak, "kv_blocks_total": engine.block_manager.num_blocks,
              "preemptions": engine.scheduler.preemptions, "steps": meter.steps, "busy_s": meter.busy_s,
-             "step_cpu_s": meter.cpu_s}
+             "step_cpu_s": meter.cpu_s, "process_cpu_s": time.process_time() - cpu0,
+             "wait_s": _proc_wait(os.getpid()) - wait0, "load": load}
     extra.update({k: v for k, v in engine.stats().items() if k.startswith("cuda_graph")})
     engine.close()
     return CaseResult("bare_engine", driver.tokens, seconds, driver.stamps, extra)
@@ -259,6 +261,7 @@ async def _served(work: Workload, kv_options: dict[str, Any]) -> CaseResult:
         before = await _compute_totals(engine)
         cpu = _CpuClock(engine)
         poll = _KVPoller(engine)
+        load = os.getloadavg()[0]
         t0 = time.perf_counter()
         outs = await asyncio.gather(*[_stream(engine, work, p, t0) for p in work.prompts])
         seconds = time.perf_counter() - t0
@@ -268,7 +271,9 @@ async def _served(work: Workload, kv_options: dict[str, Any]) -> CaseResult:
         stats = engine.stats()
         extra = {"kv_blocks_peak": max(peak, stats.kv_blocks_used), "kv_blocks_total": stats.kv_blocks_total,
                  "preemptions": stats.preemptions, "steps": after[0] - before[0], "busy_s": after[1] - before[1],
-                 "cpu_s": cpu_s, "step_cpu_s": cpu_s["worker.main"] + cpu_s["worker.others"]}
+                 "cpu_s": cpu_s, "step_cpu_s": cpu_s["worker.main"] + cpu_s["worker.others"],
+                 "process_cpu_s": cpu_s["worker.main"] + cpu_s["worker.others"], "wait_s": cpu_s["worker.wait"],
+                 "load": load}
     finally:
         await engine.shutdown()
     return CaseResult("served", [o[0] for o in outs], seconds, [o[1] for o in outs], extra)
@@ -315,8 +320,8 @@ class _CpuClock:
 
     worker.main = the worker's thread (messages, the executor, the engine step and the first of
     torch's OpenMP threads); worker.others = its other threads (torch's other OpenMP threads, ZeroMQ's
-    I/O thread, the parent watcher); conductor; client = this
-    process (asyncio, decoding events).
+    I/O thread, the parent watcher); worker.wait = the seconds its threads were runnable but had no core;
+    conductor; client = this process (asyncio, decoding events).
     """
 
     def __init__(self, engine):
@@ -325,11 +330,12 @@ class _CpuClock:
 
     def _now(self) -> dict[str, float]:
         out = {"conductor": _proc_cpu(self.pids["conductor"]), "client": time.process_time(),
-               "worker.main": 0.0, "worker.others": 0.0}
+               "worker.main": 0.0, "worker.others": 0.0, "worker.wait": 0.0}
         for pid in self.pids["workers"]:
             main = _proc_cpu(pid, _executor_tid(pid))
             out["worker.main"] += main
             out["worker.others"] += _proc_cpu(pid) - main
+            out["worker.wait"] += _proc_wait(pid)
         return out
 
     def read(self) -> dict[str, float]:
@@ -356,6 +362,17 @@ def _proc_cpu(pid: int, tid: int | None = None) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_wait(pid: int) -> float:
+    """Seconds the threads of a process have spent runnable but waiting for a core (schedstat; 0 without it)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
 
 
 class _KVPoller:

@@ -29,6 +29,9 @@ def test_quick_lm_benchmark_prints_the_table():
     assert re.search(r"^\| float32 \| \(d\) \| [\d.,]+ \| [\d.,]+ \| [\d.,]+ \| [\d.,]+ \| \d+ / \d+ \| 0 \|", out,
                      re.MULTILINE), out  # TTFT / ITL percentiles, KV blocks, no preemption
     assert "d/c = " in out and "d/a = " in out
+    # served against bare from the (c), (d) pair, with the OpenMP wait every case ran with
+    assert re.search(r"^\| float32 \| 1 \| 1 \| [\d.]+ \| [\d.]+-[\d.]+ \|", out, re.MULTILINE), out
+    assert "- float32, 1 thread: served/bare = " in out and "OpenMP wait: " in out
 
 
 @pytest.mark.slow

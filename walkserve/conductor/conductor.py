@@ -493,4 +493,5 @@ def make_supervisor(spec: RunSpec, placement: Placement, inbox: Inbox):
         from walkserve.conductor.ray_supervisor import RaySupervisor
 
         return RaySupervisor(spec, placement, inbox)
-    return Supervisor(spec.address_path("spec.msgpack"), sorted(placement.ranks), spec.config.start_timeout_s)
+    return Supervisor(spec.address_path("spec.msgpack"), sorted(placement.ranks), spec.config.start_timeout_s,
+                      spec.config.worker_environ())

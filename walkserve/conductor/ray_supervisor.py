@@ -100,7 +100,7 @@ class RaySupervisor:
         self.conductor_address = ""
         self._cls = None
         self._spec_bytes = encode_run_spec(spec)
-        self._env = {k: v for k, v in os.environ.items() if k.startswith("WALKSERVE_")}
+        self._env = {**{k: v for k, v in os.environ.items() if k.startswith("WALKSERVE_")}, **spec.config.worker_environ()}
         self._last_check = 0.0
         self._joined = False
 

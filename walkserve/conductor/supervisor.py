@@ -29,8 +29,8 @@ log = logging.getLogger(__name__)
 class Child:
     """A child process with a pidfd for the poller."""
 
-    def __init__(self, argv: list[str]):
-        self.popen = subprocess.Popen(argv, close_fds=True)
+    def __init__(self, argv: list[str], environ: dict[str, str] | None = None):
+        self.popen = subprocess.Popen(argv, env={**os.environ, **(environ or {})}, close_fds=True)
         self.pid = self.popen.pid
         try:
             self.pidfd: int | None = os.pidfd_open(self.pid)
@@ -94,9 +94,10 @@ class Forked:
 
 
 class Zygote:
-    def __init__(self, spec_path: str, timeout_s: float):
+    def __init__(self, spec_path: str, timeout_s: float, environ: dict[str, str]):
         argv = [sys.executable, "-m", "walkserve.worker.zygote", spec_path, str(os.getpid())]
-        self.popen = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+        self.popen = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      env={**os.environ, **environ}, close_fds=True)
         self.exits: dict[int, int] = {}
         self._buf = b""
         line = self._line(timeout_s)
@@ -157,8 +158,12 @@ class Zygote:
 
 
 class Supervisor:
-    def __init__(self, spec_path: str, ranks: list[int], start_timeout_s: float = 300.0):
+    """``environ``: set in every worker's environment (and the zygote's) on top of this process's."""
+
+    def __init__(self, spec_path: str, ranks: list[int], start_timeout_s: float = 300.0,
+                 environ: dict[str, str] | None = None):
         self.spec_path = spec_path
+        self.environ = environ or {}
         self.ranks = ranks
         self.procs: dict[int, Child | Forked] = {}
         self.restarts: dict[int, int] = {r: 0 for r in ranks}
@@ -170,7 +175,7 @@ class Supervisor:
             return None
         if self.zygote is None or not self.zygote.alive():
             try:
-                self.zygote = Zygote(self.spec_path, self.start_timeout_s)
+                self.zygote = Zygote(self.spec_path, self.start_timeout_s, self.environ)
             except (RuntimeError, OSError) as e:
                 log.warning("starting workers without a zygote: %s", e)
                 self.zygote = None
@@ -182,7 +187,7 @@ class Supervisor:
             self.procs[rank] = child = Forked(zygote, rank)
         else:
             argv = [sys.executable, "-m", "walkserve.worker.main", self.spec_path, str(rank), str(os.getpid())]
-            self.procs[rank] = child = Child(argv)
+            self.procs[rank] = child = Child(argv, self.environ)
         log.info("started worker rank %d (pid %d)", rank, child.pid)
 
     def start_all(self) -> None:

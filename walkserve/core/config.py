@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +43,18 @@ class RuntimeConfig:
     ``direct_peers``: workers of one node send each other their frames over
     Unix datagram sockets rather than ZeroMQ (one wake-up per hop instead of
     three; docs/runtime.md; Linux only); off: ZeroMQ for every frame.
+    ``worker_spin``: how many iterations a worker's OpenMP threads busy-wait
+    after a parallel region before they sleep (``GOMP_SPINCOUNT`` in the
+    workers' environment, unless it or ``OMP_WAIT_POLICY`` is set there
+    already; -1: libgomp's own default). libgomp spins 300,000 iterations
+    (~6 ms) while a process's OpenMP threads do not outnumber its cores and
+    100 once they do, so a worker got one or the other by accident (whether
+    its main thread ran a parallel op while loading); with the long spin a
+    2-thread decode step on a loaded 2-core machine took ~4x the wall time
+    and CPU (docs/performance.md, served vs bare at 2 threads).
+
+    ``worker_environ`` is what a worker process gets on top of the
+    launcher's environment.
     """
 
     max_running: int = 256
@@ -48,6 +62,7 @@ class RuntimeConfig:
     cohorts: bool = True
     start_timeout_s: float = field(default_factory=env.WALKSERVE_START_TIMEOUT_S.get)
     worker_threads: int = field(default_factory=env.WALKSERVE_WORKER_THREADS.get)  # 0 = cores / workers
+    worker_spin: int = field(default_factory=env.WALKSERVE_WORKER_SPIN.get)  # -1 = OpenMP's own default
     status_interval_s: float = 0.25
     restart_workers: bool = True
     dtype: str | None = None  # override the model's dtype on every rank ("float32", "bfloat16", "float16")
@@ -77,6 +92,8 @@ class RuntimeConfig:
             raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.start_timeout_s <= 0:
             raise ConfigError("start_timeout_s must be > 0")
+        if self.worker_spin < -1:
+            raise ConfigError(f"worker_spin must be >= -1 (-1: OpenMP's default), got {self.worker_spin}")
         if self.split_steps < 0:
             raise ConfigError(f"split_steps must be >= 0, got {self.split_steps}")
         if self.placement_timeout_s <= 0:
@@ -84,6 +101,11 @@ class RuntimeConfig:
         if self.timelines < 0:
             raise ConfigError(f"timelines must be >= 0, got {self.timelines}")
         self._check_streams()
+
+    def worker_environ(self, base: Mapping[str, str] = os.environ) -> dict[str, str]:
+        if self.worker_spin < 0 or "GOMP_SPINCOUNT" in base or "OMP_WAIT_POLICY" in base:
+            return {}  # the user's own OpenMP setting wins
+        return {"GOMP_SPINCOUNT": str(self.worker_spin)}
 
     def _check_streams(self) -> None:
         if self.admission not in ("capacity", "count"):

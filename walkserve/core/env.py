@@ -71,6 +71,14 @@ WALKSERVE_WORKER_THREADS = _knob(
     int,
     "torch intra-op threads per CPU worker process (0 = share the machine's cores among the workers).",
 )
+WALKSERVE_WORKER_SPIN = _knob(
+    "WALKSERVE_WORKER_SPIN",
+    100,
+    int,
+    "OpenMP spin count of a worker's torch threads (GOMP_SPINCOUNT: busy-wait iterations after a parallel region "
+    "before a thread sleeps); -1 leaves libgomp's default (300,000, ~6 ms, or 100 when a process's OpenMP threads "
+    "outnumber its cores).",
+)
 WALKSERVE_START_TIMEOUT_S = _knob(
     "WALKSERVE_START_TIMEOUT_S",
     300.0,

@@ -28,6 +28,12 @@ def _threads(spec: RunSpec, device: str) -> int:
     return max(1, (os.cpu_count() or 1) // n_ranks) if device == "cpu" else 1
 
 
+def _omp_wait() -> str:
+    """The OpenMP wait settings this process started with (RuntimeConfig.worker_spin puts GOMP_SPINCOUNT there)."""
+    found = [f"{k}={os.environ[k]}" for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY") if k in os.environ]
+    return ", ".join(found) or "default"
+
+
 def main(argv: list[str]) -> int:
     if argv[1] == "-":
         import msgspec
@@ -107,6 +113,7 @@ def build_worker(spec: RunSpec, rank: int, site: RankSite):
     placement = parse_placement(spec.placement, spec.placement_source)
     device = site.device or placement.ranks[rank].device
     torch.set_num_threads(_threads(spec, device))
+    log.info("rank %d on %s: %d torch threads, OpenMP wait %s", rank, device, torch.get_num_threads(), _omp_wait())
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device if ":" in device else "cuda:0"))
     model = load_model(ModelRef(spec.model_family, spec.model_path, spec.model_options))
