@@ -82,7 +82,9 @@ def _run_on_thread(worker) -> None:
     """The heartbeat and its engines on a thread of their own, not on the process's main thread: with
     two OpenMP threads on a loaded machine, the same steps ran 3-20x slower driven from the main
     thread (a 561-token speech stream: 96-125 s against 4-7 s at load 6; ./dev bench lm's bare loop
-    at 2 threads: 20 against 127 tokens/s).
+    at 2 threads: 20 against 127 tokens/s). The cause was OpenMP's spin: with one thread pool in the
+    process libgomp busy-waits ~6 ms after each parallel region, with two (the main thread's, from
+    loading, and this one's) only 100 iterations; RuntimeConfig.worker_spin now sets it either way.
     The thread keeps the CUDA device ``build_worker`` chose (the current device is per thread)."""
     import torch
 
