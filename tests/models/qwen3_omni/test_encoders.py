@@ -8,7 +8,9 @@ import torch
 
 from tests.models.qwen3_omni.conftest import rgb, wave
 from walkserve.engines.spec import Batch
-from walkserve.models.qwen3_omni.thinker.audio_features import log_mel_batch
+from walkserve.models.qwen3_omni.thinker.audio_encoder import AudioEncoder
+from walkserve.models.qwen3_omni.thinker.audio_features import log_mel_batch, log_mel_clip
+from walkserve.models.qwen3_omni.thinker.content_keys import audio_window_keys
 from walkserve.models.qwen3_omni.thinker.image_processor import (
     VisionPreprocess,
     preprocess_image,
@@ -45,6 +47,52 @@ def test_log_mel_equals_whisper_feature_extractor(seconds, whisper, monkeypatch)
     np.testing.assert_allclose(got.features, numpy_only["input_features"], rtol=0, atol=1e-5)
     np.testing.assert_allclose(got.features, with_torch["input_features"], rtol=0, atol=2e-5)
     assert list(got.frames) == numpy_only["attention_mask"].sum(-1).tolist()
+
+
+@pytest.mark.parity
+def test_each_clip_of_a_request_gets_its_features_alone(whisper, monkeypatch):
+    """The serving path computes a clip's features as the processor computes that clip given alone, so an
+    earlier clip's features (and content keys) stay the same when a later, longer clip joins the request."""
+    from transformers.models.whisper import feature_extraction_whisper
+
+    from walkserve.models.qwen3_omni.thinker.media_inputs import mel_features
+
+    monkeypatch.setattr(feature_extraction_whisper, "is_torch_available", lambda: False)
+    short, long = wave(1.23, seed=1), wave(3.1, seed=2)
+    kw = dict(sampling_rate=16000, padding=True, truncation=False, return_tensors="np")
+    got = mel_features([short, long], 128)
+    for clip, ours in zip((short, long), got, strict=True):
+        alone = whisper([clip], **kw)["input_features"][0]
+        assert ours.shape == alone.shape
+        np.testing.assert_allclose(ours, alone, rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(got[0], mel_features([short], 128)[0])
+    # padded to the longest (the batch call), the short clip's frames would differ: what this avoids
+    assert not np.array_equal(log_mel_batch([short, long]).clip(0), got[0])
+
+
+def test_encoded_windows_are_reused_when_a_clip_grows(components):
+    """A clip encoded while it arrived, then longer: the windows whose features are the same (26 tokens of
+    200 frames each here) come from the cache; the output equals encoding the long clip with no cache (to
+    float rounding: the cached windows were computed in another packed batch, as any batching changes)."""
+    audio = components.audio
+    fresh = AudioEncoder(audio.config, window_cache=0)
+    fresh.load_state_dict(audio.state_dict())
+    mel = log_mel_clip(wave(5.3, seed=7))  # 530 frames: windows of 200, 200, 130
+    grown, partial = mel, np.ascontiguousarray(mel[:, :437])  # the first two windows complete, same frames
+    encoded = []
+    real = AudioEncoder._encode
+    audio.window_cache = type(audio.window_cache)(8)
+    try:
+        audio._encode = lambda windows: encoded.append([m.shape[1] for m, _ in windows]) or real(audio, windows)
+        audio.forward_batch(Batch.of([{"mel": torch.from_numpy(partial)}]))
+        got = audio.forward_batch(Batch.of([{"mel": torch.from_numpy(grown)}]))[0]["audio_embeds"]
+    finally:
+        del audio._encode
+    assert encoded == [[200, 200, 37], [130]]  # only the last window of the grown clip is encoded
+    want = fresh.forward_batch(Batch.of([{"mel": torch.from_numpy(grown)}]))[0]["audio_embeds"]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert audio_window_keys(partial, 200)[:2] == audio_window_keys(grown, 200)[:2]
+    assert audio_window_keys(partial, 200)[2] != audio_window_keys(grown, 200)[2]
 
 
 @pytest.mark.parity

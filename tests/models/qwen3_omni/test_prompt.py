@@ -53,11 +53,17 @@ def test_request_equals_the_reference_processor(ours_dir, hf_processor, hf_model
     text = hf_processor.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
     assert text == tokenizer.apply_chat_template(template_messages(MESSAGES))
     ref = hf_processor(text=[text], audio=clips, images=[Image.fromarray(image)], return_tensors="pt")
-    assert ours.input_ids == ref["input_ids"][0].tolist()
+    assert ours.input_ids == ref["input_ids"][0].tolist()  # the clips are whole 10 ms frames: the same counts
     assert [m.shape[1] for m in ours.audio] == ref["feature_attention_mask"].sum(-1).tolist()
-    for b, mel in enumerate(ours.audio):
-        want = ref["input_features"][b, :, : mel.shape[1]].numpy()
+    # each clip's features are the processor's for that clip alone (the joint call pads the 0.91 s clip with
+    # zeros to the 1.73 s one, which changes its last frame: serving keeps a clip independent of the others)
+    for clip, mel in zip(clips, ours.audio, strict=True):
+        alone = hf_processor.feature_extractor([clip], sampling_rate=16000, padding=True, truncation=False,
+                                               return_attention_mask=True, return_tensors="pt")
+        assert mel.shape[1] == int(alone["attention_mask"].sum())
+        want = alone["input_features"][0, :, : mel.shape[1]].numpy()
         np.testing.assert_allclose(mel, want, rtol=0, atol=2e-5)  # the float32 torch.stft backend, see test_encoders
+    np.testing.assert_allclose(ours.audio[0], ref["input_features"][0].numpy(), rtol=0, atol=2e-5)  # the longest
     np.testing.assert_allclose(ours.images[0].pixel_values, ref["pixel_values"].numpy(), rtol=0, atol=1e-6)
     assert list(ours.images[0].grid_thw) == ref["image_grid_thw"][0].tolist()
     want, _ = hf_model.thinker.model.get_rope_index(ref["input_ids"], ref["image_grid_thw"], None,

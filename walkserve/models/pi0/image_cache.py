@@ -10,36 +10,14 @@ pixel misses. Least recently used entries go first; ``capacity`` 0 disables it.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import torch
 
+from walkserve.models.common.feature_cache import FeatureCache
 from walkserve.models.pi0.request import image_digest
 
 
-class ImageFeatureCache:
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self._entries: OrderedDict[int, torch.Tensor] = OrderedDict()
-
+class ImageFeatureCache(FeatureCache):
     @staticmethod
     def key(image: torch.Tensor) -> int:
         """The content key of a camera image [H, W, 3] (on the CPU, as the request brought it)."""
         return image_digest(image.numpy())
-
-    def get(self, key: int) -> torch.Tensor | None:
-        features = self._entries.get(key)
-        if features is not None:
-            self._entries.move_to_end(key)
-        return features
-
-    def put(self, key: int, features: torch.Tensor) -> None:
-        if self.capacity <= 0:
-            return
-        self._entries[key] = features
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._entries)

@@ -2,7 +2,7 @@
 
 The function ``WhisperFeatureExtractor(feature_size=128)`` computes, with the
 Qwen3-Omni processor's padding (every clip zero-padded to the longest clip of
-the request, not to 30 s):
+the call, not to 30 s):
 
     x [N] float32 -> reflect-pad n_fft/2 on both sides -> frames of 400 every 160 (periodic Hann)
       -> |rfft|^2 [201, 1 + N/160] -> drop the last frame -> Slaney mel filters (0..8 kHz) [128, F]
@@ -11,6 +11,15 @@ the request, not to 30 s):
 Valid frames per clip (the reference's feature mask, its sample mask taken
 every 160th sample): the longest clip has N // 160, a shorter one
 ceil(N / 160), as many as fit. Computed in float64, returned as float32.
+
+``log_mel_batch`` is that call over several clips; the serving path takes
+``log_mel_clip``, the call with one clip, for each clip of a request: padded
+to the longest, a clip's last frames (and its frame count) would depend on
+the other clips, so an earlier turn's clip would change (and miss the prefix
+cache) when a later turn brings a longer one. The features of a clip are
+final frame by frame except for two things the content keys catch
+(``content_keys.py``): the last two frames read past the end (reflect
+padding), and the floor ``max - 8`` is the whole clip's.
 """
 
 from __future__ import annotations
@@ -55,6 +64,11 @@ def log_mel_batch(clips: Sequence[np.ndarray], n_mels: int = N_MELS) -> MelBatch
     features = np.stack([log_mel(p, n_mels) for p in padded])
     width = longest // HOP
     return MelBatch(features, tuple(min(-(-w.shape[0] // HOP), width) for w in waves))
+
+
+def log_mel_clip(wave: np.ndarray, n_mels: int = N_MELS) -> np.ndarray:
+    """float32 [n_mels, len // 160]: one clip's features, as the processor computes a clip given alone."""
+    return np.ascontiguousarray(log_mel_batch([wave], n_mels).clip(0))
 
 
 def log_mel(wave: np.ndarray, n_mels: int = N_MELS) -> np.ndarray:

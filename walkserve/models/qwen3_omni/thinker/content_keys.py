@@ -1,15 +1,20 @@
 """Per-row content keys of a thinker prompt: what the prefix cache keys its media rows on (torch-free).
 
 A text row is its token id (key 0). A media placeholder row's embedding is the encoder's output for
-its item, so its key is a digest of exactly what the encoder takes (the clip's log-mel features, the
-image's or video's patches and grid): two prompts share a block only when every row's token, content
-and position agree, never on the placeholder tokens alone.
+its item, so its key is a digest of exactly what the encoder takes (the image's or video's patches and
+grid; for audio, below): two prompts share a block only when every row's token, content and position
+agree, never on the placeholder tokens alone.
 
     ids      |<|im_start|> user \\n <|audio_start|>|pad pad ... pad|<|audio_end|> What ? ...|
-    content  |     0        0   0       0        | d   d  ...  d |     0        0   0 ...|   d = digest(mel)
+    content  |     0        0   0       0        | k0 k0 .. k1 k1 |     0        0   0 ...|
 
-A clip's features depend on the longest clip of its request (the checkpoint's processor pads every
-clip to it), so an earlier turn's clip keeps its key only while no later clip is longer.
+Audio is keyed per window of the encoder: it attends only inside windows of ``n_window_infer`` mel
+frames (whole conv chunks), so a window's tokens are a function of that window's features alone.
+Window w's rows get the chained key ``k_w = digest(k_{w-1}, mel[:, window w])`` (its frames, possibly
+fewer than a full window at the end). A clip that extends another (audio prefilled while it arrives,
+then committed longer) therefore shares the keys, and so the cached blocks, of every window whose
+features came out the same; a window whose features differ (it was still incomplete, or the clip's
+loudest frame, which sets the ``max - 8`` floor, came later) and everything after it are computed again.
 """
 
 from __future__ import annotations
@@ -35,16 +40,27 @@ def digest(kind: str, *arrays: np.ndarray) -> int:
     return int.from_bytes(h.digest(), "little") & _MASK or 1
 
 
-def content_keys(request: ThinkerRequest, tokens: OmniTokenIds) -> np.ndarray:
-    """int64 [n]: 0 on text rows, the digest of its item's encoder input on each media row."""
-    keys = np.zeros(len(request.input_ids), dtype=np.int64)
-    for span in media_spans(request.input_ids, tokens):
-        keys[span.start : span.end] = _item_key(request, span.kind, span.index)
+def audio_window_keys(mel: np.ndarray, window: int) -> list[int]:
+    """The chained key of each encoder window of a clip's features ``mel`` [n_mels, F] (windows of ``window``
+    frames, the last one possibly shorter)."""
+    keys, key = [], 0
+    for start in range(0, mel.shape[1], window):
+        key = digest("audio", np.asarray([key], np.int64), mel[:, start : start + window].astype(np.float32))
+        keys.append(key)
     return keys
 
 
-def _item_key(request: ThinkerRequest, kind: str, index: int) -> int:
+def content_keys(request: ThinkerRequest, tokens: OmniTokenIds) -> np.ndarray:
+    """int64 [n]: 0 on text rows, the digest of its item's encoder input on each media row (per window, audio)."""
+    keys = np.zeros(len(request.input_ids), dtype=np.int64)
+    for span in media_spans(request.input_ids, tokens):
+        keys[span.start : span.end] = _item_keys(request, span.kind, span.index, span.end - span.start)
+    return keys
+
+
+def _item_keys(request: ThinkerRequest, kind: str, index: int, rows: int) -> np.ndarray | int:
     if kind == "audio":
-        return digest("audio", request.audio[index].astype(np.float32))
+        windows = audio_window_keys(request.audio[index], request.audio_window)
+        return np.repeat(np.asarray(windows, np.int64), request.audio_window_tokens)[:rows]
     vision = request.images[index] if kind == "image" else request.videos[index].vision
     return digest(kind, vision.pixel_values.astype(np.float32), np.asarray(vision.grid_thw, np.int64))

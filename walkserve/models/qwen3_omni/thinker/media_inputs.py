@@ -9,8 +9,8 @@ decoded under its caps (``walkserve/api/openai/chat_input.py``):
     {"type": "video", "video": bytes of a video file}  or  {"type": "video", "frames": [uint8 [H, W, 3]], "fps": float}
 
 Each becomes the encoder input the checkpoint's processor would make (audio
-resampled to 16 kHz, mel features over all clips of the request padded to the
-longest; images smart-resized, bicubic, normalised; videos sampled at 2 fps),
+resampled to 16 kHz, mel features per clip, as the processor computes a clip
+given alone; images smart-resized, bicubic, normalised; videos sampled at 2 fps),
 in order of appearance per kind. Anything the model cannot take is an
 ``InvalidRequest`` naming the part (``messages[i].content[j]``).
 """
@@ -25,7 +25,7 @@ import numpy as np
 
 from walkserve.core.array import ArrayData
 from walkserve.core.errors import InvalidRequest
-from walkserve.models.qwen3_omni.thinker.audio_features import SAMPLE_RATE, log_mel_batch
+from walkserve.models.qwen3_omni.thinker.audio_features import SAMPLE_RATE, log_mel_clip
 from walkserve.models.qwen3_omni.thinker.audio_load import resample
 from walkserve.models.qwen3_omni.thinker.image_processor import (
     VisionInput,
@@ -113,11 +113,9 @@ def media_from_inputs(named: Mapping[str, Any], settings: MediaSettings) -> tupl
 
 
 def mel_features(waves: Sequence[np.ndarray], n_mels: int) -> list[np.ndarray]:
-    """Log-mel per clip, the clips of one request padded to the longest (the checkpoint processor's padding)."""
-    if not waves:
-        return []
-    batch = log_mel_batch(list(waves), n_mels)
-    return [np.ascontiguousarray(batch.clip(b)) for b in range(len(waves))]
+    """Log-mel of each clip on its own (``audio_features.log_mel_clip``): a clip's features, and so its
+    content keys, do not depend on the other clips of the request."""
+    return [log_mel_clip(w, n_mels) for w in waves]
 
 
 def _part(part: Any, param: str, settings: MediaSettings, out: MediaInputs, waves: list) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Messages + decoded media -> everything the thinker needs for one prompt (torch-free; the processor's job).
 
     build_thinker_request(tokenizer, config, messages, audio=[16 kHz waves], images=[RGB], videos=[VideoInput])
-      = chat template -> token ids -> mel features (padded to the longest clip) and image patches
+      = chat template -> token ids -> mel features (each clip on its own) and image patches
         -> placeholders expanded to each item's token count -> positions (rope_index)
 
 Media are matched to the message's media parts in order of appearance, per kind.
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
-from walkserve.models.qwen3_omni.thinker.audio_features import log_mel_batch
+from walkserve.models.qwen3_omni.thinker.audio_features import log_mel_clip
 from walkserve.models.qwen3_omni.thinker.image_processor import (
     VisionInput,
     VisionPreprocess,
@@ -38,6 +38,8 @@ class ThinkerRequest:
     audio: list[np.ndarray] = field(default_factory=list)  # mel float32 [n_mels, frames] per clip
     images: list[VisionInput] = field(default_factory=list)
     videos: list[VideoInput] = field(default_factory=list)
+    audio_window: int = 800  # mel frames per attention window of the audio encoder (its n_window_infer)
+    audio_window_tokens: int = 104  # the thinker rows of one full window
 
 
 def build_thinker_request(
@@ -53,10 +55,7 @@ def build_thinker_request(
     """``audio``: mono float32 waves at 16 kHz; ``images``: RGB uint8 [H, W, 3]; ``videos``: preprocessed."""
     text = render_chat(tokenizer, messages, add_generation_prompt=add_generation_prompt)
     ids = tokenizer.encode(text)
-    mels = []
-    if len(audio):
-        batch = log_mel_batch(audio, config.audio.num_mel_bins if config.audio else 128)
-        mels = [batch.clip(b) for b in range(len(audio))]
+    mels = [log_mel_clip(a, config.audio.num_mel_bins if config.audio else 128) for a in audio]
     settings = image_settings or VisionPreprocess()
     vision = [preprocess_image(np.asarray(img), settings) for img in images]
     return thinker_request(ids, config, mels, vision, list(videos))
@@ -80,4 +79,6 @@ def thinker_request(ids: Sequence[int], config: Qwen3OmniConfig, audio: Sequence
         audio_frames=[m.shape[1] for m in audio],
     )
     positions = rope_index(expanded, media, config.tokens, merge, n_window, config.position_id_per_seconds)
-    return ThinkerRequest(expanded, positions, list(audio), list(images), list(videos))
+    window = config.audio.n_window_infer if config.audio else 800
+    return ThinkerRequest(expanded, positions, list(audio), list(images), list(videos), window,
+                          audio_token_count(window, n_window))
