@@ -181,3 +181,17 @@ def test_a_spoken_follow_up_prefills_only_the_new_turn_and_answers_the_same(cach
     assert reused2 >= (n1 - 1) // BS * BS and prefilled2 < n2 - n1 + BS  # turn 1's clip is not run again
     hits = metric(metrics(cached.url), "walkserve_kv_pool_capture_cache_hits_total", component="thinker", rank="0")
     assert hits >= 2  # turn 1's clip, answered twice from the capture cache
+
+
+def test_a_longer_clip_in_the_follow_up_keeps_the_earlier_clip_cached(cached, fresh, processor):
+    """Each clip's features are its own: a follow-up turn whose clip is longer than turn 1's still reuses
+    turn 1's clip (padded to the longest clip, its features and content keys would change)."""
+    turn1 = [_user(_audio(CLIP_B), "Hear this")]
+    first, _, _ = _measured(cached, turn1)
+    turn2 = [*turn1, {"role": "assistant", "content": first.choices[0].message.content},
+             _user(_audio(CLIP_A), "and this, longer")]
+    second, prefilled, reused = _measured(cached, turn2)
+    assert second.choices[0].message.content == _chat(fresh, turn2).choices[0].message.content
+    clip_end = len(_ids(processor, turn1)) - _ids(processor, turn1)[::-1].index(processor.config.tokens.audio_token_id)
+    assert reused >= clip_end // BS * BS  # every full block through turn 1's clip
+    assert prefilled + reused == second.usage.prompt_tokens
