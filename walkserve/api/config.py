@@ -25,7 +25,9 @@ class ServerConfig:
     buffers before a commit, the largest client event (a larger one is an
     ``error`` event), the largest frame read at all (None: twice the event
     limit; a larger one closes the socket, 1009), and how long a session may
-    stay silent (no client event) before it is closed.
+    stay silent (no client event) before it is closed;
+    ``realtime_prefill_while_speaking`` prefills the speech window by window
+    while it arrives (``api/realtime/speech_prefill.py``).
     """
 
     host: str = "127.0.0.1"
@@ -50,6 +52,7 @@ class ServerConfig:
     realtime_max_event_bytes: int = 15 * MIB
     realtime_max_frame_bytes: int | None = None
     realtime_idle_timeout_s: float = 300.0
+    realtime_prefill_while_speaking: bool = True  # prefill each whole audio-encoder window as it is heard
     stream_startup_buffer_s: float = 1.0  # a real-time stream's listener buffers min(TTFA, this) before playing
     log_level: str = "info"
 

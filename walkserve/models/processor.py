@@ -32,6 +32,7 @@ class ModelCard:
     voices: tuple[str, ...] = ()
     default_voice: str | None = None
     sample_rate: int | None = None  # audio output sample rate
+    audio_window_s: float | None = None  # input audio: seconds per audio-encoder window (final once heard whole)
     random_weights: bool = False  # true for the embedded tiny demo checkpoints
     description: str = ""
     default_sampling: dict[str, Any] = field(default_factory=dict)

@@ -252,3 +252,51 @@ def test_server_vad_answers_and_barge_in_aborts_the_answer(server) -> None:
     assert got.done.status == "cancelled" and got.done.status_details.reason == "turn_detected"
     assert "input_audio_buffer.speech_started" in got.types
     assert running == 0  # the cancelled answer's request was aborted, not left to run
+
+
+def _thinker_prefilled(url: str) -> float:
+    return metric(metrics(url), "walkserve_kv_pool_prefill_tokens_total", component="thinker", rank="0")
+
+
+async def _settled(url: str, engine) -> float:
+    """The thinker's prefilled-rows counter once nothing runs and the workers have reported it twice alike."""
+    last = None
+    while True:
+        await asyncio.sleep(0.3)  # more than the status interval
+        now = await asyncio.to_thread(_thinker_prefilled, url)
+        if not engine.stats().running and now == last:
+            return now
+        last = now
+
+
+async def pieces_session(url: str, engine, pcm: bytes, modalities: tuple[str, ...]) -> tuple[object, float]:
+    """``pcm`` appended in 40 ms pieces, the prefill of its whole windows left to finish, then committed and
+    answered; returns the answer and the thinker rows the commit's response prefilled."""
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    async with client.realtime.connect(model="tiny-omni") as conn:
+        await conn.recv()
+        await conn.session.update(session={"type": "realtime", "instructions": INSTRUCTIONS, "temperature": 0,
+                                           "output_modalities": list(modalities),
+                                           "audio": {"input": {"turn_detection": None}, "output": {"voice": VOICE}}})
+        await until(conn, "session.updated")
+        await append_audio(conn, pcm, chunk=960)
+        before = await _settled(url, engine)
+        await conn.input_audio_buffer.commit()
+        await until(conn, "conversation.item.done")
+        await conn.response.create()
+        got = await answer(conn)
+        return got, await _settled(url, engine) - before
+
+
+def test_speech_in_small_pieces_is_prefilled_while_it_arrives(server, client) -> None:
+    """4.6 s of speech in 115 appends: the encoder's 2 s windows (26 rows each) are prefilled as they become
+    whole, so the committed turn computes only the last 0.6 s and the rows after it, and the answer (text, and
+    spoken: transcript and audio) is the chat completion's."""
+    clip = speech(4.6, seed=6)  # 460 mel frames: 60 thinker rows, 52 of them in two whole windows
+    got, prefilled = asyncio.run(pieces_session(server.url, server.engine, clip, ("text",)))
+    assert not got.errors and got.transcript == chat(client, [user_turn(clip)], modalities=("text",))[0]
+    assert 0 < prefilled < 60 - 26  # the tail, the rows after the clip, the block where the cached rows end
+    spoken = speech(4.6, seed=7)
+    got, _ = asyncio.run(pieces_session(server.url, server.engine, spoken, ("audio",)))
+    transcript, audio = chat(client, [user_turn(spoken)])
+    assert not got.errors and got.transcript == transcript and got.audio == audio and audio

@@ -63,8 +63,9 @@ def realtime_usage(chat: dict[str, Any]) -> dict[str, Any]:
 
 class Response:
     def __init__(self, state: AppState, config: SessionConfig, messages: list[dict[str, Any]], send: Send,
-                 add_item: Callable[[Item], str | None] | None):
+                 add_item: Callable[[Item], str | None] | None, after: Callable[[], Awaitable[None]] | None = None):
         self.state, self.config, self.messages, self.send = state, config, messages, send
+        self.after = after  # awaited before the request is made (the session's prefill of this turn's speech)
         self.add_item = add_item  # None: an out-of-band response (conversation "none")
         self.id = new_id("resp")
         kind = "output_audio" if config.speaks else "output_text"
@@ -97,6 +98,8 @@ class Response:
     async def run(self) -> None:
         await self.send(event("response.created", response=self.describe()))
         try:
+            if self.after is not None:
+                await self.after()
             plan = await plan_chat(self.state, chat_body(self.config), self.messages)
             await self._open()
             self.status = await self._stream(plan)

@@ -24,6 +24,7 @@ from walkserve.api.realtime.events import error_event, event, invalid, new_id
 from walkserve.api.realtime.input_transcription import transcribe_item
 from walkserve.api.realtime.response import Response
 from walkserve.api.realtime.session_config import RATE, SessionConfig, apply_update
+from walkserve.api.realtime.speech_prefill import SpeechPrefill
 from walkserve.api.realtime.vad import ServerVad
 from walkserve.api.state import AppState
 
@@ -39,6 +40,7 @@ class RealtimeSession:
         self.conversation = Conversation()
         self.buffer = AudioBuffer(state.config.realtime_max_buffer_s)
         self.vad = self._new_vad()
+        self.prefill = SpeechPrefill(state, state.config.realtime_prefill_while_speaking)
         self.speech_item: str | None = None  # the id the committed speech will get
         self.speech_start = 0
         self.response: Response | None = None
@@ -71,6 +73,7 @@ class RealtimeSession:
     async def close(self) -> None:
         """The client left (or the session ended): abort a running response."""
         self.closing = True
+        await self.prefill.cancel()
         if self.response is not None:
             await self.response.cancel("client_cancelled")
         for task in list(self.transcriptions):
@@ -114,12 +117,24 @@ class RealtimeSession:
         self.state.require("audio_in", "audio input", "audio")
         pcm = decode_pcm(message.get("audio"), "audio", self.buffer.max_bytes)
         self.buffer.append(pcm)
+        if self.vad is not None:
+            for change, position in self.vad.push(pcm):
+                await (self._speech_started(position) if change == "speech_started" else self._speech_stopped(position))
+            if not self.vad.speaking:  # silence beyond the prefix padding is dropped, so the buffer stays small
+                self.buffer.keep_from(self.buffer.end - self._padding())
+        self.prefill.heard(self._speech, lambda: self.conversation.messages(self.config.instructions))
+
+    def _padding(self) -> int:
+        return self.config.turn_detection.prefix_padding_ms * RATE // 1000
+
+    def _speech(self) -> bytes | None:
+        """The audio a commit would take now (with server VAD: from the padding before the speech's start,
+        while someone speaks), or None."""
         if self.vad is None:
-            return
-        for change, position in self.vad.push(pcm):
-            await (self._speech_started(position) if change == "speech_started" else self._speech_stopped(position))
-        if not self.vad.speaking:  # silence beyond the prefix padding is dropped, so the buffer stays small
-            self.buffer.keep_from(self.buffer.end - self.config.turn_detection.prefix_padding_ms * RATE // 1000)
+            return bytes(self.buffer.pcm)
+        if not self.vad.speaking:
+            return None
+        return bytes(self.buffer.pcm[max(0, self.speech_start - self._padding() - self.buffer.start) * 2 :])
 
     async def _speech_started(self, position: int) -> None:
         self.speech_item, self.speech_start = new_id("item"), position
@@ -130,8 +145,7 @@ class RealtimeSession:
     async def _speech_stopped(self, position: int) -> None:
         item_id = self.speech_item or new_id("item")
         await self.send(event("input_audio_buffer.speech_stopped", audio_end_ms=ms(position), item_id=item_id))
-        start = self.speech_start - self.config.turn_detection.prefix_padding_ms * RATE // 1000
-        await self._commit_audio(self.buffer.take(start), item_id)
+        await self._commit_audio(self.buffer.take(self.speech_start - self._padding()), item_id)
         if self.config.turn_detection.create_response:
             if self.responding:
                 await self.response.cancel("turn_detected")
@@ -147,6 +161,7 @@ class RealtimeSession:
         item = Item("user", [Part("input_audio", pcm=pcm)], id=item_id)
         previous = self.conversation.add(item)
         self.speech_item = None
+        self.prefill.next_turn()
         if self.vad is not None:
             self.vad = self._new_vad()
         await self.send(event("input_audio_buffer.committed", previous_item_id=previous, item_id=item.id))
@@ -159,6 +174,8 @@ class RealtimeSession:
     async def _clear(self, message: dict[str, Any]) -> None:
         self.buffer.clear()
         self.speech_item = None
+        self.prefill.next_turn()
+        await self.prefill.cancel()
         self.vad = self._new_vad()
         await self.send(event("input_audio_buffer.cleared"))
 
@@ -222,7 +239,8 @@ class RealtimeSession:
                                'pcm16 at 24 kHz only: ask for output_modalities ["text"]', "output_modalities",
                                "unsupported_format")
         messages = self.conversation.messages(config.instructions)
-        self.response = Response(self.state, config, messages, self.send, self.conversation.add if add else None)
+        self.response = Response(self.state, config, messages, self.send, self.conversation.add if add else None,
+                                 after=self.prefill.settled)
         self.response.start()
 
     async def _response_cancel(self, message: dict[str, Any]) -> None:

@@ -103,10 +103,6 @@ class AudioEncoderConfig:
             raise ConfigError("audio encoder: n_window_infer must be a multiple of 2 * n_window")
 
     @property
-    def chunk_frames(self) -> int:
-        return 2 * self.n_window
-
-    @property
     def conv_freq_bins(self) -> int:
         """Mel bins left after the three stride-2 convolutions (128 -> 16)."""
         bins = self.num_mel_bins

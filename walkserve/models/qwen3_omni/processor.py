@@ -34,6 +34,7 @@ from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
 from walkserve.models.qwen3_omni.speech.config import SpeechConfig
 from walkserve.models.qwen3_omni.speech.request import max_frames, speech_inputs, speech_sampling
 from walkserve.models.qwen3_omni.speech.rules import voices
+from walkserve.models.qwen3_omni.thinker.audio_features import HOP, SAMPLE_RATE
 from walkserve.models.qwen3_omni.thinker.image_processor import VisionPreprocess
 from walkserve.models.qwen3_omni.thinker.media_inputs import (
     MediaInputs,
@@ -89,6 +90,7 @@ class Qwen3OmniProcessor(TokenizedProcessor):
             voices=tuple(voices(speech.speakers)) if speech else (),
             default_voice=voices(speech.speakers)[0] if speech else None,
             sample_rate=speech.code2wav.sampling_rate if speech else None,
+            audio_window_s=c.audio.n_window_infer * HOP / SAMPLE_RATE if c.audio else None,
             description=f"Qwen3-Omni thinker ({c.text.num_hidden_layers} MoE layers, {c.text.num_experts} experts"
                         f"{', ' + ' + '.join(parts) + ' encoders' if parts else ''}; "
                         f"{'text and speech out' if speech else 'text out'})")
