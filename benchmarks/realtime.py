@@ -14,8 +14,10 @@ seconds, pcm16 24 kHz) sent at real-time pace, 100 ms per ``input_audio_buffer.a
                    The chat side closes its stream at the first audio chunk (which aborts the request)
 
 Both paths run the same walks; the realtime route saves the client's WAV encoding, the base64 of the whole
-history and its decoding per turn. The audio is not prefilled while it arrives (the whole turn is encoded on
-commit), so latency grows with the utterance's length on both paths: the table shows it per length.
+history and its decoding per turn. The table shows latency per length.
+
+    (4) prefill    ``realtime_prefill.py``: the realtime route with the speech prefilled while it arrives (the
+                   default) against the same route without, per utterance length (``--prefill-lengths``)
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import realtime_prefill
 from benchmarks.common import conditions, pct, table
 
 RATE = 24000
@@ -122,10 +125,22 @@ async def chat_session(url: str, turns: list[bytes], tokens: int) -> list[float]
     return latencies
 
 
-async def serve(path: Path):
+async def serve_app(engine, prefill: bool):
     import uvicorn
 
     from walkserve.api import ServerConfig, build_app
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = ServerConfig(max_audio_seconds=60, realtime_prefill_while_speaking=prefill)
+    server = uvicorn.Server(uvicorn.Config(build_app(engine, config), log_level="warning"))
+    task = asyncio.ensure_future(server.serve(sockets=[sock]))
+    while not server.started:
+        await asyncio.sleep(0.01)
+    return server, task, f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+async def run(args: argparse.Namespace, path: Path) -> str:
     from walkserve.core.config import RuntimeConfig
     from walkserve.entrypoint.engine import AsyncEngine
 
@@ -133,29 +148,30 @@ async def serve(path: Path):
     # could turn a session's answer away on a busy machine, which leaves that turn without a figure.
     config = RuntimeConfig(max_running=64, admission="count")
     engine = await AsyncEngine.start("qwen3-omni", None, model_path=str(path), config=config)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(build_app(engine, ServerConfig(max_audio_seconds=60)), log_level="warning"))
-    task = asyncio.ensure_future(server.serve(sockets=[sock]))
-    while not server.started:
-        await asyncio.sleep(0.01)
-    return engine, server, task, f"http://127.0.0.1:{sock.getsockname()[1]}"
-
-
-async def run(args: argparse.Namespace, path: Path) -> str:
-    engine, server, task, url = await serve(path)
+    apps = {side: await serve_app(engine, side == "on") for side in realtime_prefill.SIDES}  # one engine, two servers
+    url, out = apps["on"][2], []
     try:
-        turns = [[buzz(s, seed=i) for s in args.lengths] for i in range(args.sessions)]
-        await realtime_session(url, turns[0][:1], args.tokens)  # warm-up
-        await chat_session(url, turns[0][:1], args.tokens)
-        rt, chat = [], []
-        for _ in range(args.rounds):  # alternate the two sides, so a busy moment of the machine hits both
-            rt += await asyncio.gather(*[realtime_session(url, t, args.tokens) for t in turns])
-            chat += await asyncio.gather(*[chat_session(url, t, args.tokens) for t in turns])
+        await realtime_session(url, [buzz(1.0, seed=99)], args.tokens)  # warm-up
+        await chat_session(url, [buzz(1.0, seed=99)], args.tokens)
+        if args.only in ("all", "chat"):
+            out.append(await compare_chat(args, url))
+        if args.only in ("all", "prefill"):
+            urls = {side: app[2] for side, app in apps.items()}
+            out.append(realtime_prefill.report(args, await realtime_prefill.measure(urls, engine, args, buzz, paced)))
     finally:
-        server.should_exit = True
-        await task
+        for server, task, _ in apps.values():
+            server.should_exit = True
+            await task
         await engine.shutdown()
+    return "\n\n".join([f"conditions: {conditions()}", *out])
+
+
+async def compare_chat(args: argparse.Namespace, url: str) -> str:
+    turns = [[buzz(s, seed=i) for s in args.lengths] for i in range(args.sessions)]
+    rt, chat = [], []
+    for _ in range(args.rounds):  # alternate the two sides, so a busy moment of the machine hits both
+        rt += await asyncio.gather(*[realtime_session(url, t, args.tokens) for t in turns])
+        chat += await asyncio.gather(*[chat_session(url, t, args.tokens) for t in turns])
     return report(args, rt, chat)
 
 
@@ -171,7 +187,6 @@ def report(args: argparse.Namespace, rt, chat) -> str:
         f"realtime bench: {args.sessions} concurrent sessions, turns of {', '.join(f'{s:g}' for s in args.lengths)} s "
         f"sent at real-time pace, {args.tokens} thinker tokens per answer, greedy, {args.rounds} round(s) of each side; "
         "tiny random Qwen3-Omni, one rank; each answer cancelled at its first audio",
-        f"conditions: {conditions()}",
         "",
         table(["utterance", "realtime p50 ms", "realtime p99 ms", "chat p50 ms", "chat p99 ms", "realtime / chat p50"],
               rows),
@@ -183,14 +198,18 @@ def report(args: argparse.Namespace, rt, chat) -> str:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="./dev bench realtime", description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="2 sessions, turns of 1 and 2 s, one round")
+    p.add_argument("--quick", action="store_true", help="2 sessions, turns of 1 and 2 s, prefill at 1 and 3 s, one round")
+    p.add_argument("--only", choices=("all", "chat", "prefill"), default="all",
+                   help="chat: realtime vs chat completions; prefill: prefill while speaking on vs off")
+    p.add_argument("--prefill-lengths", type=float, nargs="+", default=[1.0, 2.0, 4.0, 8.0],
+                   help="seconds of speech per utterance, prefill table")
     p.add_argument("--sessions", type=int, default=8)
     p.add_argument("--lengths", type=float, nargs="+", default=[1.0, 3.0, 6.0], help="seconds of each turn's speech")
     p.add_argument("--tokens", type=int, default=8, help="thinker tokens per answer")
     p.add_argument("--rounds", type=int, default=3, help="rounds of (realtime, then chat)")
     args = p.parse_args(argv)
     if args.quick:
-        args.sessions, args.lengths, args.rounds = 2, [1.0, 2.0], 1
+        args.sessions, args.lengths, args.rounds, args.prefill_lengths = 2, [1.0, 2.0], 1, [1.0, 3.0]
     from walkserve.models.qwen3_omni.tiny import write_tiny_qwen3_omni
 
     with tempfile.TemporaryDirectory() as tmp:
