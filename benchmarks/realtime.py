@@ -40,6 +40,8 @@ from benchmarks.common import conditions, pct, table
 RATE = 24000
 STEP_S = 0.1  # one append per 100 ms of audio
 MODEL = "tiny-omni"
+HEAVIER = {"num_hidden_layers": 16, "intermediate_size": 512, "moe_intermediate_size": 256,
+           "audio": {"d_model": 256, "encoder_layers": 8, "encoder_ffn_dim": 1024}}
 
 
 def buzz(seconds: float, seed: int) -> bytes:
@@ -201,6 +203,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--quick", action="store_true", help="2 sessions, turns of 1 and 2 s, prefill at 1 and 3 s, one round")
     p.add_argument("--only", choices=("all", "chat", "prefill"), default="all",
                    help="chat: realtime vs chat completions; prefill: prefill while speaking on vs off")
+    p.add_argument("--heavier", action="store_true",
+                   help="a thinker of 16 layers with wider experts and an audio encoder of 8 layers x 256 (still random "
+                        "and small), so that prefill costs show above a busy machine's noise")
     p.add_argument("--prefill-lengths", type=float, nargs="+", default=[1.0, 2.0, 4.0, 8.0],
                    help="seconds of speech per utterance, prefill table")
     p.add_argument("--sessions", type=int, default=8)
@@ -213,6 +218,6 @@ def main(argv: list[str]) -> int:
     from walkserve.models.qwen3_omni.tiny import write_tiny_qwen3_omni
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = write_tiny_qwen3_omni(Path(tmp) / MODEL, seed=5)
+        path = write_tiny_qwen3_omni(Path(tmp) / MODEL, seed=5, **(HEAVIER if args.heavier else {}))
         print(asyncio.run(run(args, path)))
     return 0

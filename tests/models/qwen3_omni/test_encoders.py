@@ -70,6 +70,22 @@ def test_each_clip_of_a_request_gets_its_features_alone(whisper, monkeypatch):
     assert not np.array_equal(log_mel_batch([short, long]).clip(0), got[0])
 
 
+def test_a_clip_resent_longer_filters_only_its_new_frames_to_the_same_bits(monkeypatch):
+    from walkserve.models.qwen3_omni.thinker import audio_features, mel_cache
+    from walkserve.models.qwen3_omni.thinker.mel_cache import MelCache
+
+    x, cache, reused = wave(4.3, seed=4), MelCache(), []
+    real = audio_features.mel_power
+    monkeypatch.setattr(mel_cache, "mel_power", lambda w, n, done=None: reused.append(
+        0 if done is None else done.shape[1]) or real(w, n, done))
+    for n in (5000, 21000, 21050, 52000, len(x)):
+        np.testing.assert_array_equal(cache.features(x[:n], 128), log_mel_clip(x[:n]))
+    assert reused == [0, 0, 100, 100, 300]  # whole blocks of 100 frames that read no sample past the cut
+    other = wave(4.3, seed=5)
+    np.testing.assert_array_equal(cache.features(other, 128), log_mel_clip(other))
+    assert reused[-1] == 0
+
+
 def test_encoded_windows_are_reused_when_a_clip_grows(components):
     """A clip encoded while it arrived, then longer: the windows whose features are the same (26 tokens of
     200 frames each here) come from the cache; the output equals encoding the long clip with no cache (to

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from walkserve.models.qwen3_omni.thinker.audio_load import AudioDecodeError, load_audio, resample
+from walkserve.models.qwen3_omni.thinker.audio_load import (
+    AudioDecodeError,
+    ResampleCache,
+    final_outputs,
+    load_audio,
+    resample,
+)
 from walkserve.models.qwen3_omni.thinker.image_processor import VisionPreprocess
 from walkserve.models.qwen3_omni.thinker.video import (
     VideoDecodeError,
@@ -96,3 +102,23 @@ def test_video_file_decodes_and_samples(tmp_path):
     assert distance((0, 4, 7, 11)) < 0.05 < distance((1, 5, 8, 10))  # the evenly spaced frames were kept
     with pytest.raises(VideoDecodeError):
         decode_video(b"\x00\x01 not a video", settings)
+
+
+@pytest.mark.parametrize("rate", [24000, 44100, 8000])
+def test_audio_resent_longer_is_resampled_only_where_new_and_to_the_same_bits(rate, monkeypatch):
+    """Audio growing as it arrives (each request the audio so far): the cache computes the outputs that read
+    new samples only, and every result is bitwise the whole resampling's."""
+    from walkserve.models.qwen3_omni.thinker import audio_load
+
+    x = np.random.default_rng(3).normal(0, 0.2, int(rate * 2.5)).astype(np.float32)
+    cache, computed = ResampleCache(), []
+    real = audio_load.resample
+    monkeypatch.setattr(audio_load, "resample", lambda a, s, d, done=None: computed.append(
+        len(done) if done is not None else 0) or real(a, s, d, done))
+    for n in (rate // 3, rate, rate + 7, int(rate * 2.5)):
+        got = cache.resample(x[:n], rate, 16000)
+        np.testing.assert_array_equal(got, real(x[:n], rate, 16000))
+    assert computed[0] == 0 and computed[1:] == [final_outputs(n, rate) for n in (rate // 3, rate, rate + 7)]
+    assert computed[1] > 0.9 * rate // 3 * 16000 / rate  # all but the outputs near the cut came from the cache
+    np.testing.assert_array_equal(cache.resample(x[: rate // 2][::-1].copy(), rate, 16000),
+                                  real(x[: rate // 2][::-1].copy(), rate, 16000))  # another input: no prefix

@@ -34,6 +34,7 @@ SAMPLE_RATE = 16000
 N_FFT = 400
 HOP = 160
 N_MELS = 128
+MEL_BLOCK = 100  # frames per product with the mel filters (mel_power)
 
 
 @dataclass(frozen=True)
@@ -73,12 +74,39 @@ def log_mel_clip(wave: np.ndarray, n_mels: int = N_MELS) -> np.ndarray:
 
 def log_mel(wave: np.ndarray, n_mels: int = N_MELS) -> np.ndarray:
     """float32 [n_mels, len // 160] log-mel of one (already padded) waveform."""
+    return log_compress(mel_power(wave, n_mels))
+
+
+def mel_power(wave: np.ndarray, n_mels: int = N_MELS, done: np.ndarray | None = None) -> np.ndarray:
+    """float64 [n_mels, len // 160]: mel-filtered power of each frame. ``done``: the first columns, computed from a
+    prefix of ``wave`` (``final_frames`` of it, whole blocks; ``MelCache``); the rest is computed here.
+
+    The filters are applied to blocks of ``MEL_BLOCK`` frames, the last one zero-padded to a whole block, so
+    every product has one shape and a frame's values never depend on how many frames follow it.
+    """
     x = np.pad(np.asarray(wave, dtype=np.float64), N_FFT // 2, mode="reflect")
-    n_frames = 1 + (x.shape[0] - N_FFT) // HOP
-    starts = np.arange(n_frames) * HOP
+    n_frames = (x.shape[0] - N_FFT) // HOP  # the reference's last frame is dropped
+    start = 0 if done is None else done.shape[1]
+    starts = np.arange(start, n_frames) * HOP
     frames = x[starts[:, None] + np.arange(N_FFT)[None, :]] * _hann(N_FFT)  # [frames, n_fft]
     power = np.abs(np.fft.rfft(frames, axis=1)) ** 2  # [frames, n_fft/2 + 1]
-    mel = mel_filters(n_mels) @ power[:-1].T  # [n_mels, frames - 1]
+    blocks = [] if done is None else [done]
+    for lo in range(0, power.shape[0], MEL_BLOCK):
+        block = power[lo : lo + MEL_BLOCK]
+        whole = np.pad(block, ((0, MEL_BLOCK - block.shape[0]), (0, 0)))  # [MEL_BLOCK, bins]
+        blocks.append((mel_filters(n_mels) @ whole.T)[:, : block.shape[0]])  # [n_mels, <= MEL_BLOCK]
+    return np.concatenate(blocks, axis=1) if blocks else np.zeros((n_mels, 0))
+
+
+def final_frames(n_samples: int) -> int:
+    """Leading frames of ``mel_power`` over ``n_samples`` that read no sample past them (none of the reflect
+    padding on the right), in whole ``MEL_BLOCK`` blocks: they stay the same when the wave grows."""
+    frames = max(0, min(n_samples // HOP, (n_samples - N_FFT // 2) // HOP + 1))
+    return frames // MEL_BLOCK * MEL_BLOCK
+
+
+def log_compress(mel: np.ndarray) -> np.ndarray:
+    """Mel power [n_mels, F] -> the features: log10, floored 8 below the clip's maximum, scaled (float32)."""
     log_spec = np.log10(np.maximum(mel, 1e-10))
     log_spec = np.maximum(log_spec, log_spec.max() - 8.0)
     return ((log_spec + 4.0) / 4.0).astype(np.float32)

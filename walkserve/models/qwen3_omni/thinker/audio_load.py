@@ -10,8 +10,10 @@ Kaiser-windowed sinc (band-limited to the lower of the two Nyquist rates,
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
+from collections import OrderedDict
 
 import numpy as np
 
@@ -43,13 +45,15 @@ def load_audio(data: bytes, target_rate: int = TARGET_RATE, max_seconds: float |
     return resample(frames.mean(axis=1), rate, target_rate)
 
 
-def resample(x: np.ndarray, src_rate: int, dst_rate: int = TARGET_RATE) -> np.ndarray:
+def resample(x: np.ndarray, src_rate: int, dst_rate: int = TARGET_RATE, done: np.ndarray | None = None) -> np.ndarray:
     """Band-limited resampling of mono ``x`` [N] from ``src_rate`` to ``dst_rate``: float32 [ceil(N * dst / src)].
 
     Output sample n sits at input time n * src / dst; its value is the input
     convolved with a windowed sinc centred there. The fractional offsets
     repeat with period ``up`` (dst / gcd), so one filter per phase is built
-    once: [up, taps].
+    once: [up, taps]. ``done``: the first outputs, already computed from a
+    prefix of ``x`` (``final_outputs`` of them; ``ResampleCache``); the rest is
+    computed by the same per-sample expression, so the result is the same bits.
     """
     x = np.asarray(x, dtype=np.float32).reshape(-1)
     if src_rate == dst_rate:
@@ -64,13 +68,62 @@ def resample(x: np.ndarray, src_rate: int, dst_rate: int = TARGET_RATE) -> np.nd
     n_out = -(-len(x) * up // down)
     padded = np.pad(x.astype(np.float64), (half, half + 1))
     out = np.empty(n_out, dtype=np.float32)
+    start = 0 if done is None else len(done)
+    if done is not None:
+        out[:start] = done
     offsets = np.arange(2 * half)
-    for lo in range(0, n_out, _BLOCK):
+    for lo in range(start, n_out, _BLOCK):
         n = np.arange(lo, min(n_out, lo + _BLOCK))
         base, phase = (n * down) // up, (n * down) % up  # input index left of the centre, and the fraction
         window = padded[base[:, None] + 1 + offsets[None, :]]  # [block, taps]: inputs base - half + 1 .. base + half
         out[lo : lo + len(n)] = np.einsum("bt,bt->b", window, filters[phase])
     return out
+
+
+def final_outputs(n_in: int, src_rate: int, dst_rate: int = TARGET_RATE) -> int:
+    """How many leading outputs of ``resample`` over ``n_in`` inputs read no sample past them (none of the zero
+    padding on the right): they stay the same when the input grows."""
+    if src_rate == dst_rate:
+        return n_in
+    g = math.gcd(src_rate, dst_rate)
+    up, down = dst_rate // g, src_rate // g
+    half = math.ceil(ZERO_CROSSINGS / min(1.0, dst_rate / src_rate))
+    # output n reads inputs up to n * down // up + half: final while that is < n_in
+    return max(0, min(-(-n_in * up // down), -(-(n_in - half) * up // down)))
+
+
+class ResampleCache:
+    """The final outputs of recent resamplings, keyed by their input: an input that extends one resampled
+    before (audio resent longer as it arrives) computes only its new outputs. Least recent go first."""
+
+    def __init__(self, capacity: int = 8):
+        self.capacity = capacity
+        self._entries: OrderedDict[tuple[int, int, int, bytes], np.ndarray] = OrderedDict()  # (src, dst, n, digest)
+
+    def resample(self, x: np.ndarray, src_rate: int, dst_rate: int = TARGET_RATE) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+        if src_rate == dst_rate or self.capacity <= 0:
+            return resample(x, src_rate, dst_rate)
+        done = self._longest_prefix(x, src_rate, dst_rate)
+        out = resample(x, src_rate, dst_rate, done)
+        key = (src_rate, dst_rate, len(x), _digest(x))
+        self._entries[key] = out[: final_outputs(len(x), src_rate, dst_rate)].copy()
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+        return out
+
+    def _longest_prefix(self, x: np.ndarray, src_rate: int, dst_rate: int) -> np.ndarray | None:
+        best = None
+        for (src, dst, n, digest), outputs in self._entries.items():
+            if (src, dst) == (src_rate, dst_rate) and n <= len(x) and (best is None or len(outputs) > len(best)) \
+                    and _digest(x[:n]) == digest:
+                best = outputs
+        return best
+
+
+def _digest(x: np.ndarray) -> bytes:
+    return hashlib.blake2b(x.data, digest_size=16).digest()
 
 
 def _phase_filters(up: int, half: int, cutoff: float) -> np.ndarray:

@@ -25,13 +25,14 @@ import numpy as np
 
 from walkserve.core.array import ArrayData
 from walkserve.core.errors import InvalidRequest
-from walkserve.models.qwen3_omni.thinker.audio_features import SAMPLE_RATE, log_mel_clip
-from walkserve.models.qwen3_omni.thinker.audio_load import resample
+from walkserve.models.qwen3_omni.thinker.audio_features import SAMPLE_RATE
+from walkserve.models.qwen3_omni.thinker.audio_load import ResampleCache
 from walkserve.models.qwen3_omni.thinker.image_processor import (
     VisionInput,
     VisionPreprocess,
     preprocess_image,
 )
+from walkserve.models.qwen3_omni.thinker.mel_cache import MelCache
 from walkserve.models.qwen3_omni.thinker.video import (
     DEFAULT_FPS,
     MAX_FRAMES,
@@ -54,6 +55,8 @@ class MediaSettings:
     has_vision: bool = True
     n_mels: int = 128
     max_video_seconds: float = MAX_VIDEO_SECONDS
+    resampler: ResampleCache = field(default_factory=ResampleCache, compare=False)  # audio that grows as it arrives
+    mel: MelCache = field(default_factory=MelCache, compare=False)
 
 
 @dataclass
@@ -89,7 +92,7 @@ def convert_messages(messages: Any, settings: MediaSettings) -> MediaInputs:
             param = f"messages[{i}].content[{j}]"
             parts.append(_part(part, param, settings, out, waves))
         out.messages.append({**message, "content": parts})
-    out.audio = mel_features(waves, settings.n_mels)
+    out.audio = mel_features(waves, settings.n_mels, settings.mel)
     return out
 
 
@@ -108,14 +111,15 @@ def media_from_inputs(named: Mapping[str, Any], settings: MediaSettings) -> tupl
         else:
             part[kind] = value
         parts.append(_part(part, f"inputs.{name}", settings, out, waves))
-    out.audio = mel_features(waves, settings.n_mels)
+    out.audio = mel_features(waves, settings.n_mels, settings.mel)
     return parts, out
 
 
-def mel_features(waves: Sequence[np.ndarray], n_mels: int) -> list[np.ndarray]:
+def mel_features(waves: Sequence[np.ndarray], n_mels: int, cache: MelCache | None = None) -> list[np.ndarray]:
     """Log-mel of each clip on its own (``audio_features.log_mel_clip``): a clip's features, and so its
-    content keys, do not depend on the other clips of the request."""
-    return [log_mel_clip(w, n_mels) for w in waves]
+    content keys, do not depend on the other clips of the request. ``cache`` keeps the frames of recent clips
+    (a clip resent longer computes only its new frames)."""
+    return [(cache or MelCache(0)).features(w, n_mels) for w in waves]
 
 
 def _part(part: Any, param: str, settings: MediaSettings, out: MediaInputs, waves: list) -> dict[str, Any]:
@@ -133,7 +137,7 @@ def _part(part: Any, param: str, settings: MediaSettings, out: MediaInputs, wave
         raise InvalidRequest(f"this checkpoint has no vision encoder: {kind} inputs are not supported", param=param)
     try:
         if kind == "audio":
-            waves.append(_wave(part, param))
+            waves.append(_wave(part, param, settings.resampler))
         elif kind == "image":
             out.images.append(preprocess_image(_pixels(part.get("image"), param), settings.image))
         else:
@@ -143,13 +147,13 @@ def _part(part: Any, param: str, settings: MediaSettings, out: MediaInputs, wave
     return {"type": kind}
 
 
-def _wave(part: Mapping[str, Any], param: str) -> np.ndarray:
+def _wave(part: Mapping[str, Any], param: str, resampler: ResampleCache) -> np.ndarray:
     value, rate = part.get("audio"), part.get("sample_rate")
     if not isinstance(value, ArrayData) or len(value.shape) != 1 or value.dtype != "float32":
         raise InvalidRequest("audio must be mono float32 samples", param=param)
     if not isinstance(rate, int) or isinstance(rate, bool) or rate <= 0:
         raise InvalidRequest(f"audio sample rate must be a positive integer, got {rate!r}", param=param)
-    wave = resample(np.frombuffer(value.data, dtype=np.float32), rate, SAMPLE_RATE)
+    wave = resampler.resample(np.frombuffer(value.data, dtype=np.float32), rate, SAMPLE_RATE)
     if wave.shape[0] <= 200:
         raise InvalidRequest("the audio is too short (at least 12.5 ms)", param=param)
     return wave
