@@ -36,7 +36,7 @@ from walkserve.api.schemas.chat import ChatCompletionRequest
 from walkserve.api.state import AppState
 
 log = logging.getLogger("walkserve.realtime")
-ROUTE = "/v1/realtime"
+ROUTE = "/v1/realtime:prefill"  # the route label of these requests in /metrics (apart from the responses)
 LOOKAHEAD_S = 0.05  # a window's last feature frames read 12.5 ms past it; the 24 -> 16 kHz filter 1 ms more
 BODY = {"messages": [{"role": "user"}], "stream": True, "modalities": ["text"], "temperature": 0,
         "max_completion_tokens": 1}

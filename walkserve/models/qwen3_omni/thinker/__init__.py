@@ -4,7 +4,9 @@
     audio_encoder.py     AudioEncoder: log-mel chunks -> thinker-width tokens (stateless component)
     vision_encoder.py    VisionEncoder: patches -> merged tokens + deepstack features (stateless component)
     windows.py           attention restricted to windows of a packed sequence (both encoders)
-    audio_features.py    Whisper log-mel (numpy)          audio_load.py   decode + resample to 16 kHz
+    audio_features.py    Whisper log-mel (numpy)          audio_load.py   decode + resample to 16 kHz (and its cache)
+    mel_cache.py         the mel frames of recent clips, for a clip resent longer
+    content_keys.py      each prompt row's prefix-cache key (audio: chained per encoder window)
     image_processor.py   smart resize, normalise, patchify  video.py      frames / PyAV decoding, sampling
     media_inputs.py      decoded media parts -> the processor's inputs; media_tokens.py: tokens per item
     prompt.py            chat template, placeholder expansion, media spans

@@ -6,6 +6,8 @@ the call, not to 30 s):
 
     x [N] float32 -> reflect-pad n_fft/2 on both sides -> frames of 400 every 160 (periodic Hann)
       -> |rfft|^2 [201, 1 + N/160] -> drop the last frame -> Slaney mel filters (0..8 kHz) [128, F]
+         (applied to blocks of 100 frames, so a frame's values never depend on the frames after it:
+         ``mel_cache.py`` reuses a grown clip's earlier frames bit for bit)
       -> log10(max(., 1e-10)) -> max(., max - 8) -> (. + 4) / 4
 
 Valid frames per clip (the reference's feature mask, its sample mask taken
