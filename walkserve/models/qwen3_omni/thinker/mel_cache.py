@@ -9,7 +9,6 @@ clip-wide floor (``log_compress``) are always applied to the whole clip. Least r
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 
 import numpy as np
@@ -20,6 +19,7 @@ from walkserve.models.qwen3_omni.thinker.audio_features import (
     log_compress,
     mel_power,
 )
+from walkserve.models.qwen3_omni.thinker.audio_load import clip_digest, same_clip
 
 
 class MelCache:
@@ -34,7 +34,7 @@ class MelCache:
             raise ValueError(f"an audio clip needs more than {N_FFT // 2} samples, got {wave.shape[0]}")
         mel = mel_power(wave, n_mels, self._longest_prefix(wave, n_mels))
         if self.capacity > 0:
-            key = (n_mels, len(wave), _digest(wave))
+            key = (n_mels, len(wave), clip_digest(wave))
             self._entries[key] = mel[:, : final_frames(len(wave))].copy()
             self._entries.move_to_end(key)
             while len(self._entries) > self.capacity:
@@ -45,10 +45,7 @@ class MelCache:
         best = None
         for (mels, n, digest), columns in self._entries.items():
             if mels == n_mels and n <= len(wave) and (best is None or columns.shape[1] > best.shape[1]) \
-                    and _digest(wave[:n]) == digest:
+                    and same_clip(wave[:n], digest):
                 best = columns
         return best
 
-
-def _digest(x: np.ndarray) -> bytes:
-    return hashlib.blake2b(x.data, digest_size=16).digest()
