@@ -42,6 +42,19 @@ def test_a_member_goes_through_the_legal_phases():
     assert not m.live and m.k == 1 and m.fired == 1 and m.cur == {}  # the next iteration starts empty
 
 
+def test_a_member_a_gathered_call_had_no_room_for_runs_its_unit_again():
+    m = _root()
+    m.open()
+    m.wait()
+    m.deferred()
+    assert m.phase.name == "RUNNING"
+    m.wait()  # offered the unit again at the next pass
+    assert m.phase.name == "WAITING"
+    with pytest.raises(AssertionError, match="deferred"):
+        m.answered()
+        m.deferred()  # only a waiting member goes back
+
+
 @pytest.mark.parametrize("path", [
     ("wait",),  # a gated member has no unit to wait on
     ("open", "wait", "move_to"),  # a waiting member moves on only once answered

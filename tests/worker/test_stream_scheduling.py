@@ -71,12 +71,14 @@ class Codec(TimedEngine):
 
 
 def run(mode: str, arrivals: list[tuple[float, str, int]], lm=(0.002, 0.001, 16), codec=(0.001, 0.0005, None),
-        stall: tuple[float, float] | None = None, **knobs) -> tuple[dict[str, list[tuple[float, float]]], Executor]:
+        stall: tuple[float, float] | None = None, batched: bool = True, **knobs) -> tuple[dict[str, list[tuple[float, float]]], Executor]:
     """Every stream's audio chunks as (arrival time, seconds), and the executor (for its stats). ``stall``:
-    (at, seconds): once the clock passes ``at`` the rank stops for ``seconds`` (descheduled on a busy machine)."""
+    (at, seconds): once the clock passes ``at`` the rank stops for ``seconds`` (descheduled on a busy machine).
+    ``batched`` False: one cohort per request (loop cohorts off), so the codec's call gathers several cohorts."""
     clock = Clock()
     engines = {"lm": LM("lm", clock, *lm), "codec": Codec("codec", clock, *codec)}
-    ex = Executor(0, build_graph(), engines, concat, scheduling=StreamScheduling(mode=mode, **knobs), clock=clock)
+    ex = Executor(0, build_graph(), engines, concat, scheduling=StreamScheduling(mode=mode, **knobs), clock=clock,
+                  batched=batched)
     pending, audio = sorted(arrivals), {rid: [] for _, rid, _ in arrivals}
     for _ in range(200_000):
         while pending and pending[0][0] <= clock.t:
@@ -161,3 +163,63 @@ def test_deadline_scheduling_does_not_pace_streams_when_the_step_has_room():
     assert deadline_gaps["long0"] == deadline_gaps["long1"] == 0, deadline_gaps
     assert sum(deadline_gaps.values()) <= sum(fifo_gaps.values()), (deadline_gaps, fifo_gaps)
     assert ex.stats().scheduling["held_paced"] == ex.stats().scheduling["held_capacity"] == 0
+
+
+class SpyCodec(Codec):
+    """Records, per call, the priorities of the members it got and of those its call had no room for."""
+
+    executor: Executor
+
+    def run_groups(self, groups: list[Group], may_yield: bool = False) -> list[list]:
+        ex, now = self.executor, self.clock()
+        taken = {rid for g in groups for rid in g.request_ids}
+        prio = {}
+        for cohort in ex.cohorts.by_key.values():
+            for i, unit in enumerate(cohort.units):
+                if getattr(unit, "node", None) is not None and unit.node.name == "codec":
+                    for mb in cohort.buckets[i]:
+                        if mb.rid in taken or mb.phase.name == "RUNNING":  # in this call, or deferred from it
+                            p = ex.deadlines.priority(unit.node, mb, len(taken), now)
+                            prio[mb.rid] = (p.tier, p.key)
+        self.calls.append(([prio[r] for r in taken if r in prio], [p for r, p in prio.items() if r not in taken]))
+        return super().run_groups(groups, may_yield)
+
+
+def gathered_run(capacity: int | None) -> tuple[dict[str, int], SpyCodec, Executor]:
+    """Ten streams of different lengths, one cohort each (loop cohorts off), the LM cheap: every stream's audio
+    samples, the codec and the executor."""
+    clock = Clock()
+    codec = SpyCodec("codec", clock, 0.001, 0.0005, capacity)
+    codec.calls = []
+    engines = {"lm": LM("lm", clock, 0.0002, 0.0001, 16), "codec": codec}
+    ex = codec.executor = Executor(0, build_graph(), engines, concat, scheduling=StreamScheduling(pace_slack_s=0.5),
+                                   clock=clock, batched=False)
+    for i in range(10):
+        ex.receive(m.StartWalk(f"s{i}", "decode", {"lm": 0, "codec": 0}, {"last": torch.tensor([AUDIO_CODE_BASE])},
+                               SpeechParams(), SamplingParams(max_tokens=100 + 10 * i)))
+    audio = {f"s{i}": 0 for i in range(10)}
+    for _ in range(100_000):
+        moved = ex.advance()
+        for _, msg in ex.out.take():
+            if isinstance(msg, m.ClientOuts):
+                for rid, value in zip(msg.request_ids, msg.values, strict=True):
+                    audio[rid] += value.numel()
+        if not (moved or ex.dirty):
+            return audio, codec, ex
+        clock.t += PASS_S
+    raise AssertionError("the run did not settle")
+
+
+def test_a_gathering_engines_batch_bounds_its_call_over_every_cohort_least_slack_first():
+    """With one cohort per request, each cohort's share of the codec's gathered call was bounded by its batch,
+    not the call: one call took every stream's window (10 at once, with a batch of 3). Now the call takes
+    at most 3, chosen across the cohorts by least slack, and the rest run in the next steps."""
+    unbounded, _, _ = gathered_run(None)
+    audio, codec, ex = gathered_run(3)
+    assert max(codec.batches) == 3, codec.batches
+    assert audio == unbounded and min(audio.values()) > 0  # every stream's audio came out, all of it
+    deferred = [(took, left) for took, left in codec.calls if left]
+    assert deferred  # some calls had more windows ready than their batch
+    for took, left in deferred:
+        assert max(took) <= min(left), (took, left)  # across cohorts, least slack (first chunks) first
+    assert ex.stats().scheduling["held_capacity"] > 0

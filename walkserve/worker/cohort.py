@@ -37,7 +37,7 @@ from walkserve.worker import iteration, streams
 from walkserve.worker.deadlines import Deadlines
 from walkserve.worker.effects import Effects
 from walkserve.worker.engine_set import EngineSet
-from walkserve.worker.group import build_group
+from walkserve.worker.group import build_group, subset
 from walkserve.worker.local import ChildUnit, LocalLevel, NodeUnit
 from walkserve.worker.program import CARRY, CUR, LevelKind, NodeProgram
 from walkserve.worker.rows import DecisionRow, EndRow, ItemRow, Row, ValueRow
@@ -438,7 +438,10 @@ class Cohorts:
 
     def pick(self, cohort: Cohort, unit: NodeUnit, engine: Engine, ready: list[Member], stay: list[Member]) -> list[Member]:
         """The members one step of ``unit`` takes (``deadlines``); the others wait in ``stay`` for a later pass."""
-        take, wait = self.deadlines.pick(unit.node, ready, engine.step_capacity())
+        if engine.gathers:  # its call after the pass picks across every cohort's members (``_pick_gathered``)
+            take, wait = ready, []
+        else:
+            take, wait = self.deadlines.pick(unit.node, ready, engine.step_capacity())
         if unit.sends and self.split_steps and len(take) >= self.split_steps:
             half = (cohort.size() + len(ready) + 1) // 2  # of the cohort's members; ``ready`` left its bucket
             if len(take) > half:
@@ -457,9 +460,36 @@ class Cohorts:
         """One call per gathering engine, with every cohort's groups of the pass (``Engine.gathers``)."""
         gathered, self.gathered = self.gathered, {}
         for engine, calls in gathered.items():
+            calls = self._pick_gathered(calls, engine.step_capacity())
+            if not calls:
+                continue
             results = self.engines.call(engine, [c.group for c in calls])
             for call, answers in zip(calls, results):
                 call.cohort.answered(call.unit, call.members, answers)
+
+    def _pick_gathered(self, calls: list[Call], capacity: int | None) -> list[Call]:
+        """The calls cut to the members one step of each node takes, picked across the cohorts by the same rule
+        as within one (``Deadlines.pick_across``); the others are offered their unit again at the next pass."""
+        by_node: dict[str, list[Call]] = {}
+        for c in calls:
+            by_node.setdefault(c.unit.node.name, []).append(c)
+        kept = []
+        for node_calls in by_node.values():
+            nodes = [c.unit.node for c in node_calls for _ in c.members]
+            members = [m for c in node_calls for m in c.members]
+            take, wait = self.deadlines.pick_across(nodes, members, capacity)
+            if not wait:
+                kept.extend(node_calls)
+                continue
+            for m in wait:
+                m.deferred()
+                self.fx.touch(m.cohort)
+            order = {id(m): i for i, m in enumerate(take)}
+            for c in node_calls:
+                rows = sorted((j for j, m in enumerate(c.members) if id(m) in order), key=lambda j: order[id(c.members[j])])
+                if rows:
+                    kept.append(Call(c.unit, [c.members[j] for j in rows], subset(c.group, rows), c.cohort))
+        return kept
 
     def drop(self, rid: str) -> None:
         """With loop cohorts off, a released request's cohorts go."""

@@ -87,14 +87,20 @@ class Deadlines:
     # ---- picking -------------------------------------------------------------------------------
     def pick(self, node: NodeProgram, ready: list[Member], capacity: int | None) -> tuple[list[Member], list[Member]]:
         """(the members this step takes, those that wait for a later pass)."""
+        return self.pick_across([node] * len(ready), ready, capacity)
+
+    def pick_across(self, nodes: list[NodeProgram], ready: list[Member],
+                    capacity: int | None) -> tuple[list[Member], list[Member]]:
+        """``pick`` for one engine call whose members come from several units (a gathering engine's call over
+        every cohort): member i is at ``nodes[i]``; ``capacity`` bounds them all together."""
         cap = capacity or len(ready)
         if len(ready) <= cap and not any(streamed(m) for m in ready):  # no deadline, and it all fits
             self.waiting += len(ready)
             return ready, []
         now, batch = self.now(), min(len(ready), cap)
-        prios = [self.priority(node, m, batch, now) for m in ready]
+        prios = [self.priority(n, m, batch, now) for n, m in zip(nodes, ready)]
         if not self.config.by_deadline:
-            self._dispatched(node, prios)
+            self._dispatched(nodes, prios)
             return ready, []
         needy = sum(1 for p in prios if not p.paced)
         self.waiting += needy
@@ -107,7 +113,7 @@ class Deadlines:
         held_paced = sum(1 for i in order if i not in chosen and pace and prios[i].paced)
         self.counts["held_paced"] += held_paced
         self.counts["held_capacity"] += len(ready) - len(take) - held_paced
-        self._dispatched(node, [prios[i] for i in take])
+        self._dispatched([nodes[i] for i in take], [prios[i] for i in take])
         return [ready[i] for i in take], [ready[i] for i in order if i not in chosen]
 
     def priority(self, node: NodeProgram, m: Member, batch: int, now: float) -> Priority:
@@ -136,12 +142,12 @@ class Deadlines:
             clock = self.clocks[m.rid] = StreamClock(now, now)
         return clock
 
-    def _dispatched(self, node: NodeProgram, prios: list[Priority]) -> None:
-        counts = None
-        for p in prios:
+    def _dispatched(self, nodes: list[NodeProgram], prios: list[Priority]) -> None:
+        for node, p in zip(nodes, prios):
             if p.slack is not None:
+                counts = self.slack_counts.get(node.name)
                 if counts is None:
-                    counts = self.slack_counts.setdefault(node.name, [0] * (len(SLACK_EDGES_S) + 1))
+                    counts = self.slack_counts[node.name] = [0] * (len(SLACK_EDGES_S) + 1)
                 counts[slack_bucket(p.slack)] += 1
 
     # ---- after a step --------------------------------------------------------------------------

@@ -12,6 +12,7 @@ operations, fails its request here and is left out of the group.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from walkserve.engines.base import Group
@@ -96,3 +97,11 @@ def _bind(fx: Effects, node: NodeProgram, members: list, inputs: list, spans: li
         if spans is not None:
             kept_spans.append(spans[j])
     return kept, kept_inputs, kept_spans, kv
+
+
+def subset(group: Group, rows: list[int]) -> Group:
+    """The group of its members ``rows`` only, in that order."""
+    def pick(values: list | None) -> list | None:
+        return None if values is None else [values[j] for j in rows]
+    return replace(group, request_ids=pick(group.request_ids), paths=pick(group.paths), inputs=pick(group.inputs),
+                   params=pick(group.params), sampling=pick(group.sampling), kv=pick(group.kv), spans=pick(group.spans))

@@ -10,7 +10,8 @@
 A field is written only by its own class's methods (``tests/worker/test_layering.py``
 checks it). Where a member is in its iteration is one ``Phase``:
 
-    GATED ──▶ RUNNING ──▶ WAITING ──▶ ANSWERED ──▶ RUNNING ...   (a gathering engine's call)
+    GATED ──▶ RUNNING ──▶ WAITING ──▶ ANSWERED ──▶ RUNNING ...   (a gathering engine's call;
+                            └──▶ RUNNING                          no room in it: offered again)
       ▲          │ ──▶ YIELDED ──▶ RUNNING                       (an engine answered LATER)
       └──────────┘ next iteration          any ──▶ ENDED         (ended, failed, released)
 
@@ -292,6 +293,12 @@ class Member:
 
     def answered(self) -> None:
         self._to(ANSWERED)
+
+    def deferred(self) -> None:
+        """The gathering engine's call had no room for it: it is offered its unit again at the next pass (the one
+        way back from WAITING without an answer)."""
+        assert self.phase is WAITING, f"member {self.rid} {self.path}: {self.phase.name} -> deferred"
+        self.phase = RUNNING
 
     def later(self) -> None:
         """The engine answered LATER: the member is offered the unit again."""
