@@ -29,15 +29,16 @@ for all members at once.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
-from walkserve.engines.base import Engine, Group
+from walkserve.engines.base import Engine
 from walkserve.graph.stop import resolve_count
 from walkserve.worker import iteration, streams
 from walkserve.worker.deadlines import Deadlines
 from walkserve.worker.effects import Effects
 from walkserve.worker.engine_set import EngineSet
-from walkserve.worker.group import build_group, subset
+from walkserve.worker.gathered import Call, pick_gathered
+from walkserve.worker.group import build_group
 from walkserve.worker.local import ChildUnit, LocalLevel, NodeUnit
 from walkserve.worker.program import CARRY, CUR, LevelKind, NodeProgram
 from walkserve.worker.rows import DecisionRow, EndRow, ItemRow, Row, ValueRow
@@ -53,15 +54,6 @@ from walkserve.worker.state import (
 )
 
 _MISSING = object()
-
-
-class Call(NamedTuple):
-    """One unit's part of an engine call: its members and their group (and, gathered, the cohort it is from)."""
-
-    unit: NodeUnit
-    members: list[Member]
-    group: Group
-    cohort: Cohort | None = None
 
 
 class Cohort:
@@ -438,7 +430,7 @@ class Cohorts:
 
     def pick(self, cohort: Cohort, unit: NodeUnit, engine: Engine, ready: list[Member], stay: list[Member]) -> list[Member]:
         """The members one step of ``unit`` takes (``deadlines``); the others wait in ``stay`` for a later pass."""
-        if engine.gathers:  # its call after the pass picks across every cohort's members (``_pick_gathered``)
+        if engine.gathers:  # its call after the pass picks across every cohort's members (``gathered``)
             take, wait = ready, []
         else:
             take, wait = self.deadlines.pick(unit.node, ready, engine.step_capacity())
@@ -460,36 +452,12 @@ class Cohorts:
         """One call per gathering engine, with every cohort's groups of the pass (``Engine.gathers``)."""
         gathered, self.gathered = self.gathered, {}
         for engine, calls in gathered.items():
-            calls = self._pick_gathered(calls, engine.step_capacity())
+            calls = pick_gathered(self.deadlines, self.fx, calls, engine.step_capacity())
             if not calls:
                 continue
             results = self.engines.call(engine, [c.group for c in calls])
             for call, answers in zip(calls, results):
                 call.cohort.answered(call.unit, call.members, answers)
-
-    def _pick_gathered(self, calls: list[Call], capacity: int | None) -> list[Call]:
-        """The calls cut to the members one step of each node takes, picked across the cohorts by the same rule
-        as within one (``Deadlines.pick_across``); the others are offered their unit again at the next pass."""
-        by_node: dict[str, list[Call]] = {}
-        for c in calls:
-            by_node.setdefault(c.unit.node.name, []).append(c)
-        kept = []
-        for node_calls in by_node.values():
-            nodes = [c.unit.node for c in node_calls for _ in c.members]
-            members = [m for c in node_calls for m in c.members]
-            take, wait = self.deadlines.pick_across(nodes, members, capacity)
-            if not wait:
-                kept.extend(node_calls)
-                continue
-            for m in wait:
-                m.deferred()
-                self.fx.touch(m.cohort)
-            order = {id(m): i for i, m in enumerate(take)}
-            for c in node_calls:
-                rows = sorted((j for j, m in enumerate(c.members) if id(m) in order), key=lambda j: order[id(c.members[j])])
-                if rows:
-                    kept.append(Call(c.unit, [c.members[j] for j in rows], subset(c.group, rows), c.cohort))
-        return kept
 
     def drop(self, rid: str) -> None:
         """With loop cohorts off, a released request's cohorts go."""
