@@ -21,7 +21,6 @@ import asyncio
 import os
 import statistics
 import time
-from contextlib import ExitStack
 from dataclasses import replace
 
 from benchmarks.common import conditions, table
@@ -70,9 +69,28 @@ def windows(steps: int, window: int = 28, stride: int = 7) -> int:
     return full + (1 if (steps - window) % stride else 0)
 
 
+def start(family: str, workers: int, threads: int, **overrides) -> Engine:
+    """A runtime for ``family`` with its two nodes on one worker or on two (``overrides``: RuntimeConfig fields)."""
+    nodes = ("a", "b") if family == "fixture-bench-null" else ("lm", "codec")
+    config = replace(RuntimeConfig(max_running=256, worker_threads=threads), **overrides)
+    return Engine.start(family, placement=_placement(workers, {nodes[0]: 0, nodes[1]: workers - 1}), config=config)
+
+
+def _outputs_per_request(family: str, steps: int) -> int:
+    return steps if family == "fixture-bench-null" else windows(steps)
+
+
 def null_overhead(
     batch: int, workers: int, steps: int, threads: int, repeat: int = 3, streams: bool = False,
     family: str = "fixture-bench-null",
+) -> tuple[list[float], dict[str, float]]:
+    """``overhead_on`` a runtime of its own."""
+    with start(family, workers, threads, max_running=max(256, batch)) as engine:
+        return overhead_on(engine, family, batch, steps, repeat, streams)
+
+
+def overhead_on(
+    engine: Engine, family: str, batch: int, steps: int, repeat: int = 3, streams: bool = False,
 ) -> tuple[list[float], dict[str, float]]:
     """Wall µs per loop step with B requests in lockstep (one value per measured run), and CPU µs per step by process.
 
@@ -85,39 +103,35 @@ def null_overhead(
     processes (summed), the conductor, and this process (the frontend: the in-process
     API's event loop, which receives every output).
     """
-    nodes = ("a", "b") if family == "fixture-bench-null" else ("lm", "codec")
-    assign = {nodes[0]: 0, nodes[1]: 0 if workers == 1 else 1}
-    want = steps if family == "fixture-bench-null" else windows(steps)
-    config = RuntimeConfig(max_running=max(256, batch), worker_threads=threads)
+    want = _outputs_per_request(family, steps)
     runs = []
-    with Engine.start(family, placement=_placement(workers, assign), config=config) as engine:
-        pids = {
-            "workers": list(engine.status.stats.pids.values()),
-            "conductor": [engine.engine.process.pid],
-            "frontend": [os.getpid()],
-        }
+    pids = {
+        "workers": list(engine.status.stats.pids.values()),
+        "conductor": [engine.engine.process.pid],
+        "frontend": [os.getpid()],
+    }
 
-        def cpu() -> dict[str, float | None]:
-            out: dict[str, float | None] = {}
-            for role, ps in pids.items():
-                secs = [cpu_seconds(p) for p in ps]
-                out[role] = None if None in secs else sum(secs)
-            return out
+    def cpu() -> dict[str, float | None]:
+        out: dict[str, float | None] = {}
+        for role, ps in pids.items():
+            secs = [cpu_seconds(p) for p in ps]
+            out[role] = None if None in secs else sum(secs)
+        return out
 
-        def run_once() -> list[int]:
-            requests = _requests(batch, steps)
-            if streams:
-                return asyncio.run_coroutine_threadsafe(_streamed(engine.engine, requests), engine.loop).result()
-            return [len(r.events) for r in engine.run(requests)]
+    def run_once() -> list[int]:
+        requests = _requests(batch, steps)
+        if streams:
+            return asyncio.run_coroutine_threadsafe(_streamed(engine.engine, requests), engine.loop).result()
+        return [len(r.events) for r in engine.run(requests)]
 
-        run_once()  # warm up
-        before = cpu()
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            counts = run_once()
-            runs.append((time.perf_counter() - t0) / steps * 1e6)
-            assert counts == [want] * batch, "a request lost outputs"
-        after = cpu()
+    run_once()  # warm up
+    before = cpu()
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        counts = run_once()
+        runs.append((time.perf_counter() - t0) / steps * 1e6)
+        assert counts == [want] * batch, "a request lost outputs"
+    after = cpu()
     per_step = {
         role: (after[role] - before[role]) / (repeat * steps) * 1e6
         for role in pids
@@ -171,70 +185,63 @@ def compute_ratio(batch: int, steps: int, ms: float, threads: int, repeat: int =
 
 
 def _overhead_rows(args: argparse.Namespace, steps: int, repeat: int) -> list[tuple]:
+    """One runtime per fixture and worker count, measured one at a time; its rows' batches and clients in turn."""
     batches = (1, 16) if args.quick else (1, 16, 64)
-    configs = [("loop", w, b, False) for w in (1, 2) for b in batches] + [("loop", 1, batches[-1], True)]
-    configs.append(("streamed loop", 1, batches[-1], False))
-    rows = []
-    for what, workers, b, streams in configs:
+    runtimes = [("loop", 1, [(b, False) for b in batches] + [(batches[-1], True)]),
+                ("loop", 2, [(b, False) for b in batches]),
+                ("streamed loop", 1, [(batches[-1], False)])]
+    rows = {}
+    for what, workers, measured in runtimes:
         family = "fixture-bench-null" if what == "loop" else "fixture-bench-stream"
-        runs, cpu = null_overhead(b, workers, steps, args.threads, repeat=repeat, streams=streams, family=family)
-        mid = statistics.median(runs)
-        shares = [cpu.get(role, float("nan")) for role in ("workers", "conductor", "frontend")]
-        client = "streams" if streams else "run"
-        rows.append((what, f"{workers}", b, client, mid, min(runs), max(runs), mid / b, *shares))
-    return rows
+        with start(family, workers, args.threads) as engine:
+            for b, streams in measured:
+                runs, cpu = overhead_on(engine, family, b, steps, repeat=repeat, streams=streams)
+                mid = statistics.median(runs)
+                shares = [cpu.get(role, float("nan")) for role in ("workers", "conductor", "frontend")]
+                client = "streams" if streams else "run"
+                rows[what, workers, streams, b] = (what, f"{workers}", b, client, mid, min(runs), max(runs), mid / b, *shares)
+    return [rows[k] for k in sorted(rows, key=lambda k: (k[0] != "loop", k[2], k[1], k[3]))]
 
 
 HALVES = 16  # split_steps of the row whose split loop sends each step in two halves
 
 
-def split_pair(
-    family: str, batch: int, steps: int, threads: int, rounds: int, split_steps: int | None = None,
-    direct_peers: bool = True,
-) -> tuple[float, float, float]:
+def pair_rounds(engines: tuple[Engine, Engine], family: str, batch: int, steps: int, rounds: int) -> tuple[float, float, float]:
     """(colocated µs per step, split µs per step, split / colocated): medians over ``rounds``.
 
-    Both runtimes run at once, the fixture's two nodes on one worker and on two, and
-    their rounds alternate, so both see the same machine; the ratio is the median of
-    each round's split time over the colocated round just before it. ``split_steps``
-    overrides ``RuntimeConfig.split_steps`` for the split runtime; ``direct_peers`` off sends its
-    frames between the two workers over ZeroMQ instead of datagram sockets.
+    ``engines``: the fixture's two nodes on one worker, and on two (``start``). Both runtimes
+    are up at once and their rounds alternate, so both see the same machine; the ratio is the
+    median of each round's split time over the colocated round just before it.
     """
-    nodes = ("a", "b") if family == "fixture-bench-null" else ("lm", "codec")
-    want = steps if family == "fixture-bench-null" else windows(steps)
+    want = _outputs_per_request(family, steps)
     times: tuple[list[float], list[float]] = ([], [])
-    with ExitStack() as stack:
-        engines = []
-        for workers in (1, 2):
-            config = RuntimeConfig(max_running=max(256, batch), worker_threads=threads)
-            if workers == 2 and split_steps is not None:
-                config = replace(config, split_steps=split_steps)
-            if workers == 2:
-                config = replace(config, direct_peers=direct_peers)
-            place = _placement(workers, {nodes[0]: 0, nodes[1]: workers - 1})
-            engines.append(stack.enter_context(Engine.start(family, placement=place, config=config)))
-        for engine in engines:
-            engine.run(_requests(batch, steps))  # warm up
-        for _ in range(rounds):
-            for engine, runs in zip(engines, times):
-                t0 = time.perf_counter()
-                counts = [len(r.events) for r in engine.run(_requests(batch, steps))]
-                runs.append((time.perf_counter() - t0) / steps * 1e6)
-                assert counts == [want] * batch, "a request lost outputs"
+    for engine in engines:
+        engine.run(_requests(batch, steps))  # warm up
+    for _ in range(rounds):
+        for engine, runs in zip(engines, times):
+            t0 = time.perf_counter()
+            counts = [len(r.events) for r in engine.run(_requests(batch, steps))]
+            runs.append((time.perf_counter() - t0) / steps * 1e6)
+            assert counts == [want] * batch, "a request lost outputs"
     ratio = statistics.median(s / c for c, s in zip(*times))
     return statistics.median(times[0]), statistics.median(times[1]), ratio
 
 
 def _split_rows(args: argparse.Namespace, steps: int) -> list[tuple]:
+    """Each fixture's colocated runtime stays up while its split runtimes (one per config) come and go."""
     batches = (1, 16) if args.quick else (1, 16, 64)
     rounds = 2 if args.quick else 5
-    configs = [("loop", b, None, True) for b in batches] + [("loop, in halves", batches[-1], HALVES, True)]
-    configs.append(("loop, over ZeroMQ", batches[-1], None, False))
-    configs.append(("streamed loop", batches[-1], None, True))
+    configs = {  # family -> [(row, split runtime's RuntimeConfig overrides, batches)]
+        "fixture-bench-null": [("loop", {}, batches), ("loop, in halves", {"split_steps": HALVES}, batches[-1:]),
+                               ("loop, over ZeroMQ", {"direct_peers": False}, batches[-1:])],
+        "fixture-bench-stream": [("streamed loop", {}, batches[-1:])],
+    }
     rows = []
-    for what, b, split, direct in configs:
-        family = "fixture-bench-stream" if what.startswith("streamed") else "fixture-bench-null"
-        rows.append((what, b, *split_pair(family, b, steps, args.threads, rounds, split, direct)))
+    for family, splits in configs.items():
+        with start(family, 1, args.threads) as colocated:
+            for what, overrides, bs in splits:
+                with start(family, 2, args.threads, **overrides) as split:
+                    rows += [(what, b, *pair_rounds((colocated, split), family, b, steps, rounds)) for b in bs]
     return rows
 
 

@@ -10,7 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.runtime import cpu_seconds, null_overhead
+from benchmarks.runtime import cpu_seconds, null_overhead, overhead_on, pair_rounds, start
+
+
+@pytest.fixture(scope="module")
+def null_one():
+    """The Null loop's two nodes on one worker, for every test here that measures that placement."""
+    with start("fixture-bench-null", 1, threads=1) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def stream_one():
+    with start("fixture-bench-stream", 1, threads=1) as engine:
+        yield engine
 
 
 def test_null_overhead_measures_wall_and_cpu_per_process():
@@ -23,8 +36,8 @@ def test_null_overhead_measures_wall_and_cpu_per_process():
     assert cpu["workers"] > 0 and all(v >= 0 for v in cpu.values())
 
 
-def test_null_overhead_through_per_request_streams_counts_every_output():
-    runs, _ = null_overhead(batch=3, workers=1, steps=40, threads=1, repeat=1, streams=True)
+def test_null_overhead_through_per_request_streams_counts_every_output(null_one):
+    runs, _ = overhead_on(null_one, "fixture-bench-null", batch=3, steps=40, repeat=1, streams=True)
     assert len(runs) == 1 and runs[0] > 0  # null_overhead asserts every request got all 40 outputs
 
 
@@ -32,11 +45,11 @@ def test_cpu_seconds_of_a_process_that_is_gone_is_none():
     assert cpu_seconds(2**22 + 12345) is None
 
 
-def test_the_streamed_fixture_runs_through_the_runtime():
+def test_the_streamed_fixture_runs_through_the_runtime(stream_one):
     from benchmarks.runtime import windows
 
     assert [windows(n) for n in (5, 28, 34, 35, 36)] == [1, 1, 2, 2, 3]  # SlidingWindow(28, 7), tail flushed
-    runs, _ = null_overhead(batch=3, workers=1, steps=40, threads=1, repeat=1, family="fixture-bench-stream")
+    runs, _ = overhead_on(stream_one, "fixture-bench-stream", batch=3, steps=40, repeat=1)
     assert len(runs) == 1 and runs[0] > 0  # every request got all its windows (checked inside)
 
 
@@ -76,17 +89,25 @@ def test_quick_runtime_benchmark_prints_every_target_row():
     number = r"[\d.,]+"
     for fixture, workers in (("loop", 2), ("streamed loop", 1)):  # at the largest quick batch, 16
         assert re.search(rf"^\| {fixture} \| {workers} \| 16 \| \w+ \| {number} \|", out, re.MULTILINE), out
+    for fixture, workers, client in (("loop", 1, "run"), ("loop", 2, "run"), ("loop", 1, "streams")):
+        for batch in (1, 16) if client == "run" else (16,):
+            assert re.search(rf"^\| {fixture} \| {workers} \| {batch} \| {client} \| {number} \|", out, re.MULTILINE), out
+    split_table = out[out.index("## Split over two workers"):out.index("## Busy component")]
+    split = re.findall(rf"^\| ([a-zA-Z ,]+) \| (\d+) \| {number} \| {number} \| ({number}) \|$", split_table, re.MULTILINE)
+    assert [(what, int(b)) for what, b, _ in split] == [("loop", 1), ("loop", 16), ("loop, in halves", 16),
+                                                        ("loop, over ZeroMQ", 16), ("streamed loop", 16)], out
+    assert all(float(ratio.replace(",", "")) > 0 for _, _, ratio in split), out
     for loop in ("flat loop", r"nested loop \(1 \+ 15 calls per step\)"):
         assert re.search(rf"^\| {loop} \| \d+ \| {number} \| {number} \| {number} \|$", out, re.MULTILINE), out
 
 
 @pytest.mark.slow
-def test_split_pair_runs_both_placements_in_alternating_rounds():
-    from benchmarks.runtime import split_pair
-
+def test_split_pair_runs_both_placements_in_alternating_rounds(null_one, stream_one):
     # split_steps 2: the split runtime sends each step of the 4 requests in two halves; every output still
-    # arrives (split_pair asserts each request's count in every round)
-    colocated, split, ratio = split_pair("fixture-bench-null", batch=4, steps=30, threads=1, rounds=2, split_steps=2)
-    assert colocated > 0 and split > 0 and ratio > 0
-    _, _, ratio = split_pair("fixture-bench-stream", batch=2, steps=30, threads=1, rounds=1)
+    # arrives (pair_rounds asserts each request's count in every round)
+    with start("fixture-bench-null", 2, threads=1, split_steps=2) as split:
+        colocated, split_us, ratio = pair_rounds((null_one, split), "fixture-bench-null", batch=4, steps=30, rounds=2)
+    assert colocated > 0 and split_us > 0 and ratio > 0
+    with start("fixture-bench-stream", 2, threads=1) as split:
+        _, _, ratio = pair_rounds((stream_one, split), "fixture-bench-stream", batch=2, steps=30, rounds=1)
     assert ratio > 0
