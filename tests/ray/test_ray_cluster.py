@@ -126,7 +126,7 @@ SPREAD = {  # family -> (node -> rank, per-walk overrides), on two ranks; fixtur
     "fixture-nested": ({"a": 0, "b": 1, "c": 1}, {}),
     "fixture-multimodal": ({"vision": 1, "audio_enc": 1, "lm": 0}, {("decode", "lm"): 1}),
 }
-AT_ONCE = 2  # engines started and served side by side: much of each one's start is waiting on other processes
+AT_ONCE = 3  # engines started and served side by side (their rank 0s fill the head's CPUS): much of each start is waiting
 
 
 def two_ranks(second: str) -> list[dict]:
