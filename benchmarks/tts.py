@@ -214,6 +214,12 @@ def report(setup: Setup, args, served: list[Row], base_rows: list[Row], baseline
     return "\n".join(lines)
 
 
+def system_label(names: list[str], i: int) -> str:
+    """The rows' system of the ``i``-th of the placements ``names``: plain ``walkserve`` when it is the only one."""
+    name = names[i]
+    return "walkserve" if len(names) == 1 else f"walkserve {name}" + (f" #{i + 1}" if names.count(name) > 1 else "")
+
+
 def run(setup: Setup, args) -> str:
     import walkserve.models.builtin  # noqa: F401
     from walkserve.models.base import ModelRef
@@ -236,8 +242,7 @@ def run(setup: Setup, args) -> str:
             print(f"walkserve: {len(rounds)} rounds on {name} ({args.device}) ...", flush=True)
             placement = _placement(str(placement_path(name)), args.device)
             done = served_rounds(model_dir, placement, args.threads, reqs.make(1, 35)[0], rounds, args.dtype, kv)
-            system = "walkserve" if len(names) == 1 else f"walkserve {name}" + (f" #{i + 1}" if names.count(name) > 1 else "")
-            served += served_rows(done, setup.concurrency, system)
+            served += served_rows(done, setup.concurrency, system_label(names, i))
         from benchmarks.tts_baseline import Baseline
 
         print(f"baseline: {setup.baseline_requests} requests one at a time ...", flush=True)

@@ -15,39 +15,38 @@ HEADER = ("| system | conc. | requests | TTFA p50 ms | TTFA p95 ms | RTF p50 | a
           "| viability | codec batch | stopped early |")
 
 
-@pytest.mark.slow
-def test_quick_tts_benchmark_prints_the_table():
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks", "tts", "--quick"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout
-    assert HEADER in out, out
-    number = r"[\d.,]+"
-    rows = re.findall(rf"^\| (walkserve|baseline) \| (\d+) \| (\d+) \| ({number}) \| ({number}) \| ({number}) \| "
-                      rf"({number}) \| ([\d.,]+|nan) \| ([\d.]+)% \|", out, re.MULTILINE)
-    assert sorted((s, int(c)) for s, c, *_ in rows) == [("baseline", 1), ("baseline", 3), ("walkserve", 1),
-                                                        ("walkserve", 3)], out
-    for system, conc, requests, ttfa50, ttfa95, rtf, throughput, ratio, viable in rows:
-        assert int(requests) == int(conc)
-        assert 0 < float(ttfa50.replace(",", "")) <= float(ttfa95.replace(",", ""))
-        assert float(rtf) > 0 and float(throughput) > 0 and 0 <= float(viable) <= 100
-        if system == "walkserve":
-            assert float(ratio) > 0  # measured against the baseline at the same concurrency
-    assert re.search(r"^- concurrency 3: [\d.]+x the baseline's audio throughput", out, re.MULTILINE), out
-    assert re.search(r"^- concurrency 1: TTFA p50 \d+ ms vs target \d+ ms", out, re.MULTILINE), out
+def test_one_placement_names_its_rows_walkserve_and_several_name_theirs():
+    from benchmarks.tts import system_label
+
+    assert system_label(["orpheus-split"], 0) == "walkserve"
+    names = ["orpheus-split", "orpheus-colocated", "orpheus-split"]
+    assert [system_label(names, i) for i in range(3)] == ["walkserve orpheus-split #1", "walkserve orpheus-colocated",
+                                                          "walkserve orpheus-split #3"]
 
 
 @pytest.mark.slow
-def test_several_placements_run_in_one_command_a_row_each():
-    """``--placement orpheus-split,orpheus-colocated``: both on the same requests, one after the other, each its row."""
+def test_quick_tts_benchmark_prints_the_table_a_row_per_placement():
+    """``./dev bench tts --quick --placement orpheus-split,orpheus-colocated``: both placements on the same requests,
+    one after the other, each its rows, and the baseline's; the verdicts are the first placement's."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks", "tts", "--quick", "--concurrency", "1",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "tts", "--quick",
                            "--placement", "orpheus-split,orpheus-colocated"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
-    rows = re.findall(r"^\| (walkserve [\w-]+|baseline) \| (\d+) \| (\d+) \| [\d.,]+ \|", out, re.MULTILINE)
-    assert [(s, int(c), int(n)) for s, c, n in rows] == [("walkserve orpheus-split", 1, 1),
-                                                         ("walkserve orpheus-colocated", 1, 1), ("baseline", 1, 1)], out
-    assert "walkserve: 1 rounds on orpheus-split" in out and "walkserve: 1 rounds on orpheus-colocated" in out
+    assert HEADER in out, out
+    number = r"[\d.,]+"
+    rows = re.findall(rf"^\| (walkserve [\w-]+|baseline) \| (\d+) \| (\d+) \| ({number}) \| ({number}) \| ({number}) \| "
+                      rf"({number}) \| ([\d.,]+|nan) \| ([\d.]+)% \|", out, re.MULTILINE)
+    assert [(s, int(c)) for s, c, *_ in rows] == [("walkserve orpheus-split", 1), ("walkserve orpheus-split", 3),
+                                                  ("walkserve orpheus-colocated", 1), ("walkserve orpheus-colocated", 3),
+                                                  ("baseline", 1), ("baseline", 3)], out
+    for system, conc, requests, ttfa50, ttfa95, rtf, throughput, ratio, viable in rows:
+        assert int(requests) == int(conc)
+        assert 0 < float(ttfa50.replace(",", "")) <= float(ttfa95.replace(",", ""))
+        assert float(rtf) > 0 and float(throughput) > 0 and 0 <= float(viable) <= 100
+        if system != "baseline":
+            assert float(ratio) > 0  # measured against the baseline at the same concurrency
+    assert re.search(r"^- concurrency 3: [\d.]+x the baseline's audio throughput", out, re.MULTILINE), out
+    assert re.search(r"^- concurrency 1: TTFA p50 \d+ ms vs target \d+ ms", out, re.MULTILINE), out
+    assert "walkserve: 2 rounds on orpheus-split" in out and "walkserve: 2 rounds on orpheus-colocated" in out

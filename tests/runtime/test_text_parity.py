@@ -85,23 +85,29 @@ def test_greedy_matches_transformers_with_preemption(tiny_llama):
         assert wait_until(lambda: engine.stats().requests_with_state == 0 and engine.stats().kv_blocks_used == 0)
 
 
-def test_concurrent_joins_and_seeded_sampling(tiny_llama):
+@pytest.fixture(scope="module")
+def engine(tiny_llama):
+    """The tiny Llama on one rank with the default runtime config, for the tests here that need nothing else."""
     from walkserve.core.config import RuntimeConfig
     from walkserve.entrypoint.sync import Engine
 
     place = {"ranks": [{"id": 0, "device": "cpu"}], "nodes": [{"nodes": ["lm"], "ranks": [0]}]}
     with Engine.start("llama", placement=place, config=RuntimeConfig(), model_path=str(tiny_llama)) as engine:
-        greedy = [spec(p, 3 + i) for i, p in enumerate(prompts())]
-        results = engine.run(greedy)  # all at once: they join and leave the batch at different steps
-        for req, res in zip(greedy, results, strict=True):
-            assert tokens(res) == hf_greedy(tiny_llama, req.inputs["prompt_token_ids"].tolist(), req.sampling.max_tokens)
-        seeded = spec(prompts()[4], 10, temperature=0.9, seed=1234)
-        alone = tokens(engine.run([seeded])[0])
-        crowd = [spec(p, 10, temperature=0.9, seed=1234 if i == 4 else 77 + i) for i, p in enumerate(prompts())]
-        in_batch = tokens(engine.run(crowd)[4])
-        assert alone == in_batch
-        other_seed = tokens(engine.run([spec(prompts()[4], 10, temperature=0.9, seed=4321)])[0])
-        assert other_seed != alone
+        yield engine
+
+
+def test_concurrent_joins_and_seeded_sampling(tiny_llama, engine):
+    greedy = [spec(p, 3 + i) for i, p in enumerate(prompts())]
+    results = engine.run(greedy)  # all at once: they join and leave the batch at different steps
+    for req, res in zip(greedy, results, strict=True):
+        assert tokens(res) == hf_greedy(tiny_llama, req.inputs["prompt_token_ids"].tolist(), req.sampling.max_tokens)
+    seeded = spec(prompts()[4], 10, temperature=0.9, seed=1234)
+    alone = tokens(engine.run([seeded])[0])
+    crowd = [spec(p, 10, temperature=0.9, seed=1234 if i == 4 else 77 + i) for i, p in enumerate(prompts())]
+    in_batch = tokens(engine.run(crowd)[4])
+    assert alone == in_batch
+    other_seed = tokens(engine.run([spec(prompts()[4], 10, temperature=0.9, seed=4321)])[0])
+    assert other_seed != alone
 
 
 def hf_logprobs(path, ids: list[int], generated: list[int]) -> torch.Tensor:
@@ -116,17 +122,12 @@ def hf_logprobs(path, ids: list[int], generated: list[int]) -> torch.Tensor:
     return torch.log_softmax(logits.float(), dim=-1)
 
 
-def test_logprobs_of_each_token_match_transformers(tiny_llama):
+def test_logprobs_of_each_token_match_transformers(tiny_llama, engine):
     """A request asking for logprobs decodes through ``decode_logprobs``: each token's logprob and top-k."""
-    from walkserve.core.config import RuntimeConfig
-    from walkserve.entrypoint.sync import Engine
-
-    place = {"ranks": [{"id": 0, "device": "cpu"}], "nodes": [{"nodes": ["lm"], "ranks": [0]}]}
     k = 4
-    with Engine.start("llama", placement=place, config=RuntimeConfig(), model_path=str(tiny_llama)) as engine:
-        asked = [spec(p, 6, logprobs=k) for p in prompts()[:3]] + [spec(prompts()[3], 5, logprobs=0)]
-        plain = spec(prompts()[4], 6)
-        results = engine.run([*asked, plain])
+    asked = [spec(p, 6, logprobs=k) for p in prompts()[:3]] + [spec(prompts()[3], 5, logprobs=0)]
+    plain = spec(prompts()[4], 6)
+    results = engine.run([*asked, plain])
     assert not results[-1].modality("logprobs") and {e.walk for e in results[-1].events} == {"decode"}
     for req, res in zip(asked, results, strict=False):
         assert {e.walk for e in res.events} == {"decode_logprobs"}
