@@ -6,7 +6,8 @@ planner enumerate every placement that fits ``--devices`` and predict each
 one's throughput, then serve the workload on each candidate and on the
 hand-written placements shipped for the model, one after the other in this
 run, and measure requests/s. Reported: predicted vs measured per placement,
-the Spearman rank correlation over the candidates, and the planner's pick
+the Spearman rank correlation over the candidates (of the simulation, which
+chooses, and of the analytical bound, side by side), and the planner's pick
 against the best hand-written placement as a ratio. On a shared machine the
 measurements are noisy: the report carries the load average.
 """
@@ -99,6 +100,7 @@ def run(family: str, devices: str, requests: int, repeats: int, cache: Path | No
     from walkserve.models.registry import load_model
     from walkserve.planner.devices import parse_devices
     from walkserve.planner.planning import costs_for, explain, plan
+    from walkserve.planner.search import score_placement
     from walkserve.planner.workload import default_workload
 
     root = Path(tempfile.mkdtemp(prefix="bench-plan-"))
@@ -106,24 +108,27 @@ def run(family: str, devices: str, requests: int, repeats: int, cache: Path | No
     workload = default_workload(family)
     costs = costs_for(model, workload, "cpu", None, cache, True, print, repeats=repeats)
     result = plan(model, parse_devices(devices), costs, workload)
-    runs = []  # (kind, name, predicted, placement)
+    runs = []  # (kind, name, simulated, analytical bound, placement)
     for c in spread(result.ranked, measured):
-        runs.append(("candidate", c.name.replace(" | ", " / "), c.score.throughput, c.data))  # a Markdown table
+        bound = score_placement(model.for_placement(c.data), costs, c.placement, workload.load, "bound").throughput
+        runs.append(("candidate", c.name.replace(" | ", " / "), c.score.throughput, bound, c.data))  # a Markdown table
     for name in SHIPPED.get(family, ()):
         path = placement_path(name)
         data = yaml.safe_load(path.read_text())
-        runs.append(("hand-written", name, explain(model, data, str(path), costs, workload.concurrency).score.throughput,
-                     data))
+        sim, bound = (explain(model, data, str(path), costs, workload.load, how).score.throughput
+                      for how in ("simulate", "bound"))
+        runs.append(("hand-written", name, sim, bound, data))
     seen: list[list[float]] = [[] for _ in runs]
     for _ in range(rounds):  # round-robin, so a burst of load on the machine hits every placement alike
-        for i, (_, _, _, data) in enumerate(runs):
-            seen[i].append(asyncio.run(measure(model, data, workload, requests)))
-    rows = [(kind, name, predicted, statistics.median(m)) for (kind, name, predicted, _), m in zip(runs, seen, strict=True)]
+        for i, run_ in enumerate(runs):
+            seen[i].append(asyncio.run(measure(model, run_[-1], workload, requests)))
+    rows = [(*run_[:-1], statistics.median(m)) for run_, m in zip(runs, seen, strict=True)]
     cands = [r for r in rows if r[0] == "candidate"]
     hand = [r for r in rows if r[0] == "hand-written"]
-    rho = spearman([r[2] for r in cands], [r[3] for r in cands]) if len(cands) > 1 else float("nan")
-    pick = cands[0][3]  # spread() keeps the planner's pick first
-    best_hand = max((r[3] for r in hand), default=float("nan"))
+    rho = {how: spearman([r[col] for r in cands], [r[4] for r in cands]) if len(cands) > 1 else float("nan")
+           for how, col in (("simulated", 2), ("bound", 3))}
+    pick = cands[0][4]  # spread() keeps the planner's pick first
+    best_hand = max((r[4] for r in hand), default=float("nan"))
     return {"rows": rows, "spearman": rho, "pick_vs_best_hand": pick / best_hand if hand else float("nan"),
             "pick": result.winner.name, "why": result.why}
 
@@ -142,9 +147,11 @@ def main(argv: list[str]) -> int:
     out = run(args.model, args.devices, args.requests, args.repeats, args.profile_cache, args.measure, args.rounds)
     print(f"## plan: {args.model} on {args.devices} ({conditions()}; load average {load[0]:.1f} at start, "
           f"{os.getloadavg()[0]:.1f} at end: measurements on a loaded machine are noisy)")
-    print(table(["kind", "placement", "predicted req/s", f"measured req/s (median of {args.rounds})"], out["rows"]))
-    print(f"Spearman(predicted, measured) over {sum(r[0] == 'candidate' for r in out['rows'])} candidates: "
-          f"{out['spearman']:.2f}")
+    print(table(["kind", "placement", "simulated req/s", "bound req/s", f"measured req/s (median of {args.rounds})"],
+                out["rows"]))
+    n = sum(r[0] == "candidate" for r in out["rows"])
+    print(f"Spearman(predicted, measured) over {n} candidates: simulated {out['spearman']['simulated']:.2f}, "
+          f"analytical bound {out['spearman']['bound']:.2f}")
     print(f"planner's pick {out['pick']}: {out['pick_vs_best_hand']:.2f}x the best hand-written placement (measured)")
     print(f"why: {out['why']}")
     return 0

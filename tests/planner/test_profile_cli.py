@@ -74,3 +74,31 @@ def test_serve_takes_placement_auto(flag):
 
     args = build_parser().parse_args(["serve", "orpheus", flag, "auto", "--devices", "cpu:0,cpu:1"])
     assert (args.config, args.devices) == ("auto", "cpu:0,cpu:1")
+
+
+def _too_small(orpheus) -> int:
+    """A CPU budget that holds the LM and its KV pool, or the codec, but not both."""
+    from walkserve.placement.memory import DEFAULT_CPU_KV_BYTES
+
+    comps = orpheus.components()
+    return comps["lm"].weight_bytes + DEFAULT_CPU_KV_BYTES + comps["codec"].weight_bytes - 1
+
+
+def test_too_few_devices_name_the_smallest_set_before_any_profile(orpheus, orpheus_dir, tmp_path, capsys):
+    cache = tmp_path / "profiles"
+    base = ["orpheus", "--model-path", str(orpheus_dir), "--profile-cache", str(cache)]
+    assert main(["plan", *base, "--devices", f"cpu:0@{_too_small(orpheus)}"]) == 1
+    err = capsys.readouterr().err
+    assert "does not fit on 1 device(s)" in err and "the smallest device set that holds it: 2 x cpu" in err
+    assert "profile:" not in err and not cache.exists()  # refused from the memory alone, nothing profiled
+
+
+def test_placement_auto_refuses_too_few_devices_before_profiling(orpheus, tmp_path):
+    from walkserve.core.errors import PlacementError
+    from walkserve.planner.planning import auto_placement
+
+    said = []
+    with pytest.raises(PlacementError, match=r"smallest device set that holds it: 2 x cpu"):
+        auto_placement(orpheus, f"cpu:0@{_too_small(orpheus)}", None, tmp_path / "plans", said.append,
+                       cache_dir=tmp_path / "profiles")
+    assert said == [] and not (tmp_path / "profiles").exists()

@@ -37,6 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--explain", metavar="PLACEMENT", help="score this placement file instead of searching")
     p.add_argument("--top", type=int, default=5, metavar="N", help="candidates to print (default: %(default)s)")
     p.add_argument("--no-profile", action="store_true", help="fail when no cached profile exists instead of profiling")
+    p.add_argument("--scorer", choices=["simulate", "bound"], default="simulate",
+                   help="simulate each candidate (default) or use the analytical bottleneck bound")
     p.set_defaults(func=run_plan)
     q = sub.add_parser("profile", help="measure each node's step cost (cached for walkserve plan)")
     _model_args(q)
@@ -45,7 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     q.set_defaults(func=run_profile)
 
 
-def _load(args: argparse.Namespace):
+def _load_model(args: argparse.Namespace):
     from walkserve.cli.serve_target import resolve_target
     from walkserve.models.registry import load_model
     from walkserve.planner.workload import default_workload, load_workload
@@ -56,6 +58,14 @@ def _load(args: argparse.Namespace):
     return model, workload
 
 
+def _load(workload) -> str:
+    return f"{workload.rate:g} requests/s arriving" if workload.rate else f"{workload.concurrency} requests at once"
+
+
+def _how(scorer: str) -> str:
+    return "simulated" if scorer == "simulate" else "analytical bound"
+
+
 def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -63,7 +73,7 @@ def _progress(line: str) -> None:
 def run_profile(args: argparse.Namespace) -> int:
     from walkserve.planner.planning import costs_for
 
-    model, workload = _load(args)
+    model, workload = _load_model(args)
     table = costs_for(model, workload, args.device, args.dtype, args.profile_cache, True, _progress, args.repeats)
     for node, cost in sorted(table.nodes.items()):
         fits = ", ".join(f"{t} thread(s): {f * 1e3:.2f} ms + {p * 1e3:.3f} ms/item"
@@ -76,17 +86,18 @@ def run_plan(args: argparse.Namespace) -> int:
     from walkserve.planner import planning
     from walkserve.planner.devices import parse_devices
 
-    model, workload = _load(args)
+    model, workload = _load_model(args)
     if args.explain:
         return _explain(args, model, workload)
     if not args.devices:
         raise ConfigError("walkserve plan needs --devices (e.g. cpu:0,cpu:1 or cuda:0-7), or --explain FILE")
     devices = parse_devices(args.devices)
     kinds = {d.kind for d in devices}
+    planning.require_fit(model, devices)  # before a profile that could take minutes
     table = planning.costs_for(model, workload, min(kinds), args.dtype, args.profile_cache, not args.no_profile, _progress)
-    result = planning.plan(model, devices, table, workload, args.objective, planning.parse_slo(args.slo))
-    print(f"{result.considered} placements fit {args.devices} (workload {workload.name}, {workload.concurrency} "
-          f"requests at once); predicted from the measured node costs, best for {args.objective} first:")
+    result = planning.plan(model, devices, table, workload, args.objective, planning.parse_slo(args.slo), args.scorer)
+    print(f"{result.considered} placements fit {args.devices} (workload {workload.name}, {_load(workload)}); "
+          f"predicted ({_how(args.scorer)}) from the measured node costs, best for {args.objective} first:")
     for i, c in enumerate(result.ranked[: args.top]):
         print(f"  {i + 1}. {planning.summary(c)}")
     print(f"winner: {result.winner.name}\nwhy: {result.why}")
@@ -109,8 +120,8 @@ def _explain(args: argparse.Namespace, model, workload) -> int:
     kinds = {"cpu" if r.get("device") == "cpu" else "cuda" for r in data.get("ranks") or [] if isinstance(r, dict)}
     table = planning.costs_for(model, workload, min(kinds or {"cpu"}), args.dtype, args.profile_cache,
                                not args.no_profile, _progress)
-    c = planning.explain(model, data, str(path), table, workload.concurrency)
-    print(f"{path} (workload {workload.name}, {workload.concurrency} requests at once), predicted: {planning.summary(c)}")
+    c = planning.explain(model, data, str(path), table, workload.load, args.scorer)
+    print(f"{path} (workload {workload.name}, {_load(workload)}), predicted ({_how(args.scorer)}): {planning.summary(c)}")
     for rank, busy in sorted(c.score.rank_busy.items()):
         parts = ", ".join(f"{u} {s * 1000:.1f} ms" for u, s in sorted(c.score.unit_busy.get(rank, {}).items()))
         print(f"  rank {rank}: {busy * 1000:.1f} ms/request busy ({parts or 'idle'})")

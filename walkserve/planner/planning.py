@@ -12,7 +12,14 @@ from walkserve.models.base import Model
 from walkserve.planner.costs import CostTable, cache_key, cache_path
 from walkserve.planner.devices import Device
 from walkserve.planner.profile import Progress, profile
-from walkserve.planner.search import Candidate, Checker, enumerate_candidates, smallest_fit
+from walkserve.planner.search import (
+    Candidate,
+    Checker,
+    enumerate_candidates,
+    score_placement,
+    smallest_fit,
+)
+from walkserve.planner.simulate import Load
 from walkserve.planner.workload import Workload
 
 OBJECTIVES = ("throughput", "ttfa")
@@ -83,16 +90,12 @@ def rank_candidates(cands: list[Candidate], objective: str, slo: Slo) -> list[Ca
 
 
 def plan(model: Model, devices: list[Device], table: CostTable, workload: Workload, objective: str = "throughput",
-         slo: Slo | None = None) -> PlanResult:
+         slo: Slo | None = None, scorer: str = "simulate") -> PlanResult:
     """The best placement of ``model`` on ``devices``; PlacementError naming the smallest device set when none fits."""
     rejected: list[str] = []
-    cands = enumerate_candidates(model, devices, table, workload.concurrency, rejected)
+    cands = enumerate_candidates(model, devices, table, workload.load, rejected, scorer=scorer)
     if not cands:
-        need = smallest_fit(model, devices)
-        given = f"{len(devices)} device(s) ({', '.join(d.device for d in devices)})"
-        hint = f"the smallest device set that holds it: {need}" if need else "no set of up to 8 more such devices holds it"
-        first = f"; e.g. {rejected[0]}" if rejected else ""
-        raise PlacementError(f"{model.ref.family} does not fit on {given}: {hint}{first}")
+        raise _no_fit(model, devices, rejected)
     ranked = rank_candidates(cands, objective, slo or Slo())
     if not ranked:
         raise PlacementError(f"no placement of {model.ref.family} meets the SLO {slo}; the best for {objective}: "
@@ -100,14 +103,29 @@ def plan(model: Model, devices: list[Device], table: CostTable, workload: Worklo
     return PlanResult(ranked, why_wins(ranked[0], cands), len(cands), rejected)
 
 
-def explain(model: Model, data: dict, source: str, table: CostTable, concurrency: int) -> Candidate:
+def _no_fit(model: Model, devices: list[Device], rejected: list[str]) -> PlacementError:
+    need = smallest_fit(model, devices)
+    given = f"{len(devices)} device(s) ({', '.join(d.device for d in devices)})"
+    hint = f"the smallest device set that holds it: {need}" if need else "no set of up to 8 more such devices holds it"
+    first = f"; e.g. {rejected[0]}" if rejected else ""
+    return PlacementError(f"{model.ref.family} does not fit on {given}: {hint}{first}")
+
+
+def require_fit(model: Model, devices: list[Device]) -> None:
+    """PlacementError naming the smallest device set that holds the model, when no placement fits ``devices``:
+    checked from the memory alone, before any profile runs."""
+    rejected: list[str] = []
+    if not enumerate_candidates(model, devices, None, 1, rejected, limit=1):
+        raise _no_fit(model, devices, rejected)
+
+
+def explain(model: Model, data: dict, source: str, table: CostTable, load: int | Load,
+            scorer: str = "simulate") -> Candidate:
     """Score a hand-written placement the way the planner scores its own (after the same start-up checks)."""
     devices = [Device(r["device"], _memory(r), r.get("host")) for r in data.get("ranks") or [] if isinstance(r, dict)]
     checker = Checker(model, devices)
     parsed = checker.check(data, source)
-    from walkserve.planner.score import score
-
-    sc = score(table, model.for_placement(data).graph(), parsed, concurrency)
+    sc = score_placement(model.for_placement(data), table, parsed, load, scorer)
     sc.memory = checker.memory(parsed)
     return Candidate(Path(source).name, data, parsed, sc)
 
@@ -176,6 +194,7 @@ def auto_placement(model: Model, devices_spec: str | None, dtype: str | None, ou
     spec = devices_spec or auto_devices()
     devices = parse_devices(spec)
     workload = default_workload(model.ref.family)
+    require_fit(model, devices)
     table = costs_for(model, workload, min(d.kind for d in devices), dtype, cache_dir, True, progress, repeats=1)
     result = plan(model, devices, table, workload)
     if progress:

@@ -24,6 +24,7 @@ from walkserve.placement.resolve import check_placement, rank_demands, walk_node
 from walkserve.planner.costs import CostTable
 from walkserve.planner.devices import Device
 from walkserve.planner.score import Score, score
+from walkserve.planner.simulate import Load, simulate
 
 MAX_CANDIDATES = 20000
 
@@ -126,8 +127,18 @@ def _order_by_demand(blocks: list[list[str]], devices: list[Device], demand: Cal
     return out
 
 
-def enumerate_candidates(model: Model, devices: list[Device], table: CostTable | None, concurrency: int,
-                         rejected: list[str] | None = None, limit: int = MAX_CANDIDATES) -> list[Candidate]:
+def score_placement(model: Model, table: CostTable, parsed: Placement, load: int | Load, scorer: str = "simulate") -> Score:
+    """``parsed``'s predicted figures: simulated (``simulate``), or the analytical bound (``score``)."""
+    load = Load.of(load)
+    graph = model.graph()
+    if scorer == "bound":
+        return score(table, graph, parsed, load.concurrency)
+    return simulate(table, graph, parsed, load, model.components())
+
+
+def enumerate_candidates(model: Model, devices: list[Device], table: CostTable | None, load: int | Load,
+                         rejected: list[str] | None = None, limit: int = MAX_CANDIDATES,
+                         scorer: str = "simulate") -> list[Candidate]:
     """Every placement that fits (up to ``limit``), scored with ``table`` (unscored without one), best first."""
     groups = node_groups(model)
     checker = Checker(model, devices)
@@ -144,7 +155,7 @@ def enumerate_candidates(model: Model, devices: list[Device], table: CostTable |
         homes = _order_by_demand(blocks, devices, demand)
         replicas = [[h] for h in homes]
         while True:
-            cand = _candidate(checker, blocks, replicas, devices, groups, table, concurrency, rejected)
+            cand = _candidate(checker, blocks, replicas, devices, groups, table, load, rejected, scorer)
             if cand is not None and cand.name not in seen:
                 seen.add(cand.name)
                 out.append(cand)
@@ -164,8 +175,8 @@ def _block_of_rank(replicas: list[list[int]], rank: int) -> int:
 
 
 def _candidate(checker: Checker, blocks: list[list[str]], replicas: list[list[int]], devices: list[Device],
-               groups: list[tuple[str, ...]], table: CostTable | None, concurrency: int,
-               rejected: list[str] | None) -> Candidate | None:
+               groups: list[tuple[str, ...]], table: CostTable | None, load: int | Load,
+               rejected: list[str] | None, scorer: str) -> Candidate | None:
     data = placement_data(blocks, replicas, devices)
     name = describe(blocks, replicas, groups)
     try:
@@ -174,7 +185,7 @@ def _candidate(checker: Checker, blocks: list[list[str]], replicas: list[list[in
         if rejected is not None:
             rejected.append(f"{name}: {e}")
         return None
-    sc = score(table, checker.model.graph(), parsed, concurrency) if table is not None else None
+    sc = score_placement(checker.model.for_placement(data), table, parsed, load, scorer) if table is not None else None
     if sc is not None:
         sc.memory = checker.memory(parsed)
     return Candidate(name, data, parsed, sc)

@@ -1,6 +1,7 @@
 """The workload a placement is planned for: a mix of request kinds with weights, and how many run at once.
 
-    concurrency: 4            # requests in flight (the load the placement must carry)
+    concurrency: 4            # requests in flight (the load the placement must carry: a closed loop)
+    rate: 2.5                 # or: requests/s arriving (an open loop, Poisson); replaces concurrency when given
     kinds:
       - name: spoken
         weight: 0.6           # share of the requests (normalised over the kinds)
@@ -25,6 +26,7 @@ import yaml
 from walkserve.core.errors import ConfigError
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
+from walkserve.planner.simulate import Load
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,11 @@ class Workload:
     kinds: tuple[RequestKind, ...]
     concurrency: int = 4
     name: str = "default"
+    rate: float | None = None  # requests/s arriving (open loop); None: ``concurrency`` clients (closed loop)
+
+    @property
+    def load(self) -> Load:
+        return Load(self.concurrency, self.rate)
 
     def mix(self, n: int) -> list[RequestKind]:
         """``n`` request kinds in the workload's proportions (largest remainder), interleaved."""
@@ -134,11 +141,14 @@ def load_workload(path: str | Path) -> Workload:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(data, dict) or not isinstance(data.get("kinds"), list) or not data["kinds"]:
         raise ConfigError(f"{path}: a workload is a mapping with a non-empty list 'kinds'")
-    unknown = set(data) - {"kinds", "concurrency"}
+    unknown = set(data) - {"kinds", "concurrency", "rate"}
     if unknown:
         raise ConfigError(f"{path}: unknown top-level field(s) {sorted(unknown)}")
     concurrency = data.get("concurrency", 4)
     if not isinstance(concurrency, int) or concurrency < 1:
         raise ConfigError(f"{path}: concurrency must be a positive integer")
+    rate = data.get("rate")
+    if rate is not None and (not isinstance(rate, (int, float)) or isinstance(rate, bool) or rate <= 0):
+        raise ConfigError(f"{path}: rate must be a positive number of requests/s")
     kinds = tuple(_kind(e, i, str(path)) for i, e in enumerate(data["kinds"]))
-    return Workload(kinds, concurrency, path.stem)
+    return Workload(kinds, concurrency, path.stem, float(rate) if rate is not None else None)

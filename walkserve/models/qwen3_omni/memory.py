@@ -18,6 +18,7 @@ plus its pool is refused, with these numbers.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -40,8 +41,28 @@ PREFIXES = (("thinker.audio_tower.", "audio_encoder"), ("thinker.visual.", "visi
 SPEECH = ("talker", "code2wav")
 
 
+def _stamp(directory: str | Path) -> tuple[str, tuple[tuple[str, int, int], ...]]:
+    """The directory and its weight files' names, sizes and times: a key under which their headers stay the same."""
+    root = Path(directory).resolve()
+    files = sorted(root.glob("*.safetensors*"))
+    return str(root), tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+
+
 def stored_bytes(directory: str | Path) -> dict[str, int]:
-    """Bytes of each component's tensors as stored, from the headers of the shards that hold them."""
+    """Bytes of each component's tensors as stored, from the headers of the shards that hold them (read once per
+    checkpoint: the planner asks for every candidate placement)."""
+    return dict(_stored_bytes(*_stamp(directory)))
+
+
+def speech_bytes(directory: str | Path) -> dict[str, int]:
+    """Bytes each speech component holds once loaded, from the headers: the talker (with its copies of the
+    thinker's embedding table and the predictor's 15 code tables), the code predictor, the glue (a copy of the
+    talker's codec table) and Code2Wav (float32)."""
+    return dict(_speech_bytes(*_stamp(directory)))
+
+
+@functools.lru_cache(maxsize=8)
+def _stored_bytes(directory: str, stamp: tuple) -> dict[str, int]:
     out: dict[str, int] = {}
     for path in weight_files(directory):
         for name, entry in read_header(path).items():
@@ -128,10 +149,8 @@ def check_fits(ranks: list[RankMemory], source: str) -> None:
                                  f"(a smaller pool: kv_bytes / --kv-blocks; or another placement)")
 
 
-def speech_bytes(directory: str | Path) -> dict[str, int]:
-    """Bytes each speech component holds once loaded, from the headers: the talker (with its copies of the
-    thinker's embedding table and the predictor's 15 code tables), the code predictor, the glue (a copy of the
-    talker's codec table) and Code2Wav (float32)."""
+@functools.lru_cache(maxsize=8)
+def _speech_bytes(directory: str, stamp: tuple) -> dict[str, int]:
     out = {"talker": 0, "code_predictor": 0, "talker_glue": 0, "code2wav": 0}
     for path in weight_files(directory):
         for name, entry in read_header(path).items():

@@ -1,0 +1,212 @@
+"""The planner's discrete-event simulation on Null-engine graphs whose right answer is known on paper.
+
+GPU ranks (no core sharing) and free messages unless a test says otherwise, so
+every figure below is exact arithmetic over the node costs the test sets.
+"""
+
+import pytest
+
+from walkserve.engines.spec import ComponentSpec
+from walkserve.graph import (
+    LAST,
+    Client,
+    FixedChunk,
+    FunctionStateMachine,
+    GraphEdge,
+    GraphNode,
+    Loop,
+    Parallel,
+    Sequential,
+    SlidingWindow,
+    StreamingGraphEdge,
+    Walk,
+    WalkGraph,
+    WalkStart,
+)
+from walkserve.models.base import Model, ModelRef
+from walkserve.placement.plan import parse_placement
+from walkserve.planner.costs import CostTable, NodeCost
+from walkserve.planner.devices import parse_devices
+from walkserve.planner.flow import build_flow
+from walkserve.planner.search import enumerate_candidates
+from walkserve.planner.simulate import Load, simulate
+
+STEPS = 10  # outer iterations of every graph below
+INNER = 15
+
+
+def _start(req):
+    return WalkStart("w", {})
+
+
+def null(*names, max_batch=64):
+    return {n: ComponentSpec(n, "null", lambda ctx: None, options={"max_batch": max_batch}) for n in names}
+
+
+def cost(fixed: float, per_item: float = 0.0) -> NodeCost:
+    """A node whose step costs ``fixed + per_item * batch`` seconds (samples at batches 1 and 4)."""
+    c = NodeCost()
+    for b in (1, 4):
+        c.add(1, b, float(b), fixed + per_item * b)
+    return c
+
+
+def costs(nodes: dict[str, NodeCost], items: dict[str, float], hop_latency_s: float = 0.0) -> CostTable:
+    t = CostTable("test", nodes, items, {}, 0.0)
+    t.hop_latency_s = hop_latency_s
+    return t
+
+
+def placement(blocks: list[tuple[list[str], list[int]]]) -> object:
+    ranks = sorted({r for _, rs in blocks for r in rs})
+    return parse_placement({"ranks": [{"id": r, "device": f"cuda:{r}"} for r in ranks],
+                            "nodes": [{"nodes": ns, "ranks": rs} for ns, rs in blocks]}, "<test>")
+
+
+def pipeline() -> WalkGraph:
+    """Loop(STEPS)[ a ] ~> FixedChunk(1) ~> b -> client: every item of a is one item of b."""
+    loop = Loop(GraphNode("a", ["x"], ["x"]), iterations=STEPS, carry={"a.x": "a.x"}, name="gen")
+    edges = [GraphEdge("input.x", "a.x"), StreamingGraphEdge("a.x", "b.x", FixedChunk(1)),
+             GraphEdge("b.y", Client("audio"))]
+    return WalkGraph("pipe", [Walk("w", Parallel(loop, GraphNode("b", ["x"], ["y"])), edges, ["x"])],
+                     FunctionStateMachine(_start))
+
+
+def nested() -> WalkGraph:
+    """Loop(STEPS)[ talker -> Loop(INNER)[ predictor ] -> frame ]: the inner loop's last output makes the frame,
+    the talker's next input (Qwen3-Omni's talker and code predictor)."""
+    inner = Loop(GraphNode("predictor", ["x", "c"], ["c"]), iterations=INNER, carry={"predictor.c": "predictor.c"},
+                 outputs={"predictor.c": LAST}, name="depth")
+    outer = Loop(Sequential(GraphNode("talker", ["x"], ["x"]), inner, GraphNode("frame", ["c"], ["x"])),
+                 iterations=STEPS, carry={"frame.x": "talker.x"}, outputs={"talker.x": LAST}, name="talk")
+    edges = [GraphEdge("input.x", "talker.x"), GraphEdge("talker.x", "predictor.x"), GraphEdge("input.c", "predictor.c"),
+             GraphEdge("predictor.c", "frame.c"), GraphEdge("talker.x", Client("audio"))]
+    return WalkGraph("nested", [Walk("w", outer, edges, ["x", "c"])], FunctionStateMachine(_start))
+
+
+def test_flow_reads_edges_streams_and_carries():
+    t = costs({"talker": cost(1), "predictor": cost(1), "frame": cost(1)}, {"talker": 10, "predictor": 150, "frame": 10})
+    flow = build_flow(t, nested(), {})
+    talker, predictor, frame = (flow.units[flow.index[n]] for n in ("talker", "predictor", "frame"))
+    assert talker.client and not predictor.client
+    (carry,), (fwd,), (made,) = talker.inputs, predictor.inputs, frame.inputs
+    assert (carry.kind, fwd.kind, made.kind) == ("carry", "forward", "forward")
+    assert [fwd.needs(k, 10, 150) for k in (1, 15, 16)] == [1, 1, 2]  # an inner step waits for its frame's talker step
+    assert [made.needs(k, 150, 10) for k in (1, 2)] == [15, 30]  # a frame waits for its fifteen inner steps
+    assert [carry.needs(k, 10, 10) for k in (1, 2)] == [0, 1]  # the next talker step waits for the last frame
+    window = build_flow(costs({"lm": cost(1), "codec": cost(1)}, {"lm": 64, "codec": 7}), _windowed(), {})
+    (edge,) = window.units[window.index["codec"]].inputs
+    assert [edge.needs(k, 64, 7) for k in (1, 2, 7)] == [28, 35, 64]  # first window at 28, then every 7, flushed
+
+
+def _windowed() -> WalkGraph:
+    loop = Loop(GraphNode("lm", ["x"], ["x"]), iterations=64, carry={"lm.x": "lm.x"}, name="gen")
+    edges = [GraphEdge("input.x", "lm.x"), StreamingGraphEdge("lm.x", "codec.x", SlidingWindow(28, 7)),
+             GraphEdge("codec.y", Client("audio"))]
+    return WalkGraph("win", [Walk("w", Parallel(loop, GraphNode("codec", ["x"], ["y"])), edges, ["x"])],
+                     FunctionStateMachine(_start))
+
+
+def test_a_replica_of_the_bottleneck_stage_doubles_throughput():
+    # b costs 4 ms an item and gains nothing from batching: on its own rank it carries 1 / (10 x 4 ms) = 25 req/s,
+    # on two replicas 50; a (1 ms a step at any batch) is never the bottleneck
+    g, comps = pipeline(), null("a", "b")
+    t = costs({"a": cost(0.001), "b": cost(0.0, 0.004)}, {"a": STEPS, "b": STEPS})
+    load = Load(8, requests=64)
+    split = simulate(t, g, placement([(["a"], [0]), (["b"], [1])]), load, comps)
+    twice = simulate(t, g, placement([(["a"], [0]), (["b"], [1, 2])]), load, comps)
+    together = simulate(t, g, placement([(["a", "b"], [0])]), load, comps)
+    assert split.throughput == pytest.approx(25, rel=0.05)
+    assert twice.throughput == pytest.approx(50, rel=0.08)
+    assert together.throughput < split.throughput < twice.throughput
+    assert split.bottleneck == 1 and split.rank_busy[1] == pytest.approx(0.040, rel=1e-6)
+    assert twice.rank_busy[1] == pytest.approx(0.020, rel=0.1)  # each replica takes half of the requests
+
+
+def test_splitting_a_nested_loop_adds_two_hops_to_every_frame():
+    # one request at a time: its latency is STEPS x (talker + INNER predictor steps + frame), plus, split over two
+    # ranks, two hops per frame (talker -> predictor, predictor -> frame); throughput is 1 / latency
+    g, comps = nested(), null("talker", "predictor", "frame")
+    t = costs({"talker": cost(0.002), "predictor": cost(0.001), "frame": cost(0.0005)},
+              {"talker": STEPS, "predictor": STEPS * INNER, "frame": STEPS}, hop_latency_s=0.003)
+    one = simulate(t, g, placement([(["talker", "predictor", "frame"], [0])]), Load(1, requests=4), comps)
+    two = simulate(t, g, placement([(["talker", "frame"], [0]), (["predictor"], [1])]), Load(1, requests=4), comps)
+    frame = 0.002 + INNER * 0.001 + 0.0005
+    assert 1 / one.throughput == pytest.approx(STEPS * frame, rel=1e-6)
+    assert 1 / two.throughput == pytest.approx(STEPS * (frame + 2 * 0.003), rel=1e-6)
+    assert two.latency_bound  # both ranks mostly wait on the other
+    # TTFA: the talker's first output, after its first step; the split does not change that
+    assert one.ttfa_s == pytest.approx(0.002) and two.ttfa_s == pytest.approx(0.002)
+
+
+def test_batching_under_load_and_ttfa_grow_with_concurrency():
+    # a costs 10 ms a step whatever the batch: 8 requests at once share each step, so throughput is 8x one at a time
+    g, comps = pipeline(), null("a", "b")
+    t = costs({"a": cost(0.010), "b": cost(0.0, 1e-6)}, {"a": STEPS, "b": STEPS})
+    p = placement([(["a", "b"], [0])])
+    alone = simulate(t, g, p, Load(1, requests=8), comps)
+    crowd = simulate(t, g, p, Load(8, requests=32), comps)
+    assert crowd.throughput / alone.throughput == pytest.approx(8, rel=0.05)
+    # a step's bound caps the batch: at most 2 at once, so 8 in flight run 4 steps for every 1 alone
+    capped = simulate(t, g, p, Load(8, requests=32), null("a", "b", max_batch=2))
+    assert capped.throughput / alone.throughput == pytest.approx(2, rel=0.05)
+    assert capped.ttfa_s > crowd.ttfa_s
+
+
+def test_open_loop_rate_below_capacity_is_carried():
+    g, comps = pipeline(), null("a", "b")
+    t = costs({"a": cost(0.001), "b": cost(0.0, 0.004)}, {"a": STEPS, "b": STEPS})
+    p = placement([(["a"], [0]), (["b"], [1])])
+    light = simulate(t, g, p, Load(rate=5.0, requests=40), comps)
+    assert light.throughput == pytest.approx(5.0, rel=0.35)  # Poisson arrivals: the run's rate, not exactly 5
+    assert light.ttfa_s == pytest.approx(0.001 + 0.004, rel=0.5)  # mostly alone: one a step, one b step
+    heavy = simulate(t, g, p, Load(rate=100.0, requests=40), comps)
+    assert heavy.throughput < 30 and heavy.ttfa_s > 5 * light.ttfa_s  # beyond 25 req/s the queue grows
+
+
+def test_cpu_ranks_share_the_hosts_cores():
+    # two CPU ranks of one thread each on a one-core host: each step runs at half speed while the other runs
+    g, comps = pipeline(), null("a", "b")
+    t = costs({"a": cost(0.0, 0.004), "b": cost(0.0, 0.004)}, {"a": STEPS, "b": STEPS})
+    data = {"ranks": [{"id": 0, "device": "cpu"}, {"id": 1, "device": "cpu"}],
+            "nodes": [{"nodes": ["a", "b"], "ranks": [0, 1]}]}
+    two_cores = simulate(t, g, parse_placement(data, "<t>"), Load(8, requests=32), comps, cores=2)
+    one_core = simulate(t, g, parse_placement(data, "<t>"), Load(8, requests=32), comps, cores=1)
+    assert one_core.host_bound and not two_cores.host_bound
+    assert two_cores.throughput / one_core.throughput == pytest.approx(2, rel=0.05)
+
+
+class NullModel(Model):
+    """A graph of Null-engine nodes, weightless: every placement fits."""
+
+    def __init__(self, graph: WalkGraph, comps: dict[str, ComponentSpec]):
+        self.ref = ModelRef(graph.name, None)
+        self._graph, self._comps = graph, comps
+
+    def graph(self) -> WalkGraph:
+        return self._graph
+
+    def components(self) -> dict[str, ComponentSpec]:
+        return self._comps
+
+
+def test_planner_replicates_the_bottleneck_stage():
+    model = NullModel(pipeline(), null("a", "b"))
+    t = costs({"a": cost(0.001), "b": cost(0.0, 0.004)}, {"a": STEPS, "b": STEPS})
+    ranked = {c.name: c.score.throughput for c in enumerate_candidates(model, parse_devices("cuda:0-1"), t, Load(8))}
+    assert max(ranked, key=ranked.get) in ("[a, b] x2", "[a] | [b]")
+    assert ranked["[a, b] x2"] > 1.5 * ranked["[a, b]"]  # b's work halves; a's is small beside it
+    three = enumerate_candidates(model, parse_devices("cuda:0-2"), t, Load(8))
+    assert "x" in three[0].name  # the winner replicates b, alone or with a
+    assert three[0].score.throughput > 1.5 * next(c.score.throughput for c in three if c.name == "[a] | [b]")
+
+
+def test_planner_keeps_a_latency_bound_nested_loop_together():
+    model = NullModel(nested(), null("talker", "predictor", "frame"))
+    t = costs({"talker": cost(0.002), "predictor": cost(0.001), "frame": cost(0.0005)},
+              {"talker": STEPS, "predictor": STEPS * INNER, "frame": STEPS}, hop_latency_s=0.003)
+    cands = enumerate_candidates(model, parse_devices("cuda:0-1"), t, Load(1, requests=4))
+    together = next(c for c in cands if c.name == "[talker, predictor, frame]")
+    assert cands[0].score.throughput == pytest.approx(together.score.throughput)
+    split = [c for c in cands if " | " in c.name]
+    assert split and all(c.score.throughput < 0.8 * together.score.throughput for c in split)

@@ -1,0 +1,313 @@
+"""Score a placement by simulating it: ranks as servers, each request's items as a chain, a clock, the workload's load.
+
+The big idea: replay the workload on the placement in virtual time, with the
+profiled step costs as the only durations. Everything the analytical bound
+(``score``) has to guess (how busy a rank is while it waits for another, how
+large batches get, what a cross-rank hop does to a nested loop) falls out of
+running it.
+
+    request  (``flow``) items of each unit, one after another within a unit,
+             each waiting for the items of the units that feed it
+    rank     one server: runs one step at a time; when idle it takes the next
+             unit with ready items, round-robin over its units (the worker
+             passes over every cohort in turn), and steps up to that unit's
+             batch bound (``cap``) of them, which costs the profiled
+             ``NodeCost.step_seconds(batch, threads)``
+    host     CPU ranks of one host share its cores: while the running steps
+             want more threads than it has, each runs slower in proportion
+             (processor sharing); a GPU rank runs alone
+    hop      an item for a unit on another rank arrives ``hop_latency_s``
+             later; each message (one per step per destination) costs its
+             sender and its receiver ``hop_s`` of busy time
+    replica  a request takes the least loaded replica of a unit when it
+             starts and keeps it (per-request state stays put); a unit placed
+             differently per walk runs its first items (prefill) on the first
+             placement and the rest on the last
+    load     closed loop: ``concurrency`` clients, each sending its next
+             request when the last one finishes; or open loop: Poisson
+             arrivals at ``rate`` requests/s (seeded: the same every run)
+
+Reported: requests/s over the run (requests / first start to last finish),
+the median time to a request's first client output under that load (TTFA),
+and each rank's busy seconds per request.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import os
+import random
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+from walkserve.engines.spec import ComponentSpec
+from walkserve.graph.walk import WalkGraph
+from walkserve.placement.plan import Placement
+from walkserve.planner.costs import CostTable
+from walkserve.planner.flow import Flow, build_flow
+from walkserve.planner.score import Score, _cross_edges, rank_threads, unit_ranks
+
+
+@dataclass(frozen=True)
+class Load:
+    """The load a placement is scored under."""
+
+    concurrency: int = 4  # closed loop: requests in flight
+    rate: float | None = None  # open loop: requests/s arriving (then concurrency is ignored)
+    requests: int | None = None  # requests to simulate; default max(16, 4 x concurrency)
+
+    @property
+    def count(self) -> int:
+        return self.requests or max(16, 4 * self.concurrency)
+
+    @classmethod
+    def of(cls, load: int | Load) -> Load:
+        return load if isinstance(load, Load) else cls(int(load))
+
+
+@dataclass
+class _Step:
+    rank: int
+    unit: int
+    members: list[int]  # requests
+    work: float  # seconds left at full speed
+    start: float
+
+
+class _Rank:
+    def __init__(self, rank: int, threads: int, host: object):
+        self.id, self.threads, self.host = rank, threads, host
+        self.ready: dict[int, deque[int]] = {}  # unit -> requests with an item ready here
+        self.turn = 0  # round-robin position over ``ready``'s units
+        self.step: _Step | None = None
+        self.debt = 0.0  # message seconds the next step pays
+        self.busy: dict[int, float] = {}  # unit -> seconds stepping it
+        self.messages = 0.0
+        self.active = 0  # requests placed here (least loaded replica)
+
+
+class Simulation:
+    """One run of the workload on one placement; ``run()`` returns its Score."""
+
+    def __init__(self, table: CostTable, flow: Flow, graph: WalkGraph, placement: Placement, load: Load,
+                 cores: int | None = None):
+        self.table, self.flow, self.load = table, flow, load
+        self.cores = cores or os.cpu_count() or 1
+        threads = rank_threads(placement, self.cores)
+        self.ranks = {r: _Rank(r, threads[r], (s.host, "cpu") if s.device == "cpu" else (r, s.device))
+                      for r, s in placement.ranks.items()}
+        self.sets = [unit_ranks(graph, placement, u.name) or [tuple(placement.ranks)[:1]] for u in flow.units]
+        self.consumers: list[list[tuple[int, int]]] = [[] for _ in flow.units]  # unit -> (consumer, input index)
+        for b, u in enumerate(flow.units):
+            for i, e in enumerate(u.inputs):
+                self.consumers[e.src].append((b, i))
+        self.costs = [table.nodes[u.name] for u in flow.units]
+        self.now = 0.0
+        self.events: list[tuple[float, int, str, tuple]] = []
+        self.seq = 0
+        self.n: list[list[int]] = []  # request -> unit -> items
+        self.done: list[list[int]] = []
+        self.pending: list[list[bool]] = []
+        self.got: list[list[list[int]]] = []  # request -> unit -> input -> source items arrived
+        self.homes: list[list[list[int]]] = []  # request -> unit -> rank per placement segment
+        self.left: list[int] = []  # request -> items still to run
+        self.started: list[float] = []
+        self.first: list[float | None] = []
+        self.finished: list[float] = []
+        self.oversubscribed = 0.0  # seconds some host had more threads stepping than cores
+        self.forced = 0  # items released without their inputs (a rounding deadlock in a cycle; should stay 0)
+
+    # ---- requests --------------------------------------------------------------------------
+    def _items(self, r: int) -> list[int]:
+        return [math.floor((r + 1) * u.items + 1e-9) - math.floor(r * u.items + 1e-9) for u in self.flow.units]
+
+    def start_request(self) -> None:
+        r = len(self.n)
+        n = self._items(r)
+        homes = []
+        for sets in self.sets:
+            homes.append([min(s, key=lambda k: (self.ranks[k].active, k)) for s in sets])
+        placed = {h for hs in homes for h in hs}
+        for h in placed:
+            self.ranks[h].active += 1
+        self.n.append(n)
+        self.done.append([0] * len(n))
+        self.pending.append([False] * len(n))
+        self.got.append([[0] * len(u.inputs) for u in self.flow.units])
+        self.homes.append(homes)
+        self.left.append(sum(n))
+        self.started.append(self.now)
+        self.first.append(None)
+        for u in range(len(n)):
+            self.check(r, u)
+        if self.left[r] == 0:
+            self.finish(r)
+
+    def home(self, r: int, u: int, k: int) -> int:
+        """The rank of item ``k`` (1-based) of unit ``u`` for request ``r``."""
+        hs = self.homes[r][u]
+        return hs[min(k - 1, len(hs) - 1)]
+
+    def check(self, r: int, u: int, force: bool = False) -> bool:
+        """Queue unit ``u``'s next item of request ``r`` on its rank if its inputs are in."""
+        n, done = self.n[r], self.done[r]
+        if self.pending[r][u] or done[u] >= n[u]:
+            return False
+        unit, k = self.flow.units[u], done[u] + 1
+        if not force:
+            for i, e in enumerate(unit.inputs):
+                if n[e.src] and self.got[r][u][i] < e.needs(k, n[e.src], n[u]):
+                    return False
+        self.pending[r][u] = True
+        self.ranks[self.home(r, u, k)].ready.setdefault(u, deque()).append(r)
+        return True
+
+    def finish(self, r: int) -> None:
+        self.finished.append(self.now)
+        for h in {h for hs in self.homes[r] for h in hs}:
+            self.ranks[h].active -= 1
+        if self.load.rate is None and len(self.n) < self.load.count:
+            self.start_request()
+
+    # ---- ranks -----------------------------------------------------------------------------
+    def dispatch(self, rank: _Rank) -> None:
+        units = [u for u, q in rank.ready.items() if q]
+        if rank.step is not None or not units:
+            return
+        units.sort()
+        u = next((x for x in units if x >= rank.turn), units[0])
+        rank.turn = u + 1
+        q = rank.ready[u]
+        members = [q.popleft() for _ in range(min(len(q), self.flow.units[u].cap))]
+        work = self.costs[u].step_seconds(len(members), rank.threads) + rank.debt
+        rank.messages += rank.debt
+        rank.debt = 0.0
+        rank.step = _Step(rank.id, u, members, work, self.now)
+
+    def complete(self, step: _Step) -> None:
+        rank = self.ranks[step.rank]
+        rank.step = None
+        rank.busy[step.unit] = rank.busy.get(step.unit, 0.0) + self.now - step.start
+        unit = self.flow.units[step.unit]
+        sent: set[int] = set()
+        for r in step.members:
+            self.done[r][step.unit] += 1
+            self.pending[r][step.unit] = False
+            self.left[r] -= 1
+            if unit.client and self.first[r] is None:
+                self.first[r] = self.now
+            for b, i in self.consumers[step.unit]:
+                if not self.n[r][b]:
+                    continue
+                to = self.home(r, b, min(self.done[r][b] + 1, self.n[r][b]))
+                if to == step.rank:
+                    self.arrive(r, b, i)
+                else:
+                    sent.add(to)
+                    self._at(self.now + self.table.hop_latency_s, "arrive", (r, b, i))
+            self.check(r, step.unit)
+            if self.left[r] == 0:
+                self.finish(r)
+        for to in sent:  # one message per step per destination
+            rank.debt += self.table.hop_s
+            self.ranks[to].debt += self.table.hop_s
+
+    def arrive(self, r: int, u: int, i: int) -> None:
+        self.got[r][u][i] += 1
+        self.check(r, u)
+
+    def _at(self, t: float, kind: str, payload: tuple) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, payload))
+
+    # ---- the clock -------------------------------------------------------------------------
+    def speeds(self, running: list[_Step]) -> dict[int, float]:
+        """Each running step's speed: 1, or the host's cores over the threads its CPU ranks' steps want."""
+        want: dict[object, int] = {}
+        for s in running:
+            rank = self.ranks[s.rank]
+            want[rank.host] = want.get(rank.host, 0) + rank.threads
+        out = {}
+        for s in running:
+            rank = self.ranks[s.rank]
+            cpu = rank.host[1] == "cpu"
+            out[s.rank] = min(1.0, self.cores / want[rank.host]) if cpu else 1.0
+        return out
+
+    def run(self) -> Score:
+        if self.load.rate is None:
+            for _ in range(min(self.load.concurrency, self.load.count)):
+                self.start_request()
+        else:
+            rng, t = random.Random(0), 0.0
+            for _ in range(self.load.count):
+                self._at(t, "start", ())
+                t += rng.expovariate(self.load.rate)
+        while len(self.finished) < self.load.count:
+            for rank in self.ranks.values():
+                self.dispatch(rank)
+            if not self.advance():
+                break
+        return self.score()
+
+    def advance(self) -> bool:
+        """Move the clock to the next step end or event and handle it; False when nothing can move."""
+        running = [rk.step for rk in self.ranks.values() if rk.step is not None]
+        if not running and not self.events:
+            return self.unstick()
+        speed = self.speeds(running)
+        dt = min((s.work / speed[s.rank] for s in running), default=math.inf)
+        if self.events and self.events[0][0] <= self.now + dt:
+            dt = max(0.0, self.events[0][0] - self.now)
+        if any(v < 1.0 for v in speed.values()):
+            self.oversubscribed += dt
+        self.now += dt
+        for s in running:
+            s.work -= dt * speed[s.rank]
+        for s in running:
+            if s.work <= 1e-12:
+                self.complete(s)
+        while self.events and self.events[0][0] <= self.now + 1e-12:
+            _, _, kind, payload = heapq.heappop(self.events)
+            if kind == "start":
+                self.start_request()
+            else:
+                self.arrive(*payload)
+        return True
+
+    def unstick(self) -> bool:
+        """Nothing runs and nothing is due: release the first waiting item without its inputs."""
+        for r, left in enumerate(self.left):
+            if left:
+                for u in range(len(self.flow.units)):
+                    if self.check(r, u, force=True):
+                        self.forced += 1
+                        return True
+        return False
+
+    def score(self) -> Score:
+        n = max(1, len(self.finished))
+        span = (max(self.finished) - min(self.started)) if self.finished else 0.0
+        firsts = [(f if f is not None else e) - s for f, e, s in zip(self.first, self.finished, self.started, strict=False)]
+        unit_busy = {r: {self.flow.units[u].name: b / n for u, b in rk.busy.items()} for r, rk in self.ranks.items()}
+        for r, rk in self.ranks.items():
+            if rk.messages:
+                unit_busy[r]["(messages)"] = rk.messages / n
+        busy = {r: sum(rk.busy.values()) / n for r, rk in self.ranks.items()}
+        throughput = len(self.finished) / span if span > 0 else math.inf
+        utilisation = max(busy.values(), default=0.0) * throughput
+        host_bound = span > 0 and self.oversubscribed > 0.5 * span
+        return Score(throughput, statistics.median(firsts) if firsts else 0.0, busy, unit_busy, 0,
+                     host_bound=host_bound,
+                     latency_bound=self.load.rate is None and not host_bound and utilisation < 0.75)
+
+
+def simulate(table: CostTable, graph: WalkGraph, placement: Placement, load: int | Load,
+             components: dict[str, ComponentSpec] | None = None, cores: int | None = None) -> Score:
+    """The placement's throughput, TTFA under load and busiest rank, from a simulated run of the workload."""
+    flow = build_flow(table, graph, components or {})
+    sc = Simulation(table, flow, graph, placement, Load.of(load), cores).run()
+    sc.hops = len(_cross_edges(graph, placement, set(table.nodes)))
+    return sc
