@@ -37,6 +37,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--explain", metavar="PLACEMENT", help="score this placement file instead of searching")
     p.add_argument("--top", type=int, default=5, metavar="N", help="candidates to print (default: %(default)s)")
     p.add_argument("--no-profile", action="store_true", help="fail when no cached profile exists instead of profiling")
+    p.add_argument("--shapes", choices=["checkpoint", "released"], help="predict step costs from shapes (FLOPs and "
+                   "bytes per node against a GPU's peak rates) instead of profiling: the --model-path checkpoint's "
+                   "shapes, or the released model's (header-only weights, written once under the cache)")
+    p.add_argument("--gpu", choices=["h100", "h200"], help="with --shapes: the GPU's peak rates (default: by "
+                   "the devices' memory, over 100 GiB an H200)")
     p.add_argument("--scorer", choices=["simulate", "bound"], default="simulate",
                    help="simulate each candidate (default) or use the analytical bottleneck bound")
     p.set_defaults(func=run_plan)
@@ -86,6 +91,8 @@ def run_plan(args: argparse.Namespace) -> int:
     from walkserve.planner import planning
     from walkserve.planner.devices import parse_devices
 
+    if args.shapes:
+        return _plan_from_shapes(args)
     model, workload = _load_model(args)
     if args.explain:
         return _explain(args, model, workload)
@@ -95,18 +102,48 @@ def run_plan(args: argparse.Namespace) -> int:
     kinds = {d.kind for d in devices}
     planning.require_fit(model, devices)  # before a profile that could take minutes
     table = planning.costs_for(model, workload, min(kinds), args.dtype, args.profile_cache, not args.no_profile, _progress)
+    _report(args, model, devices, table, workload, "the measured node costs")
+    return 0
+
+
+def _plan_from_shapes(args: argparse.Namespace) -> int:
+    from walkserve.core import env
+    from walkserve.planner import planning, shapes
+    from walkserve.planner.devices import parse_devices
+    from walkserve.planner.workload import load_workload
+
+    if not args.devices:
+        raise ConfigError("walkserve plan --shapes needs --devices (e.g. cuda:0-7@80GiB)")
+    devices = parse_devices(args.devices)
+    if any(d.kind != "cuda" for d in devices):
+        raise ConfigError("--shapes predicts GPU steps: give cuda devices (e.g. cuda:0-2@141GiB)")
+    if args.shapes == "released":
+        model = shapes.released_model(args.model or "", env.WALKSERVE_CACHE_DIR.get() / "released")
+        workload = shapes.RELEASED_WORKLOADS[model.ref.family]
+        workload = load_workload(args.workload) if args.workload else workload
+    else:
+        model, workload = _load_model(args)
+    planning.require_fit(model, devices)
+    gpu = shapes.gpu_for(max(d.memory or 0 for d in devices), args.gpu)
+    table = shapes.costs_from_shapes(model, workload, gpu)
+    _report(args, model, devices, table, workload, f"shapes against {gpu.name} peak rates: PREDICTED, NOT MEASURED")
+    return 0
+
+
+def _report(args: argparse.Namespace, model, devices, table, workload, source: str) -> None:
+    from walkserve.planner import planning
+
     result = planning.plan(model, devices, table, workload, args.objective, planning.parse_slo(args.slo), args.scorer)
     print(f"{result.considered} placements fit {args.devices} (workload {workload.name}, {_load(workload)}); "
-          f"predicted ({_how(args.scorer)}) from the measured node costs, best for {args.objective} first:")
+          f"predicted ({_how(args.scorer)}) from {source}, best for {args.objective} first:")
     for i, c in enumerate(result.ranked[: args.top]):
         print(f"  {i + 1}. {planning.summary(c)}")
     print(f"winner: {result.winner.name}\nwhy: {result.why}")
     if args.output:
         header = [f"walkserve plan {model.ref.family} --devices {args.devices} --objective {args.objective}",
-                  f"workload {workload.name}; why: {result.why}"]
+                  f"workload {workload.name}; costs from {source}", f"why: {result.why}"]
         Path(args.output).write_text(planning.placement_yaml(result.winner, header))
         print(f"wrote {args.output}")
-    return 0
 
 
 def _explain(args: argparse.Namespace, model, workload) -> int:

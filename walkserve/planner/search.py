@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from walkserve.core.errors import PlacementError
+from walkserve.graph.walk import WalkGraph
 from walkserve.models.base import Model
 from walkserve.placement.plan import Placement, parse_placement
 from walkserve.placement.resolve import check_placement, rank_demands, walk_nodes
@@ -92,15 +93,28 @@ class Checker:
     def __init__(self, model: Model, devices: list[Device]):
         self.model, self.devices = model, devices
         self.budget = {d.device: d.memory for d in devices}
+        self._built: dict[str, tuple[WalkGraph, dict]] = {}  # a model variant's graph and components, built once
 
     def _model(self, data: dict) -> Model:
         return self.model.for_placement(data)
 
+    def _build(self, model: Model) -> tuple[WalkGraph, dict]:
+        key = repr((model.ref.family, model.ref.path, sorted(model.ref.options.items())))
+        if key not in self._built:
+            self._built[key] = (model.graph(), model.components())
+        return self._built[key]
+
+    def graph(self, model: Model) -> WalkGraph:
+        return self._build(model)[0]
+
+    def components(self, model: Model) -> dict:
+        return self._build(model)[1]
+
     def check(self, data: dict, source: str = "<planned>") -> Placement:
         model = self._model(data)
-        comps = model.components()
+        comps = self.components(model)
         parsed = parse_placement(data, source)
-        check_placement(parsed, model.graph(), {c for c, s in comps.items() if s.stateful},
+        check_placement(parsed, self.graph(model), {c for c, s in comps.items() if s.stateful},
                         {c: s.weight_bytes for c, s in comps.items()}, {c: s.state_bytes for c, s in comps.items()},
                         device_free=self.budget.get, kv_shares={c: s.kv_share for c, s in comps.items() if s.kv_share},
                         movable={c for c, s in comps.items() if s.stateful and s.engine == "kv"})
@@ -127,13 +141,14 @@ def _order_by_demand(blocks: list[list[str]], devices: list[Device], demand: Cal
     return out
 
 
-def score_placement(model: Model, table: CostTable, parsed: Placement, load: int | Load, scorer: str = "simulate") -> Score:
+def score_placement(model: Model, table: CostTable, parsed: Placement, load: int | Load, scorer: str = "simulate",
+                    checker: Checker | None = None) -> Score:
     """``parsed``'s predicted figures: simulated (``simulate``), or the analytical bound (``score``)."""
     load = Load.of(load)
-    graph = model.graph()
+    graph = checker.graph(model) if checker else model.graph()
     if scorer == "bound":
         return score(table, graph, parsed, load.concurrency)
-    return simulate(table, graph, parsed, load, model.components())
+    return simulate(table, graph, parsed, load, checker.components(model) if checker else model.components())
 
 
 def enumerate_candidates(model: Model, devices: list[Device], table: CostTable | None, load: int | Load,
@@ -148,10 +163,14 @@ def enumerate_candidates(model: Model, devices: list[Device], table: CostTable |
     def demand(block: list[str]) -> int:
         return sum(comps[c].weight_bytes for c in {comp_of[n] for n in block} if c in comps)
 
+    busy, idle = _split_idle(groups, comp_of, table)
     out: list[Candidate] = []
     seen: set[str] = set()
-    for assign in partitions(len(groups), len(devices)):
-        blocks = [[n for g, b in zip(groups, assign, strict=True) if b == k for n in g] for k in range(max(assign) + 1)]
+    for assign in partitions(len(busy), len(devices)):
+        blocks = [[n for g, b in zip(busy, assign, strict=True) if b == k for n in g] for k in range(max(assign) + 1)]
+        if idle:  # nodes the workload never runs go along with the lightest block
+            lightest = min(range(len(blocks)), key=lambda k: demand(blocks[k]))
+            blocks[lightest] += [n for g in idle for n in g]
         homes = _order_by_demand(blocks, devices, demand)
         replicas = [[h] for h in homes]
         while True:
@@ -170,6 +189,18 @@ def enumerate_candidates(model: Model, devices: list[Device], table: CostTable |
     return out
 
 
+def _split_idle(groups: list[tuple[str, ...]], comp_of: dict[str, str],
+                table: CostTable | None) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
+    """(groups the workload runs, groups it never runs): only the first are spread over the devices."""
+    if table is None:
+        return groups, []
+    ran = {u for u, n in table.items_per_request.items() if n > 0}
+    busy = [g for g in groups if any(n in ran or comp_of.get(n) in ran for n in g)]
+    if not busy:
+        return groups, []
+    return busy, [g for g in groups if g not in busy]
+
+
 def _block_of_rank(replicas: list[list[int]], rank: int) -> int:
     return next(i for i, rs in enumerate(replicas) if rank in rs)
 
@@ -185,7 +216,8 @@ def _candidate(checker: Checker, blocks: list[list[str]], replicas: list[list[in
         if rejected is not None:
             rejected.append(f"{name}: {e}")
         return None
-    sc = score_placement(checker.model.for_placement(data), table, parsed, load, scorer) if table is not None else None
+    sc = (score_placement(checker.model.for_placement(data), table, parsed, load, scorer, checker)
+          if table is not None else None)
     if sc is not None:
         sc.memory = checker.memory(parsed)
     return Candidate(name, data, parsed, sc)

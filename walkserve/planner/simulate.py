@@ -80,6 +80,7 @@ class _Rank:
     def __init__(self, rank: int, threads: int, host: object):
         self.id, self.threads, self.host = rank, threads, host
         self.ready: dict[int, deque[int]] = {}  # unit -> requests with an item ready here
+        self.waiting = 0  # items in ``ready``
         self.turn = 0  # round-robin position over ``ready``'s units
         self.step: _Step | None = None
         self.debt = 0.0  # message seconds the next step pays
@@ -104,6 +105,7 @@ class Simulation:
             for i, e in enumerate(u.inputs):
                 self.consumers[e.src].append((b, i))
         self.costs = [table.nodes[u.name] for u in flow.units]
+        self.memo: dict[tuple[int, int, int], float] = {}  # (unit, batch, threads) -> step seconds
         self.now = 0.0
         self.events: list[tuple[float, int, str, tuple]] = []
         self.seq = 0
@@ -161,7 +163,9 @@ class Simulation:
                 if n[e.src] and self.got[r][u][i] < e.needs(k, n[e.src], n[u]):
                     return False
         self.pending[r][u] = True
-        self.ranks[self.home(r, u, k)].ready.setdefault(u, deque()).append(r)
+        rank = self.ranks[self.home(r, u, k)]
+        rank.ready.setdefault(u, deque()).append(r)
+        rank.waiting += 1
         return True
 
     def finish(self, r: int) -> None:
@@ -173,18 +177,25 @@ class Simulation:
 
     # ---- ranks -----------------------------------------------------------------------------
     def dispatch(self, rank: _Rank) -> None:
-        units = [u for u, q in rank.ready.items() if q]
-        if rank.step is not None or not units:
+        if rank.step is not None or not rank.waiting:
             return
-        units.sort()
+        units = sorted(u for u, q in rank.ready.items() if q)
         u = next((x for x in units if x >= rank.turn), units[0])
         rank.turn = u + 1
         q = rank.ready[u]
         members = [q.popleft() for _ in range(min(len(q), self.flow.units[u].cap))]
-        work = self.costs[u].step_seconds(len(members), rank.threads) + rank.debt
+        rank.waiting -= len(members)
+        work = self.step_seconds(u, len(members), rank.threads) + rank.debt
         rank.messages += rank.debt
         rank.debt = 0.0
         rank.step = _Step(rank.id, u, members, work, self.now)
+
+    def step_seconds(self, u: int, batch: int, threads: int) -> float:
+        key = (u, batch, threads)
+        found = self.memo.get(key)
+        if found is None:
+            found = self.memo[key] = self.costs[u].step_seconds(batch, threads)
+        return found
 
     def complete(self, step: _Step) -> None:
         rank = self.ranks[step.rank]

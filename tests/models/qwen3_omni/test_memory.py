@@ -7,68 +7,19 @@ in the release's order carry them. The report reads only those headers.
 
 from __future__ import annotations
 
-import copy
 import json
-import math
-import struct
 
 import pytest
 
-from tests.models.qwen3_omni.test_speech_components import RELEASE as SPEECH_RELEASE
 from walkserve.core.errors import PlacementError
 from walkserve.models.base import ModelRef
-from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
 from walkserve.models.qwen3_omni.memory import shards_of, stored_bytes
 from walkserve.models.qwen3_omni.model import Qwen3OmniThinker
-from walkserve.models.qwen3_omni.thinker.weights import thinker_tensor_shapes
-from walkserve.models.qwen3_omni.tiny import tiny_hf_config
-from walkserve.models.qwen3_omni.tiny_layout import code2wav_tensor_shapes, talker_tensor_shapes
+from walkserve.models.qwen3_omni.release import release_config, write_headers
 from walkserve.placement.plan import parse_placement
 
 GIB = 2**30
 _MROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [24, 20, 20], "interleaved": True}
-
-
-def release_config() -> dict:
-    """config.json of Qwen/Qwen3-Omni-30B-A3B-Instruct (the fields our loaders read)."""
-    config = tiny_hf_config()
-    thinker = config["thinker_config"]
-    thinker["text_config"].update(vocab_size=152064, hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
-                                  num_key_value_heads=4, head_dim=128, moe_intermediate_size=768, num_experts=128,
-                                  num_experts_per_tok=8, intermediate_size=768, max_position_embeddings=65536,
-                                  rope_parameters=_MROPE)
-    thinker["audio_config"] = {"num_mel_bins": 128, "d_model": 1280, "encoder_layers": 32, "encoder_attention_heads": 20,
-                               "encoder_ffn_dim": 5120, "downsample_hidden_size": 480, "output_dim": 2048, "n_window": 50,
-                               "n_window_infer": 800}
-    thinker["vision_config"] = {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16,
-                                "out_hidden_size": 2048, "num_position_embeddings": 2304, "patch_size": 16,
-                                "deepstack_visual_indexes": [8, 16, 24]}
-    config.update(copy.deepcopy(SPEECH_RELEASE), dtype="bfloat16")
-    config.pop("walkserve_random_weights")
-    return config
-
-
-def write_headers(directory, config: dict, shards: int = 15) -> None:
-    """Header-only safetensors shards (BF16), the thinker first, the talker and Code2Wav in the last two."""
-    shapes = thinker_tensor_shapes(Qwen3OmniConfig.from_hf(config))
-    names = sorted(shapes)
-    groups = [dict.fromkeys(names[i * len(names) // (shards - 2):(i + 1) * len(names) // (shards - 2)])
-              for i in range(shards - 2)]
-    groups = [{n: shapes[n] for n in g} for g in groups]
-    groups += [talker_tensor_shapes(config["talker_config"]), code2wav_tensor_shapes(config["code2wav_config"])]
-    weight_map = {}
-    for i, group in enumerate(groups):
-        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-        header, offset = {}, 0
-        for name, shape in group.items():
-            size = math.prod(shape) * 2
-            header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + size]}
-            offset += size
-        blob = json.dumps(header).encode()
-        (directory / file).write_bytes(struct.pack("<Q", len(blob)) + blob)
-        weight_map.update(dict.fromkeys(group, file))
-    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    (directory / "config.json").write_text(json.dumps(config))
 
 
 @pytest.fixture(scope="module")

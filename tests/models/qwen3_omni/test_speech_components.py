@@ -11,6 +11,7 @@ import torch
 from tests.models.qwen3_omni.speech_oracle import CODEBOOK, CODEC, SPEAKERS, TALKER_VOCAB, reference
 from walkserve.core.errors import ConfigError
 from walkserve.layers.attention import DenseAttention
+from walkserve.models.qwen3_omni.release import SPEECH_RELEASE
 from walkserve.models.qwen3_omni.speech.config import SpeechConfig
 from walkserve.models.qwen3_omni.speech.weights import (
     load_code_predictor,
@@ -23,27 +24,7 @@ torch.set_num_threads(1)
 GEN = torch.Generator().manual_seed(11)
 
 
-# the release's speech config (shared/research/next_models.md 1.5-1.7)
-_ROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [24, 20, 20], "interleaved": True}
-RELEASE = {
-  "enable_audio_output": True, "dtype": "bfloat16",
-  "talker_config": {
-    "text_config": {"vocab_size": 3072, "hidden_size": 1024, "intermediate_size": 2048, "num_hidden_layers": 20,
-        "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 128, "moe_intermediate_size": 384,
-        "num_experts": 128, "num_experts_per_tok": 6, "norm_topk_prob": True, "shared_expert_intermediate_size": 768,
-        "rms_norm_eps": 1e-6, "max_position_embeddings": 65536, "rope_parameters": _ROPE},
-    "code_predictor_config": {"vocab_size": 2048, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 5,
-        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 65536, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
-    "num_code_groups": 16, "thinker_hidden_size": 2048, "accept_hidden_layer": 24, "codec_eos_token_id": 2150,
-    "codec_pad_id": 2148, "codec_bos_id": 2149, "codec_nothink_id": 2155, "codec_think_bos_id": 2156,
-    "codec_think_eos_id": 2157, "audio_token_id": 151675, "image_token_id": 151655, "video_token_id": 151656,
-    "speaker_id": {"chelsie": 2301, "ethan": 2302, "aiden": 2303}},
-  "code2wav_config": {"codebook_size": 2048, "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 16,
-    "intermediate_size": 3072, "num_hidden_layers": 8, "sliding_window": 72, "num_quantizers": 16, "decoder_dim": 1536,
-    "upsample_rates": [8, 5, 4, 3], "upsampling_ratios": [2, 2], "rms_norm_eps": 1e-5, "max_position_embeddings": 8000,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
-}
+RELEASE = SPEECH_RELEASE  # the release's speech config (shared/research/next_models.md 1.5-1.7)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,76 @@
+"""Step costs predicted from shapes (a roofline per node), and ``walkserve plan --shapes`` on tiny Qwen3-Omni."""
+
+import pytest
+import yaml
+
+from walkserve.cli.main import main
+from walkserve.placement.plan import load_placement
+from walkserve.planner.shapes import (
+    GPUS,
+    LAUNCH_S,
+    MBU,
+    MFU,
+    UnitShape,
+    gpu_for,
+    qwen3_omni_items,
+    shape_table,
+)
+from walkserve.planner.workload import RequestKind, Workload
+
+H100 = GPUS["h100"]
+
+
+def test_a_step_is_bound_by_bandwidth_at_small_batches_and_by_flops_at_large():
+    lm = UnitShape("lm", dense_bytes=14e9, flops_per_token=14e9)  # a 7B dense LM in bf16
+    one = lm.step_seconds(1, H100)
+    assert one == pytest.approx(LAUNCH_S + 14e9 / (H100.bandwidth * MBU))  # reading the weights once
+    big = lm.step_seconds(4096, H100)
+    assert big == pytest.approx(LAUNCH_S + 4096 * 14e9 / (H100.flops * MFU))  # compute-bound
+    assert lm.step_seconds(8, H100) == pytest.approx(one)  # a small batch rides on the same weight read
+
+
+def test_experts_cost_bytes_in_proportion_to_those_a_batch_touches():
+    moe = UnitShape("moe", dense_bytes=0.0, expert_bytes=64e9, topk_share=8 / 128)
+    t1, t64 = (moe.step_seconds(b, H100) - LAUNCH_S for b in (1, 64))
+    assert t1 == pytest.approx(64e9 * 8 / 128 / (H100.bandwidth * MBU))
+    assert t64 == pytest.approx(64e9 * (1 - (1 - 8 / 128) ** 64) / (H100.bandwidth * MBU))  # almost every expert
+    table = shape_table("k", [moe], {"moe": 10.0}, H100)
+    assert table.nodes["moe"].step_seconds(1, 1) > 0 and table.items_per_request == {"moe": 10.0}
+
+
+def test_gpu_from_the_memory_budget():
+    assert gpu_for(80 << 30) is GPUS["h100"] and gpu_for(141 << 30) is GPUS["h200"]
+    assert gpu_for(80 << 30, "h200") is GPUS["h200"]
+
+
+def test_qwen3_omni_items_follow_the_mix():
+    spoken = RequestKind("s", 3, "chat", {"modalities": ["text", "audio"]}, 20, {"max_audio_frames": 50})
+    text = RequestKind("t", 1, "chat", {"modalities": ["text"]}, 40)
+    items = qwen3_omni_items(Workload((spoken, text), 4))
+    assert items["thinker"] == pytest.approx(0.75 * 20 + 0.25 * 40)
+    assert items["talker"] == pytest.approx(0.75 * 52)
+    assert items["code_predictor"] == pytest.approx(0.75 * 15 * 50)
+    assert items["frame"] == items["predictor_in"] == items["talker_in"] == pytest.approx(0.75 * 50)
+    assert items["code2wav"] == pytest.approx(0.75 * 2)  # 50 frames: two chunks of 25
+
+
+@pytest.fixture(scope="module")
+def omni_dir(tmp_path_factory):
+    from walkserve.models.qwen3_omni.tiny import write_tiny_qwen3_omni
+
+    return write_tiny_qwen3_omni(tmp_path_factory.mktemp("shapes_omni"), seed=0, speech=True)
+
+
+def test_plan_from_the_checkpoints_shapes_on_gpus(omni_dir, tmp_path, capsys):
+    out = tmp_path / "p.yaml"
+    base = ["plan", "qwen3-omni", "--model-path", str(omni_dir), "--shapes", "checkpoint"]
+    assert main([*base, "--devices", "cuda:0-1@4GiB", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "PREDICTED, NOT MEASURED" in text and "H100" in text and "winner:" in text
+    placed = load_placement(out)
+    assert {r.device for r in placed.ranks.values()} <= {"cuda:0", "cuda:1"}
+    assert "PREDICTED, NOT MEASURED" in out.read_text()
+    nodes = {n for entry in yaml.safe_load(out.read_text())["nodes"] for n in entry["nodes"]}
+    assert {"thinker", "talker", "code_predictor", "code2wav"} <= nodes  # the speech path is placed
+    assert main([*base, "--devices", "cpu:0,cpu:1"]) == 1
+    assert "give cuda devices" in capsys.readouterr().err
