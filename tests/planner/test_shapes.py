@@ -10,7 +10,10 @@ from walkserve.planner.shapes import (
     LAUNCH_S,
     MBU,
     MFU,
+    PROMPT_TOKENS,
+    VIT_TOKENS,
     UnitShape,
+    bagel_items,
     gpu_for,
     qwen3_omni_items,
     shape_table,
@@ -74,3 +77,28 @@ def test_plan_from_the_checkpoints_shapes_on_gpus(omni_dir, tmp_path, capsys):
     assert {"thinker", "talker", "code_predictor", "code2wav"} <= nodes  # the speech path is placed
     assert main([*base, "--devices", "cpu:0,cpu:1"]) == 1
     assert "give cuda devices" in capsys.readouterr().err
+
+
+def test_bagel_items_follow_the_mix():
+    gen = RequestKind("g", 1, "image", {"prompt": "x"}, 1, {"num_timesteps": 11})
+    und = RequestKind("u", 1, "chat", {}, 20)
+    items, tokens = bagel_items(Workload((gen, und), 2), rows=4098)
+    assert items["lm"] == pytest.approx(0.5 * (4 + 3 * 10) + 0.5 * (3 + 20))  # prefills, 3 passes a step; answer
+    assert items["velocity"] == items["cfg_step"] == pytest.approx(0.5 * 10)
+    assert items["vit"] == items["vae_decoder"] == items["latent_init"] == pytest.approx(0.5)
+    assert tokens == pytest.approx((0.5 * (2 * PROMPT_TOKENS + 30 * 4098) + 0.5 * (PROMPT_TOKENS + VIT_TOKENS + 20))
+                                   / items["lm"])
+
+
+def test_plan_bagel_from_its_shapes(tmp_path, capsys):
+    from walkserve.models.bagel.tiny import write_tiny_bagel
+
+    path = write_tiny_bagel(tmp_path / "bagel")
+    wl = tmp_path / "w.yaml"
+    wl.write_text("concurrency: 2\nkinds:\n  - {name: g, task: image, payload: {prompt: hi}, max_tokens: 1,"
+                  " params: {num_timesteps: 6}}\n")
+    argv = ["plan", "bagel", "--model-path", str(path), "--shapes", "checkpoint", "--workload", str(wl),
+            "--devices", "cuda:0-1@4GiB"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "PREDICTED, NOT MEASURED" in text and "mostly lm" in text  # the LLM's denoising passes dominate

@@ -170,7 +170,70 @@ def qwen3_omni_shapes(model: Model, workload: Workload) -> tuple[list[UnitShape]
     return shapes, items
 
 
-DESCRIBERS = {"qwen3-omni": qwen3_omni_shapes}
+# ---- BAGEL ----------------------------------------------------------------------------------
+VIT_TOKENS = 70 * 70  # an understood image at the ViT's largest size (980 px a side, 14 px patches)
+
+
+def _steps(kind: RequestKind) -> int:
+    return int(kind.params.get("num_timesteps", 50)) - 1  # Euler steps
+
+
+def _generates(kind: RequestKind) -> bool:
+    return kind.task in ("image", "generate")
+
+
+def bagel_items(workload: Workload, rows: int) -> tuple[dict[str, float], float]:
+    """(items per request, the LLM's mean tokens per item). A generation (``rows`` query rows per pass): the
+    LLM's four prefills (system and prompt, into gen and cfg_img) and three passes per Euler step (gen,
+    cfg_text, cfg_img; the CFG interval is not modelled), a velocity per pass and a CFG step per Euler step,
+    one latent init and one VAE decode. An understanding: one ViT pass, the LLM's system, image and text
+    prefills and one item per answer token."""
+    total = sum(k.weight for k in workload.kinds)
+    names = ("lm", "vit", "latent_init", "velocity", "velocity_cfg_text", "velocity_cfg_img", "cfg_step", "vae_decoder")
+    out, tokens = dict.fromkeys(names, 0.0), 0.0
+    for k in workload.kinds:
+        share = k.weight / total
+        if _generates(k):
+            steps = _steps(k)
+            out["lm"] += share * (4 + 3 * steps)
+            tokens += share * (4 * PROMPT_TOKENS / 2 + 3 * steps * rows)
+            for n in ("velocity", "velocity_cfg_text", "velocity_cfg_img", "cfg_step"):
+                out[n] += share * steps
+            out["latent_init"] += share
+            out["vae_decoder"] += share
+        else:
+            out["vit"] += share
+            out["lm"] += share * (3 + k.max_tokens)
+            tokens += share * (PROMPT_TOKENS + VIT_TOKENS + k.max_tokens)
+    return out, tokens / max(1e-9, out["lm"])
+
+
+def bagel_shapes(model: Model, workload: Workload) -> tuple[list[UnitShape], dict[str, float]]:
+    from walkserve.models.bagel.config import BagelConfig
+    from walkserve.models.bagel.memory import kv_bytes_per_token, parameter_counts, query_rows
+
+    config = BagelConfig.from_dir(model.ref.path)
+    llm, comps = config.llm, model.components()
+    rows = query_rows(config)
+    items, tokens = bagel_items(workload, rows)
+    _, active = parameter_counts(model.ref.path)
+    context = PROMPT_TOKENS + rows
+    lm_bytes = comps["lm"].weight_bytes / 2  # one of the two experts a pass runs (MoT: understanding or generation)
+    attention = 4 * llm.num_hidden_layers * llm.num_attention_heads * llm.head_dim * context
+    shapes = [UnitShape("lm", lm_bytes, flops_per_token=2 * active + attention, tokens_per_item=tokens,
+                        kv_bytes_per_item=context * kv_bytes_per_token(llm))]
+    vit = comps["vit"].weight_bytes / 4  # float32 parameters
+    shapes.append(UnitShape("vit", comps["vit"].weight_bytes, flops_per_token=2 * vit, tokens_per_item=VIT_TOKENS))
+    for n in ("latent_init", "velocity", "velocity_cfg_text", "velocity_cfg_img", "cfg_step"):
+        shapes.append(UnitShape(n, 0.0, flops_per_token=2 * 64 * llm.hidden_size, tokens_per_item=rows))
+    # the VAE decoder re-applies its kernels at every position of each stage, 128 to 1,024 a side: ~4 x 128^2
+    # positions' worth of its parameters per image (a rough count)
+    dec = comps["vae_decoder"].weight_bytes / 4
+    shapes.append(UnitShape("vae_decoder", comps["vae_decoder"].weight_bytes, flops_per_token=2 * dec * 4 * 128**2))
+    return shapes, items
+
+
+DESCRIBERS = {"qwen3-omni": qwen3_omni_shapes, "bagel": bagel_shapes}
 
 
 def _chat(text: str, audio: bool) -> dict:
@@ -179,6 +242,12 @@ def _chat(text: str, audio: bool) -> dict:
 
 # what the released models serve: answers of realistic length, many at once
 RELEASED_WORKLOADS = {
+    "bagel": Workload((
+        RequestKind("generate", 0.7, "image", {"prompt": "A lighthouse at dawn, number {i}."}, 1,
+                    {"num_timesteps": 50}),
+        RequestKind("understand", 0.3, "chat", {"messages": [{"role": "user", "content": "Describe the image."}]},
+                    128),
+    ), 8, "released"),
     "qwen3-omni": Workload((
         RequestKind("spoken", 0.6, "chat", _chat("Tell me about {i}.", True), 64, {"max_audio_frames": 125}),
         RequestKind("text", 0.4, "chat", _chat("Explain {i}.", False), 256),
@@ -191,8 +260,10 @@ def released_model(family: str, root) -> Model:
     from walkserve.models.base import ModelRef
     from walkserve.models.registry import load_model
 
-    if family != "qwen3-omni":
-        raise ConfigError(f"--shapes released: the released sizes are known for qwen3-omni only, not {family}")
-    from walkserve.models.qwen3_omni.release import released_checkpoint
-
+    if family == "qwen3-omni":
+        from walkserve.models.qwen3_omni.release import released_checkpoint
+    elif family == "bagel":
+        from walkserve.models.bagel.release import released_checkpoint
+    else:
+        raise ConfigError(f"--shapes released: the released sizes are known for qwen3-omni and bagel, not {family!r}")
     return load_model(ModelRef(family, str(released_checkpoint(root))))

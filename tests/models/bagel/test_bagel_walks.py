@@ -7,12 +7,9 @@ model's shapes (built on the meta device from the released configs): 14B paramet
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 
 import pytest
-import torch
 
 from walkserve.core.array import ArrayData
 from walkserve.core.errors import InvalidRequest, PlacementError
@@ -132,68 +129,12 @@ def test_unknown_and_out_of_range_parameters_are_refused_where_they_enter(proc):
 
 
 # ---- the released sizes ------------------------------------------------------------------------
-RELEASED_LLM = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
-                "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
-                "num_key_value_heads": 4, "vocab_size": 152064, "max_position_embeddings": 32768,
-                "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu", "tie_word_embeddings": False,
-                "torch_dtype": "bfloat16"}
-RELEASED_VIT = {"model_type": "siglip_vision_model", "hidden_size": 1152, "intermediate_size": 4304,
-                "num_hidden_layers": 27, "num_attention_heads": 16, "num_channels": 3, "image_size": 980,
-                "patch_size": 14, "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6}
-
-
-def _header_only(path: Path, tensors: dict[str, tuple[int, ...]], dtype: str) -> None:
-    """A safetensors file holding only its header (the tensors' names and shapes): what the memory check reads."""
-    header, offset = {}, 0
-    for name, shape in sorted(tensors.items()):
-        size = math.prod(shape) * 2
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + size]}
-        offset += size
-    raw = json.dumps(header).encode()
-    path.write_bytes(len(raw).to_bytes(8, "little") + raw)
-
-
 @pytest.fixture(scope="module")
 def released(tmp_path_factory) -> Path:
-    from walkserve.models.bagel.config import BagelConfig, FluxAEConfig
-    from walkserve.models.bagel.flux_ae import FluxDecoder, FluxEncoder
-    from walkserve.models.bagel.latents import LatentEmbedder
-    from walkserve.models.bagel.mot import MoTLM
-    from walkserve.models.bagel.tiny import _llm_config
-    from walkserve.models.bagel.vit import BagelViT
-    from walkserve.models.common.checkpoint import checkpoint_targets
-    from walkserve.models.siglip.config import SiglipVisionConfig
+    from walkserve.models.bagel.release import write_release
 
     out = tmp_path_factory.mktemp("released")
-    vit = SiglipVisionConfig.from_dict({**RELEASED_VIT, "num_hidden_layers": 26})
-    config = BagelConfig(llm=_llm_config(RELEASED_LLM), vit=vit, vae=FluxAEConfig(), max_latent_size=64,
-                         vit_max_num_patch_per_side=70)
-
-    def shapes(module, prefix):
-        params = dict(module.named_parameters())
-        return {name: tuple(params[t.param][t.index].shape) for name, t in checkpoint_targets(module, prefix).items()}
-
-    with torch.device("meta"):
-        ema = shapes(MoTLM(config.llm), "language_model.")
-        v = BagelViT(config)
-        ema.update(shapes(v.vit_model, "vit_model.vision_model."))
-        ema["vit_model.vision_model.embeddings.patch_embedding.weight"] = (1152, 588)  # stored as the Linear
-        ema.update(shapes(v.connector, "connector."))
-        ema["vit_pos_embed.pos_embed"] = (70 * 70, 3584)
-        latent = LatentEmbedder(config)
-        for part in ("time_embedder", "vae2llm", "llm2vae"):
-            ema.update(shapes(getattr(latent, part), f"{part}."))
-        ema["latent_pos_embed.pos_embed"] = (64 * 64, 3584)
-        ae = {**shapes(FluxEncoder(config.vae), "encoder."), **shapes(FluxDecoder(config.vae), "decoder.")}
-    _header_only(out / "ema.safetensors", ema, "BF16")
-    _header_only(out / "ae.safetensors", ae, "BF16")
-    (out / "llm_config.json").write_text(json.dumps(RELEASED_LLM))
-    (out / "vit_config.json").write_text(json.dumps(RELEASED_VIT))
-    (out / "config.json").write_text(json.dumps({"latent_patch_size": 2, "max_latent_size": 64,
-                                                 "vit_max_num_patch_per_side": 70, "interpolate_pos": False}))
-    names = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>"]
-    added = [{"id": 151644 + i, "content": n} for i, n in enumerate(names)]
-    (out / "tokenizer.json").write_text(json.dumps({"added_tokens": added}))
+    write_release(out)
     return out
 
 
