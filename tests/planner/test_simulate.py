@@ -29,7 +29,7 @@ from walkserve.planner.costs import CostTable, NodeCost
 from walkserve.planner.devices import parse_devices
 from walkserve.planner.flow import build_flow
 from walkserve.planner.search import enumerate_candidates
-from walkserve.planner.simulate import Load, simulate
+from walkserve.planner.simulate import Load, Simulation, simulate
 
 STEPS = 10  # outer iterations of every graph below
 INNER = 15
@@ -210,3 +210,22 @@ def test_planner_keeps_a_latency_bound_nested_loop_together():
     assert cands[0].score.throughput == pytest.approx(together.score.throughput)
     split = [c for c in cands if " | " in c.name]
     assert split and all(c.score.throughput < 0.8 * together.score.throughput for c in split)
+
+
+def test_walks_that_feed_each_other_do_not_deadlock():
+    # walk w: a prefill (a, outside any loop) feeds a loop of b; walk w2: b feeds a. Read naively, a waits for b
+    # and b for a: the edge that closes the cycle is read as a carry, a setup edge needs only a first item
+    loop = Loop(GraphNode("b", ["x"], ["x"]), iterations=STEPS, carry={"b.x": "b.x"}, outputs={"b.x": LAST}, name="l")
+    w = Walk("w", Sequential(GraphNode("a", ["x"], ["x"]), loop),
+             [GraphEdge("input.x", "a.x"), GraphEdge("a.x", "b.x"), GraphEdge("b.x", Client("text"))], ["x"])
+    w2 = Walk("w2", Sequential(GraphNode("b", ["x"], ["x"]), GraphNode("a", ["x"], ["x"])),
+              [GraphEdge("input.x", "b.x"), GraphEdge("b.x", "a.x"), GraphEdge("a.x", Client("text"))], ["x"])
+    g = WalkGraph("cyc", [w, w2], FunctionStateMachine(_start))
+    t = costs({"a": cost(0.002), "b": cost(0.001)}, {"a": 1, "b": STEPS})
+    flow = build_flow(t, g, {})
+    kinds = sorted(e.kind for u in flow.units for e in u.inputs)
+    assert kinds == ["carry", "setup"]
+    sim = Simulation(t, flow, g, placement([(["a", "b"], [0])]), Load(1, requests=2))
+    sc = sim.run()
+    assert sim.forced == 0
+    assert 1 / sc.throughput == pytest.approx(0.002 + STEPS * 0.001, rel=1e-6)

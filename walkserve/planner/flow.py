@@ -8,6 +8,8 @@ units that feed it:
 
     forward edge P -> U (an edge, or a stream without a policy):
         U's item k needs P's item ceil(k * n_P / n_U)       (progress in proportion)
+    setup edge P -> U (P outside any loop of its walk: a prefill, an encoder, a loop's initial value):
+        U's item k needs P's first item
     stream P -> U with a chunk policy (first chunk at F items, then every S):
         U's item k needs P's item min(n_P, F + (k - 1) * S)
     carry P -> U (a loop's back edge: iteration k + 1 needs iteration k):
@@ -30,13 +32,14 @@ from walkserve.graph.routes import ToCarry, ToClient, ToNode, ToStream
 from walkserve.graph.walk import WalkGraph
 from walkserve.planner.costs import CostTable
 
+RANK = {"carry": 0, "setup": 1, "stream": 2, "forward": 3}  # which edge stands when two walks tie the same units
 DEFAULT_BATCH = 64  # a stateless engine's max_batch and a KV engine's max_running, unless the component says
 
 
 @dataclass(frozen=True)
 class Edge:
     src: int  # unit index
-    kind: str  # "forward" | "stream" | "carry"
+    kind: str  # "forward" | "setup" | "stream" | "carry"
     first: int = 1  # stream: items before the first chunk
     step: int = 1  # stream: items per later chunk
 
@@ -46,6 +49,8 @@ class Edge:
             return min(n_src, math.floor((k - 1) * n_src / n_dst + 1e-9))
         if self.kind == "stream":
             return min(n_src, self.first + (k - 1) * self.step)
+        if self.kind == "setup":
+            return min(n_src, 1)
         return min(n_src, math.ceil(k * n_src / n_dst - 1e-9))
 
 
@@ -113,11 +118,39 @@ def _add_edges(flow: Flow, graph: WalkGraph) -> None:
                 b = flow.unit_of(dst, plan.nodes[dst].component)
                 if b is None or b == a:
                     continue
+                if edge.kind == "forward" and not plan.chains.get(src):
+                    edge = Edge(a, "setup")
                 old = seen.get((a, b))
-                if old is None or (old.kind == "carry" and edge.kind != "carry"):  # a forward edge outranks a carry
+                if old is None or RANK[edge.kind] > RANK[old.kind]:  # a forward edge outranks a setup, a carry
                     seen[(a, b)] = edge
+    for (a, b) in _closing_cycles(seen, len(flow.units)):
+        seen[(a, b)] = Edge(a, "carry")
     for (_, b), edge in seen.items():
         flow.units[b].inputs.append(edge)
+
+
+def _closing_cycles(edges: dict[tuple[int, int], Edge], n: int) -> list[tuple[int, int]]:
+    """Forward edges that close a cycle of forward edges (walks chain through the conductor, so two walks may
+    feed each other: BAGEL's LLM and its latents): each is read as a carry, an earlier item's output."""
+    succ: dict[int, list[int]] = {}
+    for (a, b), e in edges.items():
+        if e.kind != "carry":
+            succ.setdefault(a, []).append(b)
+    state, back = [0] * n, []  # 0 unseen, 1 on the path, 2 done
+
+    def visit(u: int) -> None:
+        state[u] = 1
+        for v in succ.get(u, []):
+            if state[v] == 1:
+                back.append((u, v))
+            elif state[v] == 0:
+                visit(v)
+        state[u] = 2
+
+    for u in range(n):
+        if state[u] == 0:
+            visit(u)
+    return back
 
 
 def _edge(plan, route, src: int) -> tuple[Edge | None, str]:
