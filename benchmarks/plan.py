@@ -122,7 +122,7 @@ def run(family: str, devices: str, requests: int, repeats: int, cache: Path | No
     for _ in range(rounds):  # round-robin, so a burst of load on the machine hits every placement alike
         for i, run_ in enumerate(runs):
             seen[i].append(asyncio.run(measure(model, run_[-1], workload, requests)))
-    rows = [(*run_[:-1], statistics.median(m)) for run_, m in zip(runs, seen, strict=True)]
+    rows = [(*run_[:-1], statistics.median(m), f"{min(m):.3g}-{max(m):.3g}") for run_, m in zip(runs, seen, strict=True)]
     cands = [r for r in rows if r[0] == "candidate"]
     hand = [r for r in rows if r[0] == "hand-written"]
     rho = {how: spearman([r[col] for r in cands], [r[4] for r in cands]) if len(cands) > 1 else float("nan")
@@ -147,8 +147,8 @@ def main(argv: list[str]) -> int:
     out = run(args.model, args.devices, args.requests, args.repeats, args.profile_cache, args.measure, args.rounds)
     print(f"## plan: {args.model} on {args.devices} ({conditions()}; load average {load[0]:.1f} at start, "
           f"{os.getloadavg()[0]:.1f} at end: measurements on a loaded machine are noisy)")
-    print(table(["kind", "placement", "simulated req/s", "bound req/s", f"measured req/s (median of {args.rounds})"],
-                out["rows"]))
+    print(table(["kind", "placement", "simulated req/s", "bound req/s", f"measured req/s (median of {args.rounds})",
+                 "measured range"], out["rows"]))
     n = sum(r[0] == "candidate" for r in out["rows"])
     print(f"Spearman(predicted, measured) over {n} candidates: simulated {out['spearman']['simulated']:.2f}, "
           f"analytical bound {out['spearman']['bound']:.2f}")

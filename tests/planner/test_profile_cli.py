@@ -102,3 +102,20 @@ def test_placement_auto_refuses_too_few_devices_before_profiling(orpheus, tmp_pa
         auto_placement(orpheus, f"cpu:0@{_too_small(orpheus)}", None, tmp_path / "plans", said.append,
                        cache_dir=tmp_path / "profiles")
     assert said == [] and not (tmp_path / "profiles").exists()
+
+
+@pytest.mark.slow  # profiles through the runtime
+def test_placement_auto_from_a_fresh_state_profiles_then_plans(orpheus, tmp_path):
+    from walkserve.planner.planning import auto_placement
+
+    said = []
+    path = auto_placement(orpheus, "cpu:0,cpu:1", None, tmp_path / "plans", said.append, cache_dir=tmp_path / "cache")
+    assert any(s.startswith("profile: starting orpheus") for s in said)  # the quick profile shows its progress
+    assert any("placement auto on cpu:0,cpu:1" in s for s in said) and any(s.startswith("why:") for s in said)
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 1  # cached: the next start plans at once
+    placed = load_placement(path)
+    assert {r.device for r in placed.ranks.values()} == {"cpu"}
+    assert "predicted" in path.read_text()
+    again = []
+    auto_placement(orpheus, "cpu:0,cpu:1", None, tmp_path / "plans", again.append, cache_dir=tmp_path / "cache")
+    assert not any(s.startswith("profile:") for s in again)
