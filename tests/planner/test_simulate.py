@@ -133,6 +133,7 @@ def test_splitting_a_nested_loop_adds_two_hops_to_every_frame():
     two = simulate(t, g, placement([(["talker", "frame"], [0]), (["predictor"], [1])]), Load(1, requests=4), comps)
     frame = 0.002 + INNER * 0.001 + 0.0005
     assert 1 / one.throughput == pytest.approx(STEPS * frame, rel=1e-6)
+    assert one.latency_s == pytest.approx(STEPS * frame, rel=1e-6)  # alone: a request's latency is its chain
     assert 1 / two.throughput == pytest.approx(STEPS * (frame + 2 * 0.003), rel=1e-6)
     assert two.latency_bound  # both ranks mostly wait on the other
     # TTFA: the talker's first output, after its first step; the split does not change that

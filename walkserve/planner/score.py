@@ -56,6 +56,7 @@ class Score:
     memory: dict[int, int] = field(default_factory=dict)  # rank -> bytes
     host_bound: bool = False  # the host's cores, shared by its CPU ranks, bound the throughput before any one rank
     latency_bound: bool = False  # a request's own chain of steps and hops, not a busy rank, bounds it
+    latency_s: float | None = None  # a request's median time from start to finish (simulated; None: not known)
 
     @property
     def bottleneck(self) -> int:

@@ -247,7 +247,7 @@ RELEASED_WORKLOADS = {
                     {"num_timesteps": 50}),
         RequestKind("understand", 0.3, "chat", {"messages": [{"role": "user", "content": "Describe the image."}]},
                     128),
-    ), 8, "released"),
+    ), 16, "released"),
     "qwen3-omni": Workload((
         RequestKind("spoken", 0.6, "chat", _chat("Tell me about {i}.", True), 64, {"max_audio_frames": 125}),
         RequestKind("text", 0.4, "chat", _chat("Explain {i}.", False), 256),

@@ -118,6 +118,7 @@ class Simulation:
         self.started: list[float] = []
         self.first: list[float | None] = []
         self.finished: list[float] = []
+        self.done_at: dict[int, float] = {}  # request -> when it finished
         self.oversubscribed = 0.0  # seconds some host had more threads stepping than cores
         self.forced = 0  # items released without their inputs (a rounding deadlock in a cycle; should stay 0)
 
@@ -170,6 +171,7 @@ class Simulation:
 
     def finish(self, r: int) -> None:
         self.finished.append(self.now)
+        self.done_at[r] = self.now
         for h in {h for hs in self.homes[r] for h in hs}:
             self.ranks[h].active -= 1
         if self.load.rate is None and len(self.n) < self.load.count:
@@ -301,7 +303,9 @@ class Simulation:
     def score(self) -> Score:
         n = max(1, len(self.finished))
         span = (max(self.finished) - min(self.started)) if self.finished else 0.0
-        firsts = [(f if f is not None else e) - s for f, e, s in zip(self.first, self.finished, self.started, strict=False)]
+        done = self.done_at
+        firsts = [(self.first[r] if self.first[r] is not None else done[r]) - self.started[r] for r in done]
+        latency = statistics.median(done[r] - self.started[r] for r in done) if done else None
         unit_busy = {r: {self.flow.units[u].name: b / n for u, b in rk.busy.items()} for r, rk in self.ranks.items()}
         for r, rk in self.ranks.items():
             if rk.messages:
@@ -312,7 +316,8 @@ class Simulation:
         host_bound = span > 0 and self.oversubscribed > 0.5 * span
         return Score(throughput, statistics.median(firsts) if firsts else 0.0, busy, unit_busy, 0,
                      host_bound=host_bound,
-                     latency_bound=self.load.rate is None and not host_bound and utilisation < 0.75)
+                     latency_bound=self.load.rate is None and not host_bound and utilisation < 0.75,
+                     latency_s=latency)
 
 
 def simulate(table: CostTable, graph: WalkGraph, placement: Placement, load: int | Load,
