@@ -29,6 +29,12 @@ def test_workload_mix_keeps_the_proportions(tmp_path):
     f.write_text("concurrency: 3\nkinds:\n  - {name: s, weight: 2, task: speech, payload: {input: hi}, max_tokens: 8}\n")
     loaded = load_workload(f)
     assert loaded.concurrency == 3 and loaded.kinds[0].max_tokens == 8 and loaded.name == "w"
+    f.write_text("rate: 2.5\nkinds:\n  - {task: speech, payload: {input: hi}}\n")
+    open_loop = load_workload(f)
+    assert open_loop.rate == 2.5 and open_loop.load.rate == 2.5  # Poisson arrivals instead of a closed loop
+    f.write_text("rate: 0\nkinds:\n  - {task: speech}\n")
+    with pytest.raises(ConfigError, match="rate must be a positive"):
+        load_workload(f)
     f.write_text("kinds:\n  - {task: speech, weight: -1}\n")
     with pytest.raises(ConfigError, match="weight must be a positive"):
         load_workload(f)
