@@ -48,6 +48,8 @@ KV_COUNTERS = (
     ("walkserve_kv_pool_preemptions", "preemptions", "Sequences preempted for KV space."),
     ("walkserve_kv_pool_capture_cache_hits", "capture_cache_hits",
      "Prompt pieces answered from the capture cache (their captured rows kept from an equal earlier piece)."),
+    ("walkserve_kv_pool_capture_cache_partial_hits", "capture_cache_partial_hits",
+     "Prompt pieces whose first runs (encoder windows) came from the capture cache, only the rest computed."),
 )
 
 

@@ -104,3 +104,29 @@ def test_the_cache_is_bounded_in_bytes_least_recently_used_first_out(tiny_lm):
     assert engine.stats()["capture_cache_hits"] == 0  # computed again, and kept again
     _turn(engine, "d", [*TURN1[:2], (_last, LAST)])
     assert engine.stats()["capture_cache_hits"] == 1
+
+
+def test_a_piece_that_extends_a_kept_one_computes_only_its_new_rows(tiny_lm):
+    """A clip prefilled while it arrives, then committed longer: the committed piece's first rows (those whose keys
+    the shorter piece shared; its last row differs, as an incomplete window's would) come from the capture cache
+    and their KV from the prefix cache; only the rest is computed, and every row equals a cold run."""
+    engine, cold = _engine(tiny_lm), _engine(tiny_lm, capture_cache_bytes=0)
+    short = [*MEDIA1[:6], 99]
+    first = _turn(engine, "a", [(_text, TEXT1), (_media, short), (_last, LAST)])
+    before = engine.stats()
+    second = _turn(engine, "b", [(_text, TEXT1), (_media, MEDIA1), (_last, LAST)])
+    after = engine.stats()
+    assert after["capture_cache_partial_hits"] == 1 and after["capture_cache_hits"] == 0
+    reused = after["prefix_hit_tokens"] - before["prefix_hit_tokens"]
+    prefilled = after["prefill_tokens"] - before["prefill_tokens"]
+    n = len(TEXT1 + MEDIA1 + LAST)
+    assert reused == (len(TEXT1) + 6) // BS * BS == 12  # the full blocks of the shared 13 rows, not just the text's
+    assert prefilled == n - 1 - reused == 4  # the kept piece's 13th row (mid-block) and the 3 new rows
+    torch.testing.assert_close(second[1]["accept"][:6], first[1]["accept"][:6], rtol=0, atol=0)  # the kept rows
+    want = _turn(cold, "b", [(_text, TEXT1), (_media, MEDIA1), (_last, LAST)])
+    assert second[1]["accept"].shape == want[1]["accept"].shape == (len(MEDIA1), tiny_lm.config.hidden_size)
+    torch.testing.assert_close(second[1]["accept"], want[1]["accept"], atol=1e-5, rtol=1e-5)
+    assert second[2]["token"].tolist() == want[2]["token"].tolist()
+    third = _turn(engine, "c", [(_text, TEXT1), (_media, MEDIA1), (_last, LAST)])  # now kept whole
+    assert engine.stats()["capture_cache_hits"] == 1
+    torch.testing.assert_close(third[1]["accept"], second[1]["accept"], rtol=0, atol=0)

@@ -122,6 +122,8 @@ class KVCacheEngine(Engine):
         self._inflight: dict[tuple[str, str, tuple[int, ...]], int] = {}  # a group member (request, node, path) -> its firing
         self._owners: dict[int, tuple[str, str, tuple[int, ...]]] = {}  # and back
         self._answers: dict[int, Any] = {}  # a group member's answer, until the worker takes it
+        # id(pending) -> (it, its piece's start, the captured rows of the piece's first rows, from the capture cache)
+        self._kept: dict[int, tuple[PendingFiring, int, dict[str, torch.Tensor]]] = {}
         self._partial = False  # the last step ran a chunk that did not finish its firing (a prefill goes on)
 
     # ---- Engine contract -------------------------------------------------
@@ -169,8 +171,11 @@ class KVCacheEngine(Engine):
             if ctx is not None and "token" in out:
                 ctx.sampled.append(int(out["token"][0]))
             fan = self._fans.get(id(pending.firing))
+            held, start, kept = self._kept.pop(id(pending), (None, pending.start, None))
+            if held is pending:  # the piece's first rows came from the capture cache
+                out = {**out, **{name: torch.cat([rows.to(out[name].device), out[name]]) for name, rows in kept.items()}}
             if self.captures is not None and fan is None and ctx is not None and servable(pending):
-                self.captures.store(ctx, pending, self._model_name(pending.firing), out)
+                self.captures.store(ctx, pending, self._model_name(pending.firing), out, start)
             if fan is not None:
                 out = fan.put(pending.op, out)
                 if out is None:
@@ -252,6 +257,7 @@ class KVCacheEngine(Engine):
             self._answers.pop(fid, None)
         self._queues.pop(request_id, None)
         self._fans = {k: j for k, j in self._fans.items() if j.firing.request_id != request_id}
+        self._drop_kept(request_id)
         self.scheduler.drop_request(request_id)
         self._ready = [r for r in self._ready if r.firing.request_id != request_id]
 
@@ -270,6 +276,7 @@ class KVCacheEngine(Engine):
             "preemptions": self.scheduler.preemptions,
             "prefix_hit_tokens": self.scheduler.prefix_hit_tokens,
             "capture_cache_hits": self.captures.hits if self.captures is not None else 0,
+            "capture_cache_partial_hits": self.captures.partial_hits if self.captures is not None else 0,
             "capture_cache_bytes": self.captures.bytes if self.captures is not None else 0,
             "prefill_tokens": self.scheduler.prefill_tokens,
             "running": self.scheduler.num_running(),
@@ -343,9 +350,12 @@ class KVCacheEngine(Engine):
                 self._ready.append(FiringResult(firing, outputs={}))
             elif op.lazy and self.captures is not None and id(firing) not in self._fans and s.contexts.get(key) is ctx:
                 found = self.captures.lookup(ctx, pending, self._model_name(firing))
-                if found is not None:  # an equal piece ran after the same history: its rows become history too
-                    ctx.pending.remove(pending)
-                    self._ready.append(FiringResult(firing, outputs=found))
+                if found is not None and found[0] == pending.end - pending.start:
+                    ctx.pending.remove(pending)  # an equal piece ran after the same history: its rows become history
+                    self._ready.append(FiringResult(firing, outputs=found[1]))
+                elif found is not None:  # its first rows did: only the rest are computed, those kept go ahead
+                    self._kept[id(pending)] = (pending, pending.start, found[1])
+                    pending.start += found[0]
         elif op.kind == "query":
             reads = tuple(s.context((rid, name), firing.component) for name in op.reads)
             blocks = sum(-(-c.length // self.block_manager.block_size) for c in {id(c): c for c in reads}.values())
@@ -410,6 +420,10 @@ class KVCacheEngine(Engine):
         for firing in {id(f): f for f in failed}.values():
             self._fans.pop(id(firing), None)
             self._ready.append(FiringResult(firing, error=message))
+        self._drop_kept(rid)
+
+    def _drop_kept(self, rid: str) -> None:
+        self._kept = {k: v for k, v in self._kept.items() if v[0].firing.request_id != rid}
 
     def _take_ready(self) -> list[FiringResult]:
         ready, self._ready = self._ready, []
