@@ -290,13 +290,18 @@ async def pieces_session(url: str, engine, pcm: bytes, modalities: tuple[str, ..
 
 def test_speech_in_small_pieces_is_prefilled_while_it_arrives(server, client) -> None:
     """4.6 s of speech in 115 appends: the encoder's 2 s windows (26 rows each) are prefilled as they become
-    whole, so the committed turn computes only the last 0.6 s and the rows after it, and the answer (text, and
-    spoken: transcript and audio) is the chat completion's."""
+    whole, so the committed turn computes only the last 0.6 s and the rows after it, text or spoken (its media
+    piece's whole windows' captured rows kept by the capture cache), and the answer (text, and spoken:
+    transcript and audio) is the chat completion's."""
     clip = speech(4.6, seed=6)  # 460 mel frames: 60 thinker rows, 52 of them in two whole windows
     got, prefilled = asyncio.run(pieces_session(server.url, server.engine, clip, ("text",)))
     assert not got.errors and got.transcript == chat(client, [user_turn(clip)], modalities=("text",))[0]
     assert 0 < prefilled < 60 - 26  # the tail, the rows after the clip, the block where the cached rows end
     spoken = speech(4.6, seed=7)
-    got, _ = asyncio.run(pieces_session(server.url, server.engine, spoken, ("audio",)))
+    got, prefilled = asyncio.run(pieces_session(server.url, server.engine, spoken, ("audio",)))
     transcript, audio = chat(client, [user_turn(spoken)])
     assert not got.errors and got.transcript == transcript and got.audio == audio and audio
+    # spoken too: the clip's captured rows (what the talker reads) come from the capture cache, kept by the spoken
+    # prefills (65 rows computed after commit when they were text answers); the engine-level test of a clip
+    # extended by windows is tests/engines/kv/test_capture_cache.py
+    assert prefilled < 60 - 26

@@ -122,7 +122,8 @@ class RealtimeSession:
                 await (self._speech_started(position) if change == "speech_started" else self._speech_stopped(position))
             if not self.vad.speaking:  # silence beyond the prefix padding is dropped, so the buffer stays small
                 self.buffer.keep_from(self.buffer.end - self._padding())
-        self.prefill.heard(self._speech, lambda: self.conversation.messages(self.config.instructions))
+        self.prefill.heard(self._speech, lambda: self.conversation.messages(self.config.instructions),
+                           self.config.voice if self.config.speaks else None)
 
     def _padding(self) -> int:
         return self.config.turn_detection.prefix_padding_ms * RATE // 1000

@@ -4,10 +4,11 @@ The audio encoder attends only inside windows (``ModelCard.audio_window_s``: 8 s
 release), so a window heard whole has final features, tokens and thinker rows. Each time the speech of
 the turn (what a commit would take now) holds one more whole window, plus ``LOOKAHEAD_S`` for the last
 features' reach past the window's end, the conversation so far with that speech as the last user item
-runs as a greedy text answer of one token. Its prompt rows land in the runtime's prefix cache (keyed on
-content: per window, ``content_keys.py``) and its encoded windows in the encoder's cache, then its answer
-is dropped. The committed turn's response is the same request it always was; it finds every window whose
-features came out the same as a hit, so on commit only the last, incomplete window and the rows after it
+runs as a greedy answer of one token (spoken when the session answers spoken). Its prompt rows land in the
+runtime's prefix cache (keyed on content: per window, ``content_keys.py``), its encoded windows in the
+encoder's cache and, spoken, its media pieces' captured thinker rows (what the talker reads) in the KV
+engine's capture cache, per window; then its answer is dropped. The committed turn's response is the
+same request it always was; it finds every window whose features came out the same as a hit, so on commit only the last, incomplete window and the rows after it
 are computed:
 
     heard:   |---- window 0 ----|---- window 1 ----|-- tail --|   (commit)
@@ -42,6 +43,15 @@ BODY = {"messages": [{"role": "user"}], "stream": True, "modalities": ["text"], 
         "max_completion_tokens": 1}
 
 
+def body(voice: str | None) -> ChatCompletionRequest:
+    """The prefill's request: a text answer of one token, or for a session that answers spoken, a spoken one of two, so
+    its media pieces capture the thinker rows the talker reads and the KV engine's capture cache keeps them per
+    encoder window (``engines/kv/capture_cache.py``) for the committed turn's spoken answer."""
+    spoken = {"modalities": ["text", "audio"], "audio": {"voice": voice, "format": "pcm16"},
+              "max_completion_tokens": 2} if voice else {}  # a spoken answer's least
+    return ChatCompletionRequest.model_validate({**BODY, **spoken})
+
+
 class SpeechPrefill:
     def __init__(self, state: AppState, enabled: bool):
         window = state.card.audio_window_s
@@ -54,11 +64,13 @@ class SpeechPrefill:
     def running(self) -> bool:
         return self.task is not None and not self.task.done()
 
-    def heard(self, speech: Callable[[], bytes | None], messages: Callable[[], list[dict[str, Any]]]) -> None:
+    def heard(self, speech: Callable[[], bytes | None], messages: Callable[[], list[dict[str, Any]]],
+              voice: str | None = None) -> None:
         """After an append: ``speech()`` is the pcm16 a commit would take now (None: no speech), ``messages()``
-        the conversation before it. Starts prefilling when a window more is whole and none runs."""
+        the conversation before it, ``voice`` the session's when it answers spoken (None: text). Starts
+        prefilling when a window more is whole and none runs."""
         if self.window_s is not None and not self.running and self._due(speech()):
-            self.task = asyncio.ensure_future(self._loop(speech, messages))
+            self.task = asyncio.ensure_future(self._loop(speech, messages, body(voice)))
 
     def _due(self, pcm: bytes | None) -> bool:
         return pcm is not None and int((len(pcm) / 2 / RATE - LOOKAHEAD_S) // self.window_s) > self.covered
@@ -77,15 +89,16 @@ class SpeechPrefill:
             self.task.cancel()
             await asyncio.wait([self.task])
 
-    async def _loop(self, speech: Callable[[], bytes | None], messages: Callable[[], list[dict[str, Any]]]) -> None:
+    async def _loop(self, speech: Callable[[], bytes | None], messages: Callable[[], list[dict[str, Any]]],
+                    request: ChatCompletionRequest) -> None:
         while self._due(pcm := speech()):
             self.covered = int((len(pcm) / 2 / RATE - LOOKAHEAD_S) // self.window_s)
             turn = {"role": "user", "content": [Part("input_audio", pcm=pcm).payload()]}
-            await self._run([*messages(), turn])
+            await self._run([*messages(), turn], request)
 
-    async def _run(self, messages: list[dict[str, Any]]) -> None:
+    async def _run(self, messages: list[dict[str, Any]], request: ChatCompletionRequest) -> None:
         try:
-            plan = await plan_chat(self.state, ChatCompletionRequest.model_validate(BODY), messages)
+            plan = await plan_chat(self.state, request, messages)
             updates = drive_choices(self.state.runner, plan.specs, plan.trackers, ROUTE)
             async with contextlib.aclosing(updates):
                 async for _ in updates:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -99,7 +100,7 @@ def _run_keys(keys: Any, start: int, end: int, model: str) -> list[tuple]:
     """The entry key of each run of equal row keys in rows ``[start, end)`` (an audio clip: one run per encoder
     window, whose chained key stands for every window before it), in order."""
     cuts = [start, *(i for i in range(start + 1, end) if keys[i] != keys[i - 1]), end]
-    return [(model, lo, hi, hash(tuple(keys[:lo])), tuple(keys[lo:hi])) for lo, hi in zip(cuts, cuts[1:])]
+    return [(model, lo, hi, hash(tuple(keys[:lo])), tuple(keys[lo:hi])) for lo, hi in pairwise(cuts)]
 
 
 def servable(pending: PendingFiring) -> bool:
