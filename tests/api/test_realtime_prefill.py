@@ -30,13 +30,16 @@ def voiced(seconds: float) -> bytes:
 
 
 def session(prefill: bool = True) -> tuple[RealtimeSession, list[int]]:
-    """A session on a fake engine whose card has 1 s encoder windows; its prefills' speech lengths (samples)."""
+    """A session on a fake engine whose card has 1 s encoder windows; its prefills' speech lengths (samples),
+    and in ``s.prefill_requests`` the chat requests they would run."""
     state = AppState(FakeEngine(FakeEngineConfig(audio=True)), ServerConfig(realtime_prefill_while_speaking=prefill))
     state.card = dataclasses.replace(state.card, audio_window_s=WINDOW_S)
     s, started = RealtimeSession(state, "fake-tiny"), []
+    s.prefill_requests = []
 
-    async def record(messages):
+    async def record(messages, request):
         started.append(len(messages[-1]["content"][0]["audio"].data) // 4)  # float32 samples
+        s.prefill_requests.append(request)
         await asyncio.sleep(0)
 
     s.prefill._run = record
@@ -57,6 +60,10 @@ def test_each_whole_window_is_prefilled_once_with_the_speech_so_far() -> None:
         s, started = session()
         await feed(s, voiced(3.5))
         assert started == [int(1.1 * RATE), int(2.1 * RATE), int(3.1 * RATE)]  # a window + 50 ms, at 100 ms appends
+        # the session answers spoken by default: its prefill is a greedy spoken answer of two tokens (the least
+        # the talker takes), so the captured thinker rows of each window are kept for the committed answer
+        assert {(tuple(r.modalities), r.max_completion_tokens, r.temperature) for r in s.prefill_requests} == {
+            (("text", "audio"), 2, 0)}
         await s.handle(json.dumps({"type": "input_audio_buffer.commit"}))
         await feed(s, voiced(0.9))  # the next turn starts from no window
         assert len(started) == 3
@@ -69,7 +76,7 @@ def test_each_whole_window_is_prefilled_once_with_the_speech_so_far() -> None:
 def test_a_fast_client_gets_the_windows_it_sent_meanwhile() -> None:
     async def go():
         s, started = session()
-        s.prefill._run = lambda messages: started.append(len(messages[-1]["content"][0]["audio"].data) // 4) or \
+        s.prefill._run = lambda messages, request: started.append(len(messages[-1]["content"][0]["audio"].data) // 4) or \
             asyncio.sleep(0.05)
         for _ in range(30):  # 3 s in one burst: the first prefill still runs while the rest arrives
             await s.handle(json.dumps({"type": "input_audio_buffer.append",
