@@ -62,8 +62,8 @@ def test_each_whole_window_is_prefilled_once_with_the_speech_so_far() -> None:
         assert started == [int(1.1 * RATE), int(2.1 * RATE), int(3.1 * RATE)]  # a window + 50 ms, at 100 ms appends
         # the session answers spoken by default: its prefill is a greedy spoken answer of two tokens (the least
         # the talker takes), so the captured thinker rows of each window are kept for the committed answer
-        assert {(tuple(r.modalities), r.max_completion_tokens, r.temperature) for r in s.prefill_requests} == {
-            (("text", "audio"), 2, 0)}
+        assert {(tuple(r.modalities), r.max_completion_tokens, r.temperature, r.audio.max_frames)
+                for r in s.prefill_requests} == {(("text", "audio"), 2, 0, 1)}  # one talker frame: it is thrown away
         await s.handle(json.dumps({"type": "input_audio_buffer.commit"}))
         await feed(s, voiced(0.9))  # the next turn starts from no window
         assert len(started) == 3

@@ -47,8 +47,8 @@ def body(voice: str | None) -> ChatCompletionRequest:
     """The prefill's request: a text answer of one token, or for a session that answers spoken, a spoken one of two, so
     its media pieces capture the thinker rows the talker reads and the KV engine's capture cache keeps them per
     encoder window (``engines/kv/capture_cache.py``) for the committed turn's spoken answer."""
-    spoken = {"modalities": ["text", "audio"], "audio": {"voice": voice, "format": "pcm16"},
-              "max_completion_tokens": 2} if voice else {}  # a spoken answer's least
+    spoken = {"modalities": ["text", "audio"], "audio": {"voice": voice, "format": "pcm16", "max_frames": 1},
+              "max_completion_tokens": 2} if voice else {}  # a spoken answer's least: its audio is thrown away
     return ChatCompletionRequest.model_validate({**BODY, **spoken})
 
 
