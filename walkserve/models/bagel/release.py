@@ -12,6 +12,8 @@ import json
 import math
 from pathlib import Path
 
+from walkserve.models.common.safetensors_files import written_once
+
 MODEL_ID = "ByteDance-Seed/BAGEL-7B-MoT"
 RELEASED_LLM = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
                 "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
@@ -86,11 +88,4 @@ def write_release(out: Path) -> None:
 
 def released_checkpoint(root: Path) -> Path:
     """The release's header-only checkpoint under ``root`` (written once; reused while complete)."""
-    directory = root / MODEL_ID.replace("/", "--")
-    if (directory / "config.json").is_file():
-        return directory
-    tmp = directory.with_name(directory.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    write_release(tmp)
-    tmp.replace(directory)
-    return directory
+    return written_once(root, MODEL_ID, write_release)

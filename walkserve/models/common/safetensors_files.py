@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 from walkserve.core.errors import ConfigError
@@ -62,3 +63,16 @@ def tensor_bytes(directory: str | Path, dtype: str | None = None, prefix: str = 
             itemsize = DTYPE_ITEMSIZE[dtype] if dtype else ITEMSIZE.get(entry["dtype"], 4)
             total += math.prod(entry["shape"]) * itemsize
     return total
+
+
+def written_once(root: Path, model_id: str, write: Callable[[Path], None]) -> Path:
+    """The checkpoint directory for ``model_id`` under ``root``: ``write(tmp)`` fills it once (into a temporary
+    directory, renamed when complete), and a complete one is reused."""
+    directory = root / model_id.replace("/", "--")
+    if (directory / "config.json").is_file():
+        return directory
+    tmp = directory.with_name(directory.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    write(tmp)
+    tmp.replace(directory)
+    return directory

@@ -16,6 +16,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from walkserve.models.common.safetensors_files import written_once
+
 MODEL_ID = "Qwen/Qwen3-Omni-30B-A3B-Instruct"
 _MROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [24, 20, 20], "interleaved": True}
 
@@ -89,11 +91,4 @@ def write_headers(directory: Path, config: dict[str, Any], shards: int = 15) -> 
 
 def released_checkpoint(root: Path) -> Path:
     """The release's header-only checkpoint under ``root`` (written once; reused while complete)."""
-    directory = root / MODEL_ID.replace("/", "--")
-    if (directory / "config.json").is_file():
-        return directory
-    tmp = directory.with_name(directory.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    write_headers(tmp, release_config())
-    tmp.replace(directory)
-    return directory
+    return written_once(root, MODEL_ID, lambda tmp: write_headers(tmp, release_config()))
