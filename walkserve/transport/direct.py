@@ -52,6 +52,16 @@ def datagrams(sender: int, frame: bytes, fragment: int = FRAGMENT) -> list[bytes
     return [_HEADER.pack(sender, int(i + fragment < len(frame))) + view[i:i + fragment] for i in starts]
 
 
+
+def decode_into(out: list[Message], frame: bytes, token: str) -> bool:
+    """Append a frame's messages to ``out``; False (logged, nothing appended) for a frame that does not decode."""
+    try:
+        out.extend(decode(frame, token))
+    except BadMessage as e:
+        log.warning("dropped a frame: %s", e)
+        return False
+    return True
+
 class DirectInbox:
     """The datagram socket a worker receives other ranks' frames on (beside its ZeroMQ inbox)."""
 
@@ -79,11 +89,8 @@ class DirectInbox:
             frame = self._join(data)
             if frame is None:
                 continue
-            try:
-                out.extend(decode(frame, self.token))
-            except BadMessage as e:
+            if not decode_into(out, frame, self.token):
                 self.bad_frames += 1
-                log.warning("dropped a frame: %s", e)
         return out
 
     def _join(self, data: bytes) -> bytes | None:

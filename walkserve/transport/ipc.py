@@ -18,9 +18,9 @@ from collections import defaultdict
 
 import zmq
 
-from walkserve.protocol.codec import BadMessage, decode, encode
+from walkserve.protocol.codec import encode
 from walkserve.protocol.messages import Message
-from walkserve.transport.direct import DirectInbox, DirectLink
+from walkserve.transport.direct import DirectInbox, DirectLink, decode_into
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +68,8 @@ class Inbox:
                 frame = self.socket.recv(zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 break
-            try:
-                out.extend(decode(frame, self.token))
-            except BadMessage as e:
+            if not decode_into(out, frame, self.token):
                 self._bad += 1
-                log.warning("dropped a frame: %s", e)
         if self.direct is not None:
             out.extend(self.direct.receive(limit))
         return out
