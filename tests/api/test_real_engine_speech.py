@@ -198,14 +198,18 @@ def test_speech_max_tokens_bounds_the_audio(served):
 
 def test_speech_metrics_move(served, client):
     before = metrics(served.url)
-    client.audio.speech.create(model=MODEL, voice="tara", input="Count me.", response_format="wav")
+    # seeded: unseeded, the random LM may sample END_OF_SPEECH early and the answer is shorter than SAMPLES
+    answer = client.audio.speech.create(model=MODEL, voice="tara", input="Count me.", response_format="wav",
+                                        extra_body={"seed": SEED})
+    samples = len(soundfile.read(io.BytesIO(answer.content), dtype="float32")[0])
     after = metrics(served.url)
     route = "/v1/audio/speech"
     for name in ("walkserve_time_to_first_audio_seconds_count", "walkserve_speech_real_time_factor_count",
                  "walkserve_e2e_request_latency_seconds_count"):
         assert metric(after, name, route=route) == metric(before, name, route=route) + 1, name
     assert metric(after, "walkserve_audio_output_seconds_total", route=route) == pytest.approx(
-        metric(before, "walkserve_audio_output_seconds_total", route=route) + SAMPLES / 24000)
+        metric(before, "walkserve_audio_output_seconds_total", route=route) + samples / 24000)
+    assert 0 < samples <= SAMPLES
     assert metric(after, "walkserve_http_responses_total", route=route, status="200") > 0
     assert metric(after, "walkserve_kv_blocks_total") > 0
 
