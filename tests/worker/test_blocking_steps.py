@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from tests.worker.test_stream_scheduling import LM, PASS_S, Clock, TimedEngine, gaps
+from tests.worker.test_stream_scheduling import LM
+from tests.worker.virtual_clock import Clock, TimedEngine, drive, gaps
 from walkserve.conductor.capacity import StreamCapacity
 from walkserve.core.sampling import SamplingParams
 from walkserve.core.scheduling import StreamScheduling
@@ -69,25 +70,10 @@ def run(streams: int) -> tuple[dict[str, list[tuple[float, float]]], Executor]:
     engines = {TALKER_NODE: LM(TALKER_NODE, clock, *TALKER, None), "code2wav": Code2Wav("code2wav", clock, 0.0, CODEC, None)}
     ex = Executor(0, omni_like_graph(), engines, concat, scheduling=StreamScheduling(), clock=clock)
     late = streams // 4
-    pending = [(0.0 if i < streams - late else 1.0, f"s{i}") for i in range(streams)]
-    audio: dict[str, list] = {rid: [] for _, rid in pending}
-    for _ in range(400_000):
-        while pending and pending[0][0] <= clock.t:
-            ex.receive(m.StartWalk(pending.pop(0)[1], "decode", {TALKER_NODE: 0, "code2wav": 0},
-                                   {"last": torch.tensor([AUDIO_CODE_BASE])}, SpeechParams(),
-                                   SamplingParams(max_tokens=150), stream=True))
-        moved = ex.advance()
-        for _, msg in ex.out.take():
-            if isinstance(msg, m.ClientOuts):
-                for rid, value in zip(msg.request_ids, msg.values, strict=True):
-                    audio[rid].append((clock.t, value.numel() / RATE))
-        if moved or ex.dirty:
-            clock.t += PASS_S
-        elif pending:
-            clock.t = pending[0][0]
-        else:
-            return audio, ex
-    raise AssertionError("the run did not settle")
+    starts = [(0.0 if i < streams - late else 1.0,
+               m.StartWalk(f"s{i}", "decode", {TALKER_NODE: 0, "code2wav": 0}, {"last": torch.tensor([AUDIO_CODE_BASE])},
+                           SpeechParams(), SamplingParams(max_tokens=150), stream=True)) for i in range(streams)]
+    return drive(ex, clock, starts, RATE), ex
 
 
 def test_a_long_codec_step_is_priced_in_the_ranks_time_so_every_admitted_load_plays():

@@ -19,7 +19,8 @@ import itertools
 
 import torch
 
-from tests.worker.test_stream_scheduling import LM, PASS_S, Clock, Codec, gaps
+from tests.worker.test_stream_scheduling import LM, Codec
+from tests.worker.virtual_clock import PASS_S, Clock, gaps
 from walkserve.core.sampling import SamplingParams
 from walkserve.core.scheduling import DEADLINE, FIFO, StreamScheduling
 from walkserve.engines.values import concat

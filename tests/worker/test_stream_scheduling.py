@@ -13,47 +13,16 @@ from __future__ import annotations
 
 import torch
 
+from tests.worker.virtual_clock import Clock, TimedEngine, drive, gaps
 from walkserve.core.sampling import SamplingParams
 from walkserve.core.scheduling import DEADLINE, FIFO, StreamScheduling
-from walkserve.engines.base import Engine, Group
+from walkserve.engines.base import Group
 from walkserve.engines.values import concat
 from walkserve.models.orpheus.graph import build_graph
 from walkserve.models.orpheus.processor import SpeechParams
 from walkserve.models.orpheus.tokens import AUDIO_CODE_BASE, FRAME_SAMPLES, SAMPLE_RATE
 from walkserve.protocol import messages as m
 from walkserve.worker.executor import Executor
-
-PASS_S = 0.0005  # the heartbeat's own time per pass
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-class TimedEngine(Engine):
-    """Costs ``fixed + per_member * members`` virtual seconds per call; ``step_capacity`` members a step."""
-
-    def __init__(self, component: str, clock: Clock, fixed: float, per_member: float, capacity: int | None):
-        self.component, self.clock = component, clock
-        self.fixed, self.per_member, self.capacity = fixed, per_member, capacity
-        self.batches: list[int] = []
-
-    def run_groups(self, groups: list[Group], may_yield: bool = False) -> list[list]:
-        n = sum(len(g.request_ids) for g in groups)
-        self.batches.append(n)
-        forwards = -(-n // self.capacity) if self.capacity else 1  # more than a batch: more forwards
-        self.clock.t += self.fixed * forwards + self.per_member * n
-        return [[self.answer(g, i) for i in range(len(g.request_ids))] for g in groups]
-
-    def step_capacity(self) -> int | None:
-        return self.capacity
-
-    def release(self, request_id: str) -> None:
-        pass
 
 
 class LM(TimedEngine):
@@ -79,36 +48,9 @@ def run(mode: str, arrivals: list[tuple[float, str, int]], lm=(0.002, 0.001, 16)
     engines = {"lm": LM("lm", clock, *lm), "codec": Codec("codec", clock, *codec)}
     ex = Executor(0, build_graph(), engines, concat, scheduling=StreamScheduling(mode=mode, **knobs), clock=clock,
                   batched=batched)
-    pending, audio = sorted(arrivals), {rid: [] for _, rid, _ in arrivals}
-    for _ in range(200_000):
-        while pending and pending[0][0] <= clock.t:
-            _, rid, tokens = pending.pop(0)
-            ex.receive(m.StartWalk(rid, "decode", {"lm": 0, "codec": 0}, {"last": torch.tensor([AUDIO_CODE_BASE])},
-                                   SpeechParams(), SamplingParams(max_tokens=tokens)))
-        moved = ex.advance()
-        if stall and clock.t >= stall[0]:
-            clock.t, stall = clock.t + stall[1], None
-        for _, msg in ex.out.take():
-            if isinstance(msg, m.ClientOuts):
-                for rid, value in zip(msg.request_ids, msg.values, strict=True):
-                    audio[rid].append((clock.t, value.numel() / SAMPLE_RATE))
-        if moved or ex.dirty:
-            clock.t += PASS_S
-        elif pending:
-            clock.t = pending[0][0]
-        else:
-            return audio, ex
-    raise AssertionError("the run did not settle")
-
-
-def gaps(chunks: list[tuple[float, float]]) -> int:
-    """Chunks that arrived after the audio before them ran out (the player waits, then plays on)."""
-    count, runs_dry = 0, None
-    for at, seconds in chunks:
-        if runs_dry is not None and at > runs_dry:
-            count += 1
-        runs_dry = max(at, runs_dry or at) + seconds
-    return count
+    starts = [(at, m.StartWalk(rid, "decode", {"lm": 0, "codec": 0}, {"last": torch.tensor([AUDIO_CODE_BASE])},
+                               SpeechParams(), SamplingParams(max_tokens=tokens))) for at, rid, tokens in arrivals]
+    return drive(ex, clock, starts, SAMPLE_RATE, stall), ex
 
 
 # four long streams play from t=0 and get ahead of playback; at 2 s a burst of ten short ones arrives. The LM
@@ -194,20 +136,10 @@ def gathered_run(capacity: int | None) -> tuple[dict[str, int], SpyCodec, Execut
     engines = {"lm": LM("lm", clock, 0.0002, 0.0001, 16), "codec": codec}
     ex = codec.executor = Executor(0, build_graph(), engines, concat, scheduling=StreamScheduling(pace_slack_s=0.5),
                                    clock=clock, batched=False)
-    for i in range(10):
-        ex.receive(m.StartWalk(f"s{i}", "decode", {"lm": 0, "codec": 0}, {"last": torch.tensor([AUDIO_CODE_BASE])},
-                               SpeechParams(), SamplingParams(max_tokens=100 + 10 * i)))
-    audio = {f"s{i}": 0 for i in range(10)}
-    for _ in range(100_000):
-        moved = ex.advance()
-        for _, msg in ex.out.take():
-            if isinstance(msg, m.ClientOuts):
-                for rid, value in zip(msg.request_ids, msg.values, strict=True):
-                    audio[rid] += value.numel()
-        if not (moved or ex.dirty):
-            return audio, codec, ex
-        clock.t += PASS_S
-    raise AssertionError("the run did not settle")
+    starts = [(0.0, m.StartWalk(f"s{i}", "decode", {"lm": 0, "codec": 0}, {"last": torch.tensor([AUDIO_CODE_BASE])},
+                                SpeechParams(), SamplingParams(max_tokens=100 + 10 * i))) for i in range(10)]
+    chunks = drive(ex, clock, starts, SAMPLE_RATE)
+    return {rid: round(sum(s for _, s in c) * SAMPLE_RATE) for rid, c in chunks.items()}, codec, ex
 
 
 def test_a_gathering_engines_batch_bounds_its_call_over_every_cohort_least_slack_first():
