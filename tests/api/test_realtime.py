@@ -88,9 +88,12 @@ def test_session_created_and_update(url) -> None:
             assert error.type == "error" and error.error.param == "session.audio.output.voice"
             assert error.error.code == "unknown_voice"
             await conn.session.update(session={"type": "realtime", "instructions": "Be kind", "temperature": 0,
-                                               "output_modalities": ["text"], "audio": {"output": {"voice": "Leo"}}})
+                                               "output_modalities": ["text"],
+                                               "audio": {"output": {"voice": "Leo", "max_frames": 8}}})
             updated = (await conn.recv()).session
             assert updated.instructions == "Be kind" and updated.audio.output.voice == "leo"
+            assert session.audio.output.model_extra["max_frames"] is None  # the chat route's audio.max_frames
+            assert updated.audio.output.model_extra["max_frames"] == 8
             assert updated.output_modalities == ["text"] and updated.model_extra["temperature"] == 0
     asyncio.run(run())
 
@@ -107,6 +110,8 @@ BAD = [
      "session.audio.input.format"),
     (json.dumps({"type": "session.update", "session": {"type": "realtime", "temperature": -1}}), "invalid_value",
      "session.temperature"),
+    (json.dumps({"type": "session.update", "session": {"type": "realtime",
+                 "audio": {"output": {"max_frames": 0}}}}), "invalid_value", "session.audio.output.max_frames"),
     (json.dumps({"type": "session.update", "session": {"type": "realtime",
                  "audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}}), "unsupported_parameter",
      "session.audio.input.turn_detection"),

@@ -4,7 +4,10 @@ One server per module (the default one-rank placement). With greedy sampling a r
 chat completion of the conversation so far (session instructions as the system message): its transcript
 and its pcm16 audio are equal, byte for byte, to ``POST /v1/chat/completions`` with ``modalities
 ["text", "audio"]``, for text in, audio in (pcm16 24 kHz appended in chunks, then committed) and a
-multi-turn session whose earlier answers the chat request carries as assistant messages.
+multi-turn session whose earlier answers the chat request carries as assistant messages. Spoken answers are cut
+at ``FRAMES`` codec frames on both sides (the session's ``audio.output.max_frames``, the chat's ``audio.max_frames``):
+the random talker would speak for 100 to 300 frames, seconds each, and past the answer's text the frames add nothing
+the comparison needs.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ pytestmark = [pytest.mark.slow]
 MAX_TOKENS = 6
 INSTRUCTIONS = "Be brief"
 VOICE = "Chelsie"
+FRAMES = 8  # > MAX_TOKENS: the talker reads every text row of the answer, then its end
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +64,8 @@ def wav_b64(pcm: bytes) -> str:
 
 def chat(client: openai.OpenAI, messages: list[dict], modalities=("text", "audio")) -> tuple[str, bytes]:
     """(transcript, pcm16) of the greedy chat completion."""
-    kw = {"modalities": list(modalities), "audio": {"voice": VOICE, "format": "pcm16"}} if "audio" in modalities else {}
+    kw = {"modalities": list(modalities), "audio": {"voice": VOICE, "format": "pcm16", "max_frames": FRAMES}} \
+        if "audio" in modalities else {}
     reply = client.chat.completions.create(model="tiny-omni", messages=[{"role": "system", "content": INSTRUCTIONS},
                                                                         *messages], temperature=0, **kw)
     message = reply.choices[0].message
@@ -100,7 +105,8 @@ async def session(url: str, turns: list, modalities=("audio",), engine=None, row
         assert (await conn.recv()).type == "session.created"
         await conn.session.update(session={"type": "realtime", "instructions": INSTRUCTIONS, "temperature": 0,
                                            "output_modalities": list(modalities),
-                                           "audio": {"input": {"turn_detection": None}, "output": {"voice": VOICE}}})
+                                           "audio": {"input": {"turn_detection": None},
+                                                     "output": {"voice": VOICE, "max_frames": FRAMES}}})
         assert (await conn.recv()).type == "session.updated"
         for turn in turns:
             if isinstance(turn, str):
@@ -145,6 +151,7 @@ def test_text_and_audio_turns_equal_chat_completions(server, client) -> None:
         assert got.transcript == transcript and transcript
         assert got.audio == audio and len(audio) > 0
         assert got.done.usage.output_token_details.text_tokens == MAX_TOKENS
+        assert 0 < got.done.usage.output_token_details.audio_tokens <= FRAMES
         history.append({"role": "assistant", "content": transcript})
     # the history is a real part of the prompt: the last turn alone gets another answer
     assert chat(client, [user_turn("and?")])[1] != answers[2].audio
@@ -277,7 +284,8 @@ async def pieces_session(url: str, engine, pcm: bytes, modalities: tuple[str, ..
         await conn.recv()
         await conn.session.update(session={"type": "realtime", "instructions": INSTRUCTIONS, "temperature": 0,
                                            "output_modalities": list(modalities),
-                                           "audio": {"input": {"turn_detection": None}, "output": {"voice": VOICE}}})
+                                           "audio": {"input": {"turn_detection": None},
+                                                     "output": {"voice": VOICE, "max_frames": FRAMES}}})
         await until(conn, "session.updated")
         await append_audio(conn, pcm, chunk=960)
         before = await _settled(url, engine)

@@ -47,7 +47,7 @@ def chat_body(config: SessionConfig) -> ChatCompletionRequest:
     return ChatCompletionRequest.model_validate({
         "messages": [{"role": "user"}], "stream": True,
         "modalities": ["text", "audio"] if speaks else ["text"],
-        "audio": {"voice": config.voice, "format": "pcm16"} if speaks else None,
+        "audio": {"voice": config.voice, "format": "pcm16", "max_frames": config.max_audio_frames} if speaks else None,
         "temperature": config.temperature, "top_p": config.top_p, "seed": config.seed,
         "max_completion_tokens": config.max_output_tokens,
     })

@@ -2,7 +2,8 @@
 
 Audio is pcm16 mono at 24 kHz both ways (``{"type": "audio/pcm", "rate": 24000}``); other formats are refused.
 Sampling rides in the session object as a walkserve extension the GA schema lacks (the ``openai`` client passes
-unknown keys through): ``temperature`` (0 = greedy), ``top_p``, ``seed``. Fields the model cannot honour
+unknown keys through): ``temperature`` (0 = greedy), ``top_p``, ``seed``; so does ``audio.output.max_frames``, the
+chat route's ``audio.max_frames`` (at most this many codec frames of each spoken answer). Fields the model cannot honour
 (``tools``, ``semantic_vad``, a ``prompt``) are refused with an error event; fields that only tune the reference
 service (``tracing``, ``truncation``, ``include``, ``noise_reduction``, ``speed``) are ignored. Input
 ``transcription`` (``{model, language, prompt}`` or null) turns on the transcription of committed user audio by the
@@ -23,6 +24,7 @@ RATE = 24000
 PCM = {"type": "audio/pcm", "rate": RATE}
 MODALITIES = (["text"], ["audio"], ["text", "audio"], ["audio", "text"])
 MAX_OUTPUT_TOKENS = 1 << 20
+MAX_FRAMES = 65536  # as the chat route's audio.max_frames
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class SessionConfig:
     temperature: float | None = None  # None: the model card's default
     top_p: float | None = None
     seed: int | None = None
+    max_audio_frames: int | None = None  # None: the model's bound (the chat route's audio.max_frames unset)
     id: str = field(default_factory=lambda: new_id("sess"))
 
     @property
@@ -76,7 +79,8 @@ class SessionConfig:
             "output_modalities": self.output_modalities, "instructions": self.instructions,
             "audio": {"input": {"format": PCM, "turn_detection": detection, "noise_reduction": None,
                                 "transcription": self.transcription.describe() if self.transcription else None},
-                      "output": {"format": PCM, "voice": self.voice, "speed": 1.0}},
+                      "output": {"format": PCM, "voice": self.voice, "speed": 1.0,
+                                 "max_frames": self.max_audio_frames}},
             "max_output_tokens": self.max_output_tokens or "inf", "tools": [], "tool_choice": "auto",
             "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
         }
@@ -107,6 +111,8 @@ def apply_update(config: SessionConfig, session: Any, check_voice, where: str = 
     check_format(audio_out.get("format"), f"{where}.audio.output.format")
     if "voice" in audio_out:
         new.voice = check_voice(voice_name(audio_out["voice"]), f"{where}.audio.output.voice")
+    if "max_frames" in audio_out:
+        new.max_audio_frames = max_frames(audio_out["max_frames"], f"{where}.audio.output.max_frames")
     if "turn_detection" in audio_in:
         new.turn_detection = turn_detection(audio_in["turn_detection"])
     if "transcription" in audio_in and where == "session":
@@ -142,6 +148,14 @@ def max_output_tokens(value: Any, param: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_OUTPUT_TOKENS:
         raise invalid(f'{param} must be an integer in [1, {MAX_OUTPUT_TOKENS}] or "inf"', param)
+    return value
+
+
+def max_frames(value: Any, param: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_FRAMES:
+        raise invalid(f"{param} must be an integer in [1, {MAX_FRAMES}] or null", param)
     return value
 
 
