@@ -19,6 +19,7 @@ from walkserve.testing.fake_engine import FAIL_MAGIC
 
 PREFIX = "conversation.item.input_audio_transcription"
 SETTINGS = {"model": "whisper-1", "language": "de", "prompt": "Bahnhof"}
+MAX_TOKENS = 24  # the server's default_max_tokens: unset, the fake model (ignore_eos) fills its 2,048-token context
 
 
 def route_transcript(url: str, pcm: bytes, **form) -> str:
@@ -50,14 +51,14 @@ def test_a_committed_turn_is_transcribed_as_the_transcription_route_would() -> N
             assert deltas and all(e.item_id == item_id and e.content_index == 0 for e in deltas)
             assert done.item_id == item_id and done.content_index == 0
             assert done.transcript == "".join(e.delta for e in deltas)
-            assert done.usage.type == "tokens" and done.usage.output_tokens >= len(deltas) > 0
+            assert done.usage.type == "tokens" and MAX_TOKENS == done.usage.output_tokens >= len(deltas) > 0
             assert done.usage.total_tokens == done.usage.input_tokens + done.usage.output_tokens
             await conn.conversation.item.retrieve(item_id=item_id)
             item = (await until(conn, "conversation.item.retrieved")).item
             assert item.content[0].type == "input_audio" and item.content[0].transcript == done.transcript
             return done.transcript
 
-    with live_server(fake()) as url:
+    with live_server(fake(), default_max_tokens=MAX_TOKENS) as url:
         transcript = asyncio.run(run(url))
         assert transcript == route_transcript(url, pcm, language="de", prompt="Bahnhof")
         assert transcript != route_transcript(url, pcm, language="fr")  # the settings are part of the prompt
