@@ -112,7 +112,7 @@ def report(args: argparse.Namespace, f: Figures) -> str:
         rows.append(row)
     return "\n".join([
         f"prefill while speaking ({'--heavier checkpoint' if args.heavier else 'tiny checkpoint'}): one session at a "
-        f"time, {args.rounds} round(s) per length and side, "
+        f"time, speech at {args.speed:g}x real time, {args.rounds} round(s) per length and side, "
         f"{args.tokens} thinker tokens, greedy, each answer cancelled at its first delta; on / off = "
         "realtime_prefill_while_speaking; rows = thinker rows prefilled after the end of speech (text answer)",
         "",
