@@ -163,6 +163,7 @@ async function sendChat() {
 async function speak() {
   const live = $("speech-live").checked;
   const request = { model: card.id, input: $("speech-input").value, voice: $("speech-voice").value || undefined };
+  if ($("speech-seed").value) request.seed = Number($("speech-seed").value);
   const start = performance.now();
   let first = null;
   let audioSeconds;
