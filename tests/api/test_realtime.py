@@ -119,6 +119,13 @@ BAD = [
     (json.dumps({"type": "response.cancel"}), "response_cancel_not_active", "response_id"),
     (json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "robot", "content": []}}),
      "invalid_value", "item.role"),
+    (json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": [], "content": []}}),
+     "invalid_value", "item.role"),  # unhashable values are refused, not looked up (hypothesis found this one)
+    (json.dumps({"type": ["session.update"]}), "invalid_event_type", "type"),
+    (json.dumps({"type": "session.update", "session": {"type": "realtime", "audio": {"output": "loud"}}}),
+     "invalid_value", "session.audio.output"),
+    (json.dumps({"type": "session.update", "session": {"type": "realtime", "audio": {"output": {"voice": [1]}}}}),
+     "invalid_value", "session.audio.output.voice"),
     (json.dumps({"type": "conversation.item.delete", "item_id": "item_nope"}), "item_not_found", "item_id"),
     (json.dumps({"type": "input_audio_buffer.append", "event_id": "mine", "audio": "A" * (MIB + 10)}),
      "event_too_large", None),

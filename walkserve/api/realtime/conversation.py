@@ -95,7 +95,7 @@ def item_from_client(value: Any, max_pcm_bytes: int) -> Item:
         raise ApiError(400, "only message items are supported here (no function calls or MCP items)", "item.type",
                        "unsupported_parameter")
     role, content = value.get("role"), value.get("content")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:
         raise invalid("item.role must be system, user or assistant", "item.role")
     if not isinstance(content, list) or not content:
         raise invalid("item.content must be a non-empty list of parts", "item.content")

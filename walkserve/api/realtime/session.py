@@ -94,9 +94,10 @@ class RealtimeSession:
         try:
             message = parse(text)
             event_id = message.get("event_id") if isinstance(message.get("event_id"), str) else None
-            handler = self.handlers.get(message.get("type"))
+            kind = message.get("type")
+            handler = self.handlers.get(kind) if isinstance(kind, str) else None
             if handler is None:
-                raise invalid(f"unknown event type {str(message.get('type'))[:64]!r}", "type", "invalid_event_type")
+                raise invalid(f"unknown event type {str(kind)[:64]!r}", "type", "invalid_event_type")
             await handler(message)
         except Exception as e:
             await self.send(error_event(to_api_error(e), event_id))

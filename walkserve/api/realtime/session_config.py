@@ -107,10 +107,14 @@ def apply_update(config: SessionConfig, session: Any, check_voice, where: str = 
     if not isinstance(audio, dict):
         raise invalid(f"{where}.audio must be an object", f"{where}.audio")
     audio_in, audio_out = audio.get("input") or {}, audio.get("output") or {}
+    for side, value in (("input", audio_in), ("output", audio_out)):
+        if not isinstance(value, dict):
+            raise invalid(f"{where}.audio.{side} must be an object", f"{where}.audio.{side}")
     check_format(audio_in.get("format"), f"{where}.audio.input.format")
     check_format(audio_out.get("format"), f"{where}.audio.output.format")
     if "voice" in audio_out:
-        new.voice = check_voice(voice_name(audio_out["voice"]), f"{where}.audio.output.voice")
+        param = f"{where}.audio.output.voice"
+        new.voice = check_voice(voice_name(audio_out["voice"], param), param)
     if "max_frames" in audio_out:
         new.max_audio_frames = max_frames(audio_out["max_frames"], f"{where}.audio.output.max_frames")
     if "turn_detection" in audio_in:
@@ -159,8 +163,11 @@ def max_frames(value: Any, param: str) -> int | None:
     return value
 
 
-def voice_name(value: Any) -> str | None:
-    return value.get("id") if isinstance(value, dict) else value
+def voice_name(value: Any, param: str) -> str | None:
+    name = value.get("id") if isinstance(value, dict) else value
+    if name is not None and not isinstance(name, str):
+        raise invalid(f"{param} must be a voice name (or an object with its id)", param)
+    return name
 
 
 def check_format(value: Any, param: str) -> None:
