@@ -29,32 +29,40 @@ from walkserve.worker.outgoing import CONDUCTOR
 BATCH, STEPS, TOKEN = 64, 5, "run-token"
 
 
-class _Mix(GroupOnlyEngine):
-    """a: y = 2x + (a number of the request); b: x = y + 1. Each member's outputs depend on its own rows."""
+def _n(rid: str) -> int:
+    return zlib.crc32(rid.encode()) % 1000
 
-    def __init__(self, component: str):
-        self.component = component
+
+class _Mix(GroupOnlyEngine):
+    """a: y = 2x + (a number of the request); b: x = y + 1. Each member's outputs depend on its own rows.
+
+    ``ragged``: a's y is that value repeated 1-3 times (by request), so a step's rows differ in shape, and b
+    reads its first element. ``fail``: b fails that request at that iteration."""
+
+    def __init__(self, component: str, ragged: bool = False, fail: tuple[str, int] | None = None):
+        self.component, self.ragged, self.fail = component, ragged, fail
 
     def run_group(self, group: Group) -> list:
         if self.component == "a":
-            return [{"y": inp["x"] * 2 + zlib.crc32(rid.encode()) % 1000}
+            return [{"y": (inp["x"] * 2 + _n(rid)).repeat(1 + _n(rid) % 3 if self.ragged else 1)}
                     for rid, inp in zip(group.request_ids, group.inputs, strict=True)]
-        return [{"x": inp["y"] + 1} for inp in group.inputs]
+        return [f"no b for {rid}" if (rid, path[-1]) == self.fail else {"x": inp["y"][:1] + 1}
+                for rid, path, inp in zip(group.request_ids, group.paths, group.inputs, strict=True)]
 
 
 class _WireSim(Simulator):
     """Frames between ranks go through the wire path; ``per_row`` sends each Values row as its own message."""
 
-    def __init__(self, ranks: dict[str, int], per_row: bool = False):
+    def __init__(self, ranks: dict[str, int], per_row: bool = False, **mix):
         graph = NullBench(ModelRef("fixture-bench-null", None, {})).graph()
         super().__init__(graph, {}, lambda walk, node: ranks[node], seed=3)
-        self.per_row = per_row
+        self.per_row, self.mix = per_row, mix
         self.codecs: dict[int, TensorCodec] = {}
         self.values_sent: list[tuple[int, m.Values]] = []  # (rank, Values as packed)
 
     def executor(self, rank: int):
         if rank not in self.executors:
-            engines = {c: _Mix(c) for c in ("a", "b")}
+            engines = {c: _Mix(c, **self.mix) for c in ("a", "b")}
             self.executors[rank] = Executor(rank, self.graph, engines, concat, self.placement, True, (to_array, to_tensor))
             self.codecs[rank] = TensorCodec(TOKEN, str(rank), use_shm=False)
         return self.executors[rank]
@@ -104,22 +112,24 @@ class _WireSim(Simulator):
         self._flush(rank)
 
 
-def _run(sim: _WireSim) -> tuple[list[list], list[list]]:
-    """Each request's client outputs as (node, path, value), and what the formula says they are."""
+def _run(sim: _WireSim, steps: list[int] | None = None) -> tuple[list[list], list[list]]:
+    """Each request's client outputs as (node, path, value), and what the formula says they are (``steps``: each
+    request's loop steps, STEPS by default)."""
     for r in range(2):
         sim.executor(r)
-    specs = [RequestSpec({}, params=FixtureParams(steps=STEPS)) for _ in range(BATCH)]
+    steps = steps or [STEPS] * BATCH
+    specs = [RequestSpec({}, params=FixtureParams(steps=n)) for n in steps]
     for spec in specs:
         sim.submit(spec)
     results = sim.run()
     got = [[(o.node, tuple(o.path), o.value.tolist()) for o in results[s.id].outputs] for s in specs]
-    return got, [_expected(s.id) for s in specs]
+    return got, [_expected(s.id, n) for s, n in zip(specs, steps, strict=True)]
 
 
-def _expected(rid: str) -> list:
+def _expected(rid: str, steps: int = STEPS) -> list:
     x, out = 1, []
-    for k in range(STEPS):
-        x = 2 * x + zlib.crc32(rid.encode()) % 1000 + 1
+    for k in range(steps):
+        x = 2 * x + _n(rid) + 1
         out.append(("b", (k,), [x]))
     return out
 
@@ -145,3 +155,83 @@ def test_the_split_loop_gives_what_the_same_loop_gives_on_one_rank():
     for ranks in ({"a": 0, "b": 1}, {"a": 0, "b": 0}):
         got, expected = _run(_WireSim(ranks))
         assert got == expected, ranks
+
+
+def test_ragged_rows_travel_one_by_one_and_each_member_gets_its_own():
+    sim = _WireSim({"a": 0, "b": 1}, ragged=True)
+    got, expected = _run(sim)
+    assert got == expected
+    ys = [msg for rank, msg in sim.values_sent if rank == 0]
+    assert len(ys) == STEPS and all(len(msg.request_ids) == BATCH for msg in ys)
+    for msg in ys:  # shapes differ: no stacked payload, one tensor per row, each of its own request's length
+        assert msg.stacked is None and len(msg.values) == BATCH
+        assert [v.shape for v in msg.values] == [(1 + _n(rid) % 3,) for rid in msg.request_ids]
+    assert len({v.shape for msg in ys for v in msg.values}) == 3
+    xs = [msg for rank, msg in sim.values_sent if rank == 1]
+    assert all(msg.stacked is not None and msg.values == [] for msg in xs)  # b's rows have one shape: stacked
+
+
+def _one_by_one(monkeypatch) -> dict[tuple[int, str], int]:
+    """Counts the rows each rank looked up one by one, per message kind."""
+    counts: dict[tuple[int, str], int] = defaultdict(int)
+    for name in ("_values_one_by_one", "_loops_one_by_one"):
+        original = getattr(Executor, name)
+
+        def counted(ex, msg, rows, members, _original=original, _name=name):
+            rows = list(rows)
+            counts[ex.rank, _name] += len(rows)
+            _original(ex, msg, rows, members)
+
+        monkeypatch.setattr(Executor, name, counted)
+    return counts
+
+
+def test_a_steps_rows_go_to_the_members_the_last_steps_rows_reached(monkeypatch):
+    counts = _one_by_one(monkeypatch)
+    got, expected = _run(_WireSim({"a": 0, "b": 1}))
+    assert got == expected
+    # each kind of message looks its members up once (the first step); the next steps' rows reach the same ones,
+    # but for the ends of the loops (the last step's decisions), which always go the long way
+    assert dict(counts) == {(1, "_values_one_by_one"): BATCH, (0, "_values_one_by_one"): BATCH,
+                            (0, "_loops_one_by_one"): 2 * BATCH}
+
+
+def test_rows_of_requests_that_ended_or_failed_meanwhile_go_the_long_way(monkeypatch):
+    """Half the requests stop after 2 steps and one fails on rank 1 at step 3, while the others go on: every
+    request still gets exactly its own outputs, and the failed one its error."""
+    counts = _one_by_one(monkeypatch)
+    specs = [RequestSpec({}, params=FixtureParams(steps=2 if i % 2 else STEPS)) for i in range(BATCH)]
+    failing = specs[0].id  # one of the long ones
+    sim = _WireSim({"a": 0, "b": 1}, fail=(failing, 3))
+    for r in range(2):
+        sim.executor(r)
+    for spec in specs:
+        sim.submit(spec)
+    results = sim.run()
+    assert results[failing].error is not None and f"no b for {failing}" in results[failing].error
+    for spec in specs[1:]:
+        got = [(o.node, tuple(o.path), o.value.tolist()) for o in results[spec.id].outputs]
+        assert results[spec.id].error is None
+        assert got == _expected(spec.id, spec.params.steps)
+    # rank 1 looked each request's a.y row up the long way once (the first step), not once per step
+    assert counts[1, "_values_one_by_one"] == BATCH
+
+
+def test_a_rank_waiting_for_the_other_ranks_rows_is_not_passed_again_until_they_come(monkeypatch):
+    """A pass that moves nothing scans every member: with both ranks waiting on each other every step, neither
+    looks at its members again before the other's frame came (rank 0 waits for b.x and the decisions after
+    running a, rank 1 for a.y after ending its iteration)."""
+    from walkserve.worker.cohort import Cohort
+
+    idle: dict[int, int] = defaultdict(int)
+    original = Cohort.advance
+
+    def advance(cohort):
+        moved = original(cohort)
+        idle[cohort.fx.rank] += not moved
+        return moved
+
+    monkeypatch.setattr(Cohort, "advance", advance)
+    got, expected = _run(_WireSim({"a": 0, "b": 1}))
+    assert got == expected
+    assert idle[0] <= 2 and idle[1] <= 2, dict(idle)  # the start and the end at most, not one per step

@@ -57,7 +57,8 @@ _MISSING = object()
 
 
 class Cohort:
-    __slots__ = ("again", "boundary", "buckets", "engines", "fx", "joining", "local", "registry", "units")
+    __slots__ = ("again", "boundary", "buckets", "engines", "fx", "joining", "later", "local", "ready", "registry",
+                 "start_waits", "units")
 
     def __init__(self, registry: Cohorts, local: LocalLevel):
         self.registry, self.fx, self.engines = registry, registry.fx, registry.engines
@@ -66,6 +67,12 @@ class Cohort:
         self.joining: list[Member] = []
         self.boundary = False  # members started an iteration in the last pass
         self.again = False  # the last pass only ended iterations: pass again now
+        self.later = False  # the last pass left members an engine answered LATER: they are offered again
+        self.ready = False  # the last pass started iterations that may run their first unit at once
+        # a new iteration cannot start its first unit before a value of it comes from elsewhere (which touches us)
+        first = local.units[0] if local.units else None
+        self.start_waits = not local.gated and (
+            bool(first.waits) if type(first) is ChildUnit else first is not None and any(r.kind is CUR for r in first.waits))
 
     def add(self, m: Member) -> None:
         m.joined(self)
@@ -99,7 +106,7 @@ class Cohort:
         ``again``: no unit ran but iterations ended (members waited on another rank), so the
         executor passes once more in this heartbeat and the next iteration starts at once."""
         moved, ran = bool(self.joining) and self._admit(), False
-        self.boundary = False
+        self.boundary = self.later = self.ready = False
         buckets, fx = self.buckets, self.fx
         joined: list[Call] = []  # node units of one engine call, run when the call's last unit is reached
         for i, unit in enumerate(self.units):
@@ -143,6 +150,15 @@ class Cohort:
             moved |= self._finish()
         self.again = not ran and self.boundary
         return moved
+
+    @property
+    def unfinished(self) -> bool:
+        """The last pass left work that the next pass can do with no message: iterations started that may run their
+        first unit now, new members wait for the step boundary it made, or members answered LATER are offered
+        again. Any other member that stayed waits for something that touches the cohort when it comes (a row, a
+        decision, a chunk, a child's end, a gathering engine's answer, a deferred pick): a split loop's rank whose
+        members wait for the other rank's values is not passed again until they come."""
+        return self.ready or self.later or (self.boundary and bool(self.joining))
 
     def _has(self, m: Member, unit: NodeUnit | ChildUnit) -> bool:
         """Whether everything the unit waits for is here for this member."""
@@ -211,6 +227,7 @@ class Cohort:
         if later:  # their work goes on in the engine: answered when offered again
             self.engines.unanswered(unit.node.component, len(later))
             stay.extend(later)
+            self.later = True
         for m, out in failed:
             fx.fail(m.run, out if isinstance(out, str) else f"node {name!r} returned {type(out).__name__}, not outputs")
         self.registry.deadlines.ran(unit.node, done)
@@ -320,6 +337,8 @@ class Cohort:
                 m.next_iteration()
                 first.append(m)
                 self.boundary = True
+                if not self.start_waits or m.cur:  # its first unit's values from elsewhere may be here (ahead)
+                    self.ready = True
         return True
 
     # ---- child units ---------------------------------------------------------------------------
@@ -407,7 +426,9 @@ class Cohorts:
 
         A cohort whose pass only ended iterations (its members waited at the end for another
         rank) passes once more, after the others: its next iteration starts in this pass,
-        together with the members the others' passes made join it.
+        together with the members the others' passes made join it. A cohort that moved passes
+        again in the next heartbeat only when it left work that needs no message (``unfinished``):
+        members that wait on another rank are not looked at again until their row comes.
         """
         fx = self.fx
         if not fx.dirty:
@@ -418,11 +439,12 @@ class Cohorts:
         for cohort in dirty:
             if cohort.advance():
                 moved = True
-                fx.touch(cohort)
                 if cohort.again:
                     again.append(cohort)
+                elif cohort.unfinished:
+                    fx.touch(cohort)
         for cohort in again:
-            if cohort.advance():
+            if cohort.advance() and cohort.unfinished:
                 fx.touch(cohort)
         if self.gathered:
             self._run_gathered()

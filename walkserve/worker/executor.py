@@ -36,6 +36,7 @@ from walkserve.worker.effects import Effects
 from walkserve.worker.engine_set import EngineSet
 from walkserve.worker.local import local_level
 from walkserve.worker.program import ROOT, compile_program
+from walkserve.worker.row_targets import RowTargets
 from walkserve.worker.rows import DecisionRow, EndRow, FlowRow, ItemRow, Row, ValueRow
 from walkserve.worker.state import Member, RequestState, WalkRun
 from walkserve.worker.transition import next_walk_here
@@ -76,6 +77,7 @@ class Executor:
         self.released: dict[str, float] = {}
         self.arrived: dict[str, set[int]] = {}  # request -> ranks whose contexts came, for a walk still held
         self.held: dict[str, list[m.StartWalk]] = {}  # walks waiting for that state
+        self.row_targets = RowTargets()  # the members a peer's last message of each kind reached
         self.busy_s, self.steps, self.items = self.engine_set.busy_s, self.engine_set.steps, self.engine_set.items
 
     @property
@@ -108,10 +110,26 @@ class Executor:
         self.start(req, msg.walk, msg.ranks, msg.inputs)
 
     def on_values(self, msg: m.Values) -> None:
-        """The rows of a step, usually all for members of one cohort: the cohort touched once per run of rows."""
+        """The rows of a step, usually all for members of one cohort: put in one loop into the members earlier rows
+        of the same requests reached (``row_targets``); the others looked up one by one."""
+        key, rids = (msg.walk, msg.node, msg.output), msg.request_ids
+        members = self.row_targets.members(key, rids)
+        left, cohorts = Member.put_rows(members, msg.paths, msg.node, msg.output, msg.values)
+        for cohort in cohorts:
+            self.fx.touch(cohort)
+        if left:
+            self._values_one_by_one(msg, left, members)
+            self.row_targets.keep(key, rids, members, left)
+
+    def _values_one_by_one(self, msg: m.Values, rows: list[int], members: list[Member | None]) -> None:
+        """Rows ``rows`` of ``msg``, each to its member found by request, walk and path (the cohort touched once per
+        run of rows); ``members[i]`` becomes the member row i reached at an iteration (None: it waits, or had none)."""
         walk, node, out = msg.walk, msg.node, msg.output
         program, requests, levels, touched = self.programs[walk], self.requests, {}, None
-        for rid, path, value in zip(msg.request_ids, msg.paths, msg.values, strict=True):
+        rids, paths, values = msg.request_ids, msg.paths, msg.values
+        for i in rows:
+            rid, path, value = rids[i], paths[i], values[i]
+            members[i] = None
             req = requests.get(rid)
             run = req.walks.get(walk) if req is not None else None
             if run is None or run.done or req.failed:
@@ -127,6 +145,8 @@ class Executor:
                 run.stash((lid, outer), ValueRow(node, out, path, value))
                 continue
             member.put(k, node, out, value)
+            if depth:
+                members[i] = member
             if member.cohort is not touched:
                 touched = member.cohort
                 self.fx.touch(touched)
@@ -140,11 +160,26 @@ class Executor:
             self._row(rid, msg.walk, EndRow(msg.stream, tuple(prefix), n))
 
     def on_loops(self, msg: m.LoopEvents) -> None:
+        """A level's decisions: "continues" applied in one loop to the members earlier rows of the same requests
+        reached (``row_targets``); ends, and rows for members not known yet, one by one."""
+        key, rids = ("loops", msg.walk, msg.scope), msg.request_ids
+        members = self.row_targets.members(key, rids)
+        left, cohorts = Member.continue_rows(members, msg.outers, msg.ks, msg.ends)
+        for cohort in cohorts:
+            self.fx.touch(cohort)
+        if left:
+            self._loops_one_by_one(msg, left, members)
+            self.row_targets.keep(key, rids, members, left)
+
+    def _loops_one_by_one(self, msg: m.LoopEvents, rows: list[int], members: list[Member | None]) -> None:
         walk, scope, requests, touched = msg.walk, msg.scope, self.requests, None
-        for rid, outer, k, end in zip(msg.request_ids, msg.outers, msg.ks, msg.ends, strict=True):
+        rids, outers, ks, ends = msg.request_ids, msg.outers, msg.ks, msg.ends
+        for i in rows:
+            rid, outer, k, end = rids[i], outers[i], ks[i], ends[i]
             req = requests.get(rid)
             run = req.walks.get(walk) if req is not None else None
             member = run.members.get((scope, outer)) if run is not None and not run.done and not req.failed else None
+            members[i] = member
             if member is None:
                 self._row(rid, walk, DecisionRow(scope, outer, k, end))
             elif end < 0:  # the common case, inline: iteration k continues
@@ -273,6 +308,7 @@ class Executor:
     # ---- releases ------------------------------------------------------------------------------
     def release(self, rid: str) -> None:
         self.released[rid] = time.monotonic()
+        self.row_targets.forget(rid)
         req = self.requests.pop(rid, None)
         if req is not None:
             for member in req.stop():

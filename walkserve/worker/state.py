@@ -423,6 +423,49 @@ class Member:
         else:
             node_values[output] = value
 
+    @staticmethod
+    def put_rows(members: list[Member | None], paths: list[Path], node: str, output: str,
+                 values: list) -> tuple[list[int], list[Any]]:
+        """``put`` of each row's value into its member (row i: ``members[i]``, at iteration ``paths[i][-1]``) when that
+        member is live and the instance at ``paths[i][:-1]``. Returns the rows it left (for the long way) and the
+        cohorts of the members it reached. One loop for a message's rows, the common case (this iteration) inline."""
+        left, cohorts, last = [], [], None
+        for i, (m, path, value) in enumerate(zip(members, paths, values, strict=True)):
+            if m is None or m.phase is ENDED or m.run.done or not path or m.outer != path[:-1]:
+                left.append(i)
+                continue
+            k = path[-1]
+            if k != m.k:
+                m.put(k, node, output, value)
+            else:
+                node_values = m.cur.get(node)
+                if node_values is None:
+                    m.cur[node] = {output: value}
+                else:
+                    node_values[output] = value
+            if m.cohort is not last:
+                last = m.cohort
+                cohorts.append(last)
+        return left, cohorts
+
+    @staticmethod
+    def continue_rows(members: list[Member | None], outers: list[Path], ks: list[int],
+                      ends: list[int]) -> tuple[list[int], list[Any]]:
+        """``continue_to`` for each row that says its member's iteration continues (``ends[i]`` < 0), when that member
+        is live and the instance at ``outers[i]``. Returns the rows it left (ends, and the others) and the cohorts of
+        the members it reached."""
+        left, cohorts, last = [], [], None
+        for i, (m, outer, k, end) in enumerate(zip(members, outers, ks, ends, strict=True)):
+            if end >= 0 or m is None or m.phase is ENDED or m.run.done or m.outer != outer:
+                left.append(i)
+                continue
+            if k > m.decided:
+                m.decided = k
+            if m.cohort is not last:
+                last = m.cohort
+                cohorts.append(last)
+        return left, cohorts
+
     def next_iteration(self) -> None:
         k = self.k = self.k + 1
         self.prev, self.path = self.cur, (*self.outer, k)
