@@ -256,18 +256,19 @@ class Cohort:
         out, name = self.fx.out, unit.node.name
         walk = self.local.program.walk
         for output, readers in unit.sends:
-            key, rows = (name, output), {}
+            key, rows, ranks, into = (name, output), {}, None, ()
             for m in done:
                 value = m.cur[name].get(output, _MISSING)
                 if value is _MISSING:
                     continue
-                for rank in m.run.remote_readers(key, readers):
-                    r = rows.get(rank)
-                    if r is None:
-                        r = rows[rank] = out.value_rows(rank, walk, name, output)
-                    r[0].append(m.rid)
-                    r[1].append(m.path)
-                    r[2].append(value)
+                mine = m.run.remote_readers(key, readers)
+                if mine != ranks:  # the members of a step mostly read on the same ranks: their rows found once
+                    ranks, into = mine, [rows.get(r) or rows.setdefault(r, out.value_rows(r, walk, name, output))
+                                         for r in mine]
+                for rids, paths, values in into:
+                    rids.append(m.rid)
+                    paths.append(m.path)
+                    values.append(value)
 
     def leave(self, node: NodeProgram, members: list[Member]) -> None:
         """``node``'s outputs of this iteration that leave it: client rows, stream items, walk outputs."""
