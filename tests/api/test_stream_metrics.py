@@ -32,7 +32,8 @@ def test_slack_buckets_are_cumulative_per_node_and_rank_and_counters_per_rank():
     counts[0], counts[5], counts[-1] = 2, 3, 4  # below -1 s, in (0, 0.1], above 5 s
     rank = m.RankStats(slack={"codec": counts}, scheduling={"held_paced": 7, "gaps": 1}, gap_s=0.25)
     snapshot = m.RuntimeSnapshot(workers={1: rank}, counters={"streams_admitted": 5, "streams_rejected_capacity": 2},
-                                 streams={"running": 2, "capacity": 3, "capacity_measured": 1, "load": 0.5})
+                                 streams={"running": 2, "capacity": 3, "capacity_measured": 1, "load": 0.5,
+                                          "probed": 1})
     got = scrape(runtime_stats(snapshot))
     bucket = "walkserve_stream_slack_seconds_bucket"
     labels = (("node", "codec"), ("rank", "1"))
@@ -45,5 +46,6 @@ def test_slack_buckets_are_cumulative_per_node_and_rank_and_counters_per_rank():
     assert got[("walkserve_rank_stream_gaps_total", (("rank", "1"),))] == 1
     assert got[("walkserve_rank_stream_gap_seconds_total", (("rank", "1"),))] == 0.25
     assert got[("walkserve_stream_capacity", ())] == 3 and got[("walkserve_streams_running", ())] == 2
+    assert got[("walkserve_stream_capacity_probed", ())] == 1
     assert got[("walkserve_streams_admitted_total", ())] == 5
     assert got[("walkserve_streams_rejected_capacity_total", ())] == 2

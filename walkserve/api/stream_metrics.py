@@ -34,6 +34,8 @@ STREAM_GAUGES = (
     ("capacity_measured", "walkserve_stream_capacity_measured", "1 once the capacity comes from measured step costs, 0 in warm-up."),
     ("estimate", "walkserve_stream_capacity_estimate", "The capacity model's estimate, before a cap (the warm-up count until measured)."),
     ("capped", "walkserve_stream_capacity_capped", "1 while admission is capped below the estimate: a stream ran out of audio."),
+    ("probed", "walkserve_stream_capacity_probed", "Streams admitted past the estimate: every running stream kept "
+     "enough lead by projection at the bound."),
     ("load", "walkserve_stream_load", "Busiest rank's share of time the running streams need (estimate)."),
 )
 

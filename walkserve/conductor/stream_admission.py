@@ -31,12 +31,15 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from walkserve.conductor.capacity import StreamCapacity
+from walkserve.conductor.slack_probe import Ahead, SlackProbe, least_lead
 from walkserve.core.request import RequestSpec
 
 EWMA = 0.2  # weight of the newest sample in the running means (audio per token, TTFA)
 DEFAULT_AUDIO_S = 1.0  # a stream's expected audio before any stream finished
 BUFFER_MAX_S = 1.0  # a listener's start-up buffer: min(TTFA, this)
 RECOVER_S = 2.0  # after a stream ran out of audio, the cap rises by one stream per this many calm seconds
+RECENT = 0.3  # weight of a stream's newest chunk in its recent pace
+PROBE_EVERY_S = 0.05  # the streams' projected leads are weighed this often (the heartbeat runs far more often)
 
 
 @dataclass
@@ -47,6 +50,23 @@ class Stream:
     first_at: float | None = None  # when its first audio left
     first_s: float = 0.0  # the audio seconds of its first chunk
     last_at: float | None = None  # when its latest audio left
+    chunks: int = 0  # chunks: audio leaving at distinct moments
+    recent: float | None = None  # wall seconds per audio second of its latest chunks (a running mean)
+    _before_at: float | None = None  # when the chunk before its latest left
+    _chunk_s: float = 0.0  # the audio seconds of its latest chunk (so far)
+
+    def add(self, seconds: float, now: float) -> None:
+        """Audio of it left at ``now`` (a chunk may come in several messages at one moment)."""
+        if self.first_at is None:
+            self.first_at, self.first_s = now, seconds
+        if self.last_at != now:  # a new chunk: the one before is whole, its pace joins the running mean
+            if self._before_at is not None and self.last_at is not None and self._chunk_s > 0:
+                pace = (self.last_at - self._before_at) / self._chunk_s
+                self.recent = pace if self.recent is None else (1 - RECENT) * self.recent + RECENT * pace
+            self._before_at, self._chunk_s, self.chunks = self.last_at, 0.0, self.chunks + 1
+        self._chunk_s += seconds
+        self.audio_s += seconds
+        self.last_at = now
 
     def pace(self) -> float | None:
         """Wall seconds per audio second since its first chunk (None: no later chunk yet, or only at the same
@@ -63,11 +83,29 @@ class Stream:
             return left + ttfa_s
         return max(0.0, self.last_at + left - now)
 
+    def buffer_s(self) -> float:
+        """Its listener's start-up buffer: its time to first audio, at most BUFFER_MAX_S."""
+        assert self.first_at is not None
+        return min(BUFFER_MAX_S, self.first_at - self.admitted_at)
+
+    def played_out_at(self) -> float:
+        """When its listener will have played every second sent so far (start-up buffer included)."""
+        assert self.first_at is not None
+        return self.first_at + self.buffer_s() + self.audio_s
+
     def ran_out(self, now: float) -> bool:
         """Its listener has played every second sent so far (the playback clock, start-up buffer included)."""
-        if self.first_at is None:
-            return False
-        return now > self.first_at + min(BUFFER_MAX_S, self.first_at - self.admitted_at) + self.audio_s
+        return self.first_at is not None and now > self.played_out_at()
+
+    def ahead(self, expected_s: float, now: float, slower: float = 1.0) -> Ahead | None:
+        """Its pace and least lead ahead were every step ``slower`` times longer (None: no recent pace yet, or
+        no audio expected still). The pace is its recent one, or the time since its latest chunk per audio
+        second of a chunk when that is longer (a chunk late against its pace shows here at once)."""
+        if self.recent is None or self.last_at is None or self.audio_s >= expected_s:
+            return None
+        chunk = self.audio_s / self.chunks
+        pace = max(self.recent, (now - self.last_at) / chunk) * slower
+        return Ahead(pace, least_lead(self.played_out_at() - self.last_at, expected_s - self.audio_s, chunk, pace))
 
 
 @dataclass(frozen=True)
@@ -90,7 +128,9 @@ class StreamAdmission:
     mean_audio_s: float | None = None
     ttfa_s: float = 0.0
     ceiling: int | None = None  # the cap after a stream ran out of audio (None: none)
+    probe: SlackProbe = field(default_factory=SlackProbe)
     _calm_at: float = 0.0
+    _probed_at: float = float("-inf")
 
     # ---- the estimate -------------------------------------------------------------------------
     def estimate(self) -> int:
@@ -100,19 +140,42 @@ class StreamAdmission:
         return min(cap, self.max_streams) if self.max_streams > 0 else cap
 
     def capacity(self) -> int:
-        """Streams admitted at once now: the estimate, under the cap a stream running out of audio set."""
-        cap = self.estimate()
+        """Streams admitted at once now: the estimate, or the bound measured slack allows past it, within
+        ``max_streams``; under the cap a stream running out of audio set."""
+        cap = self.probe.admits(self.estimate()) if self.capacity_model.known else self.estimate()
+        cap = min(cap, self.max_streams) if self.max_streams > 0 else cap
         return cap if self.ceiling is None else min(cap, self.ceiling)
 
     def tick(self, now: float) -> None:
-        """Called every heartbeat: a stream out of audio caps admission below today's count; calm lifts it."""
+        """Called every heartbeat: a stream out of audio caps admission below today's count; calm lifts it;
+        projected leads move the bound past the estimate."""
         if any(s.ran_out(now) for s in self.active.values()):
             self.ceiling = max(1, min(self.ceiling or len(self.active), len(self.active) - 1))
             self._calm_at = now
+            self.probe.reset()
         elif self.ceiling is not None and now - self._calm_at >= RECOVER_S:
             self.ceiling, self._calm_at = self.ceiling + 1, now
             if self.ceiling >= self.estimate():
                 self.ceiling = None
+        elif self.ceiling is None and self.capacity_model.known and now - self._probed_at >= PROBE_EVERY_S:
+            self._probed_at = now
+            self.probe.tick(now, self.estimate(), len(self.active), lambda slower: self.ahead(now, slower))
+
+    def ahead(self, now: float, slower: float = 1.0) -> list[Ahead]:
+        """The pace and least lead ahead of each running stream with a recent pace and of one more, were every
+        step ``slower`` times longer (empty: no stream has a pace yet). The one more stands in for the streams
+        too new to have a pace: it starts behind a buffer of the measured TTFA, with the running streams' mean
+        chunk, the longest expected audio and the slowest pace, behind the least of their start-up buffers and
+        the measured TTFA."""
+        streams = [s for s in self.active.values() if s.recent is not None]
+        ahead = [a for s in streams if (a := s.ahead(self.expected_audio_s(s.spec), now, slower)) is not None]
+        if not ahead:
+            return []
+        chunk = sum(s.audio_s for s in streams) / sum(s.chunks for s in streams)
+        expected = max(self.expected_audio_s(s.spec) for s in streams)
+        buffer = min(self.ttfa_s, *(s.buffer_s() for s in streams))
+        pace = max(a.pace for a in ahead)
+        return [*ahead, Ahead(pace, least_lead(buffer + chunk, expected - chunk, chunk, pace))]
 
     def expected_audio_s(self, spec: RequestSpec) -> float:
         max_tokens = spec.sampling.max_tokens
@@ -187,10 +250,7 @@ class StreamAdmission:
     def produced(self, request_id: str, seconds: float, now: float) -> None:
         stream = self.active.get(request_id)
         if stream is not None:
-            if stream.first_at is None:
-                stream.first_at, stream.first_s = now, seconds
-            stream.audio_s += seconds
-            stream.last_at = now
+            stream.add(seconds, now)
 
     def first_audio(self, seconds: float) -> None:
         """An admitted stream's time from admission to its first output (learned TTFA)."""

@@ -65,6 +65,7 @@ class StreamDesk:
                 "capacity": float(self.admission.capacity()), "estimate": float(self.admission.estimate()),
                 "capacity_measured": float(known is not None),
                 "capped": float(ceiling is not None),
+                "probed": float(self.admission.probe.above(self.admission.estimate())),
                 "load": self.model.load(len(self.admission.active)) if known is not None and self.admission.active else 0.0}
 
 
