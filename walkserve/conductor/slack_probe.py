@@ -111,11 +111,15 @@ class SlackProbe:
 
     @staticmethod
     def _room(bound: int, ahead: AheadAt) -> int:
-        """How many more streams would leave every stream keeping up (at most ``bound``: a doubling)."""
-        more = 0
-        while more < bound:
-            streams = ahead((bound + more + 1) / bound)
-            if not streams or not all(a.keeps_up() for a in streams):
-                break
-            more += 1
-        return more
+        """How many more streams would leave every stream keeping up (at most ``bound``: a doubling). Keeping
+        up only gets harder as steps slow, so the answer is bisected."""
+
+        def bears(more: int) -> bool:
+            streams = ahead((bound + more) / bound)
+            return bool(streams) and all(a.keeps_up() for a in streams)
+
+        ok, bad = 0, bound + 1
+        while bad - ok > 1:
+            mid = (ok + bad) // 2
+            ok, bad = (mid, bad) if bears(mid) else (ok, mid)
+        return ok

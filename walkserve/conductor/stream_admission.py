@@ -163,10 +163,9 @@ class StreamAdmission:
 
     def ahead(self, now: float, slower: float = 1.0) -> list[Ahead]:
         """The pace and least lead ahead of each running stream with a recent pace and of one more, were every
-        step ``slower`` times longer (empty: no stream has a pace yet). The one more stands in for the streams
-        too new to have a pace: it starts behind a buffer of the measured TTFA, with the running streams' mean
-        chunk, the longest expected audio and the slowest pace, behind the least of their start-up buffers and
-        the measured TTFA."""
+        step ``slower`` times longer (empty: no stream has a pace yet). The one more stands in for a new stream
+        and for those too new to have a pace: behind the least of their start-up buffers and the measured TTFA,
+        with their mean chunk, the longest expected audio and the slowest pace."""
         streams = [s for s in self.active.values() if s.recent is not None]
         ahead = [a for s in streams if (a := s.ahead(self.expected_audio_s(s.spec), now, slower)) is not None]
         if not ahead:
