@@ -1,29 +1,32 @@
 """SlackProbe: admit streams past the model's estimate while the streams running show they stay ahead.
 
-The capacity model prices a *sustained* stream and keeps ``headroom`` spare;
-a calm machine carries more. The streams that run say how much: one with a
-pace ``p`` (wall seconds per audio second of its latest chunks), a lead of
-``lead`` seconds at its latest chunk (audio sent, not yet played) and ``r``
-audio seconds still to make, in chunks of ``c``, keeps until its end a least
-lead (``least_lead``) of
+The capacity model prices a stream from fitted step costs; the streams that
+run measure the same thing end to end. A stream's pace ``p`` (wall seconds
+per audio second of its latest chunks, while ``m`` streams ran on average)
+is the machine's time per audio second at that load, every overhead and
+every other tenant included. With ``b`` streams running each step costs at
+most ``b / m`` times as much (a step costs at most in proportion to its
+batch), so its pace would be ``p * b / m``. At the bound (as many streams run
+as are admitted at once), ``n`` more streams are admitted when every running
+stream, and one more (the stand-in for a new stream and for those too new to
+have a pace), would still run at a pace of at most ``PACE_MAX`` with ``bound +
+n`` running (at 0.9 a stream gains 0.1 s of lead per second of audio, spare
+for a stalled step), at every look for ``RAISE_S``; the bound rises by ``n``,
+at most doubling at once, as the model's fit is trusted to twice the batch
+it measured.
+
+A stream *falls behind* when ``p > 1`` and its least lead ahead
+(``least_lead``: the least audio its listener will hold when a chunk arrives,
+from now to its end, were the rest made at ``p``)
 
     L(p) = lead - c * p                   when p <= 1  (its next chunk is the tightest)
     L(p) = lead + r * (1 - p) - c         when p > 1   (its last chunk is the tightest)
 
-A stream *keeps up* while ``p <= 1`` (its lead never shrinks) or ``L >=
-MARGIN_S`` (it has lead to spare for the rest of it); it *falls behind* when
-``p > 1`` and ``L < LOWER_S``.
-
-At the bound ``b`` (as many streams run as are admitted at once), when every
-running stream with a pace, and one more starting behind the buffer its
-TTFA gives it (the stand-in for the streams too new to have a pace), would
-keep up even were every step ``(b + n) / b`` times slower (n more streams and
-no batching gain: a step costs at most in proportion to its batch), at every
-look for ``RAISE_S``, the bound rises by ``n`` (at most doubling at once, as
-the model's fit is trusted to twice the batch it measured). As soon as one of them falls behind at today's pace the bound drops
-by one, again every ``LOWER_EVERY_S`` while that lasts; a stream that runs
-out of audio drops it whole (``StreamAdmission.tick``). The model's estimate
-is its floor.
+is under ``LOWER_S`` (``lead``: audio sent, not yet played, at its latest
+chunk; ``r``: audio still to come; ``c``: its mean chunk). As soon as one
+does, the bound drops by one, again every ``LOWER_EVERY_S`` while that
+lasts; a stream that runs out of audio drops it whole
+(``StreamAdmission.tick``). The model's estimate is its floor.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-MARGIN_S = 0.25  # lead a stream slower than real time must keep to its end, by projection, for the bound to rise
+PACE_MAX = 0.9  # the bound rises while every stream would run at most this many wall s per audio s
 LOWER_S = 0.1  # a stream slower than real time projected to keep less lead than this lowers the bound
 LOWER_EVERY_S = 0.5  # ... and again this often while one does
 RAISE_S = 1.0  # looks at the bound that all found room, this long, before it rises
@@ -45,13 +48,13 @@ class Ahead:
     lead: float
 
     def keeps_up(self) -> bool:
-        return self.pace <= 1 or self.lead >= MARGIN_S
+        return self.pace <= PACE_MAX
 
     def behind(self) -> bool:
         return self.pace > 1 and self.lead < LOWER_S
 
 
-AheadAt = Callable[[float], list[Ahead]]  # slower -> the running streams and one more (empty: no pace yet)
+AheadAt = Callable[[int], list[Ahead]]  # streams -> the running streams and one more (empty: no pace yet)
 
 
 def least_lead(lead: float, left: float, chunk: float, pace: float) -> float:
@@ -84,12 +87,12 @@ class SlackProbe:
         self.bound, self._calm_since = None, None
 
     def tick(self, now: float, estimate: int, running: int, ahead: AheadAt) -> None:
-        """One look: ``running`` streams run; ``ahead(slower)`` says how they and one more would fare were every
-        step ``slower`` times longer. The bound rises after RAISE_S in which every look at it (as many streams
+        """One look: ``running`` streams run; ``ahead(b)`` says how they and one more would fare with ``b``
+        streams running. The bound rises after RAISE_S in which every look at it (as many streams
         running as it admits) found room; below it nothing is learned."""
         if self.bound is not None and self.bound <= estimate:
             self.bound = None
-        today = ahead(1.0)
+        today = ahead(running)
         if not today:  # no stream has a pace yet: no evidence either way
             return
         if any(a.behind() for a in today):
@@ -115,7 +118,7 @@ class SlackProbe:
         up only gets harder as steps slow, so the answer is bisected."""
 
         def bears(more: int) -> bool:
-            streams = ahead((bound + more) / bound)
+            streams = ahead(bound + more)
             return bool(streams) and all(a.keeps_up() for a in streams)
 
         ok, bad = 0, bound + 1

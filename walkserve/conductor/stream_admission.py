@@ -52,21 +52,31 @@ class Stream:
     last_at: float | None = None  # when its latest audio left
     chunks: int = 0  # chunks: audio leaving at distinct moments
     recent: float | None = None  # wall seconds per audio second of its latest chunks (a running mean)
+    streams: float = 1.0  # streams running while those chunks were made (the same running mean)
     _before_at: float | None = None  # when the chunk before its latest left
     _chunk_s: float = 0.0  # the audio seconds of its latest chunk (so far)
+    _chunk_streams: int = 1  # streams running when its latest chunk left
 
-    def add(self, seconds: float, now: float) -> None:
-        """Audio of it left at ``now`` (a chunk may come in several messages at one moment)."""
+    def add(self, seconds: float, now: float, running: int = 1) -> None:
+        """Audio of it left at ``now`` while ``running`` streams ran (a chunk may come in several messages at
+        one moment)."""
         if self.first_at is None:
             self.first_at, self.first_s = now, seconds
         if self.last_at != now:  # a new chunk: the one before is whole, its pace joins the running mean
             if self._before_at is not None and self.last_at is not None and self._chunk_s > 0:
-                pace = (self.last_at - self._before_at) / self._chunk_s
-                self.recent = pace if self.recent is None else (1 - RECENT) * self.recent + RECENT * pace
+                self._note((self.last_at - self._before_at) / self._chunk_s, self._chunk_streams)
             self._before_at, self._chunk_s, self.chunks = self.last_at, 0.0, self.chunks + 1
         self._chunk_s += seconds
+        self._chunk_streams = running
         self.audio_s += seconds
         self.last_at = now
+
+    def _note(self, pace: float, streams: int) -> None:
+        if self.recent is None:
+            self.recent, self.streams = pace, float(streams)
+        else:
+            self.recent += RECENT * (pace - self.recent)
+            self.streams += RECENT * (streams - self.streams)
 
     def pace(self) -> float | None:
         """Wall seconds per audio second since its first chunk (None: no later chunk yet, or only at the same
@@ -97,14 +107,15 @@ class Stream:
         """Its listener has played every second sent so far (the playback clock, start-up buffer included)."""
         return self.first_at is not None and now > self.played_out_at()
 
-    def ahead(self, expected_s: float, now: float, slower: float = 1.0) -> Ahead | None:
-        """Its pace and least lead ahead were every step ``slower`` times longer (None: no recent pace yet, or
-        no audio expected still). The pace is its recent one, or the time since its latest chunk per audio
-        second of a chunk when that is longer (a chunk late against its pace shows here at once)."""
+    def ahead(self, expected_s: float, now: float, streams: int) -> Ahead | None:
+        """Its pace and least lead ahead were ``streams`` streams running (None: no recent pace yet, or no audio
+        expected still): its recent pace, scaled from the streams that ran while it was measured (a step costs
+        at most in proportion to its batch), or the time since its latest chunk per audio second of a chunk
+        when that is longer (a chunk late against its pace shows here at once)."""
         if self.recent is None or self.last_at is None or self.audio_s >= expected_s:
             return None
         chunk = self.audio_s / self.chunks
-        pace = max(self.recent, (now - self.last_at) / chunk) * slower
+        pace = max(self.recent * streams / self.streams, (now - self.last_at) / chunk)
         return Ahead(pace, least_lead(self.played_out_at() - self.last_at, expected_s - self.audio_s, chunk, pace))
 
 
@@ -159,20 +170,20 @@ class StreamAdmission:
                 self.ceiling = None
         elif self.ceiling is None and self.capacity_model.known and now - self._probed_at >= PROBE_EVERY_S:
             self._probed_at = now
-            self.probe.tick(now, self.estimate(), len(self.active), lambda slower: self.ahead(now, slower))
+            self.probe.tick(now, self.estimate(), len(self.active), lambda streams: self.ahead(now, streams))
 
-    def ahead(self, now: float, slower: float = 1.0) -> list[Ahead]:
-        """The pace and least lead ahead of each running stream with a recent pace and of one more, were every
-        step ``slower`` times longer (empty: no stream has a pace yet). The one more stands in for a new stream
+    def ahead(self, now: float, streams: int) -> list[Ahead]:
+        """The pace and least lead ahead of each running stream with a recent pace, and of one more, were
+        ``streams`` streams running (empty: no stream has a pace yet). The one more stands in for a new stream
         and for those too new to have a pace: behind the least of their start-up buffers and the measured TTFA,
         with their mean chunk, the longest expected audio and the slowest pace."""
-        streams = [s for s in self.active.values() if s.recent is not None]
-        ahead = [a for s in streams if (a := s.ahead(self.expected_audio_s(s.spec), now, slower)) is not None]
+        paced = [s for s in self.active.values() if s.recent is not None]
+        ahead = [a for s in paced if (a := s.ahead(self.expected_audio_s(s.spec), now, streams)) is not None]
         if not ahead:
             return []
-        chunk = sum(s.audio_s for s in streams) / sum(s.chunks for s in streams)
-        expected = max(self.expected_audio_s(s.spec) for s in streams)
-        buffer = min(self.ttfa_s, *(s.buffer_s() for s in streams))
+        chunk = sum(s.audio_s for s in paced) / sum(s.chunks for s in paced)
+        expected = max(self.expected_audio_s(s.spec) for s in paced)
+        buffer = min(self.ttfa_s, *(s.buffer_s() for s in paced))
         pace = max(a.pace for a in ahead)
         return [*ahead, Ahead(pace, least_lead(buffer + chunk, expected - chunk, chunk, pace))]
 
@@ -249,7 +260,7 @@ class StreamAdmission:
     def produced(self, request_id: str, seconds: float, now: float) -> None:
         stream = self.active.get(request_id)
         if stream is not None:
-            stream.add(seconds, now)
+            stream.add(seconds, now, len(self.active))
 
     def first_audio(self, seconds: float) -> None:
         """An admitted stream's time from admission to its first output (learned TTFA)."""
