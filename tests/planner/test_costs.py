@@ -28,12 +28,18 @@ def test_table_round_trips_and_rejects_a_damaged_file(tmp_path):
     cost = NodeCost()
     cost.add(2, 4, 3.0, 0.02)
     table = CostTable("k", {"lm": cost}, {"lm": 64.0}, {2: 0.05}, 3e-4, "mix", 2e-3)
+    table.loop.add(2, 4, 3.0, 4e-4)
+    table.frontend_s = 3e-3
     path = tmp_path / "p.json"
     table.save(path)
     back = CostTable.load(path)
     assert back.to_json() == table.to_json()
     assert back.hop_latency_s == 2e-3
     assert back.nodes["lm"].step_seconds(3.0, 2) == pytest.approx(0.02)
+    assert (back.loop_seconds(3.0, 2), back.frontend_s) == (pytest.approx(4e-4), 3e-3)
+    old = table.to_json()
+    del old["loop"], old["frontend_s"]
+    assert CostTable.from_json(old).loop_seconds(3.0, 2) == 0.0  # a profile cached before they were measured
     path.write_text('{"format": 1, "key": "k", "nodes": {"lm": {"2": [[1]]}}, "items_per_request": {}}')
     with pytest.raises(ConfigError, match="damaged profile"):
         CostTable.load(path)

@@ -22,6 +22,10 @@ def test_profile_measures_every_node_through_the_runtime(orpheus):
         assert cost.step_seconds(1.0, 1) > 0
         assert {c for c, _, _ in cost.samples[1]} == {1, 2}
     assert t.first_output_s[1] > 0
+    # the worker's loop outside its steps, per step, and the frontend's CPU per request: small beside the steps
+    assert 0 < t.loop_seconds(1.0, 1) < t.nodes["codec"].step_seconds(1.0, 1)
+    assert {c for c, _, _ in t.loop.samples[1]} == {1, 2}
+    assert 0 < t.frontend_s < 1.0
 
 
 def _seed(orpheus, tmp_path, costs: CostTable) -> None:

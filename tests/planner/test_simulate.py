@@ -28,6 +28,7 @@ from walkserve.placement.plan import parse_placement
 from walkserve.planner.costs import CostTable, NodeCost
 from walkserve.planner.devices import parse_devices
 from walkserve.planner.flow import build_flow
+from walkserve.planner.score import score
 from walkserve.planner.search import enumerate_candidates
 from walkserve.planner.simulate import Load, Simulation, simulate
 
@@ -230,3 +231,35 @@ def test_walks_that_feed_each_other_do_not_deadlock():
     sc = sim.run()
     assert sim.forced == 0
     assert 1 / sc.throughput == pytest.approx(0.002 + STEPS * 0.001, rel=1e-6)
+
+
+def test_a_ranks_loop_time_outside_its_steps_is_paid_every_step():
+    # one request at a time on one rank: 10 steps of a (1 ms) and 10 of b (4 ms), each with 0.5 ms of the worker's
+    # loop around it: 10 x 5 ms + 20 x 0.5 ms = 60 ms a request; two replicas of [a, b] at 2 requests each pay the
+    # loop once per step of two, so their half-batch steps cost 5 ms + 1 ms a pair of items on each of two ranks
+    g, comps = pipeline(), null("a", "b")
+    t = costs({"a": cost(0.001), "b": cost(0.004)}, {"a": STEPS, "b": STEPS})
+    t.loop = cost(0.0005)
+    alone = simulate(t, g, placement([(["a", "b"], [0])]), Load(1, requests=4), comps)
+    assert 1 / alone.throughput == pytest.approx(STEPS * 0.005 + 2 * STEPS * 0.0005, rel=1e-6)
+    assert alone.rank_busy[0] == pytest.approx(0.060, rel=1e-6)
+    assert score(t, g, placement([(["a", "b"], [0])]), 1).rank_busy[0] == pytest.approx(0.060, rel=1e-6)  # the bound too
+    twice = simulate(t, g, placement([(["a", "b"], [0, 1])]), Load(4, requests=16), comps)
+    assert twice.rank_busy[0] == pytest.approx(STEPS * (0.005 + 2 * 0.0005) / 4, rel=0.05)  # 2 of 4 requests a step
+
+
+def test_the_frontend_takes_its_cpu_from_the_hosts_cores():
+    # the frontend (conductor and client) spends 20 ms per request in 10 pieces, one per client output of b. Beside
+    # a GPU rank it has the host's core to itself and keeps up: a request takes its 50 ms of steps plus the last
+    # 2 ms piece. Beside a CPU rank on a one-core host the two share the core, never idle: 50 + 20 = 70 ms
+    g, comps = pipeline(), null("a", "b")
+    t = costs({"a": cost(0.001), "b": cost(0.004)}, {"a": STEPS, "b": STEPS})
+    t.frontend_s = 0.020
+    gpu = simulate(t, g, placement([(["a", "b"], [0])]), Load(1, requests=4), comps, cores=1)
+    assert 1 / gpu.throughput == pytest.approx(0.050 + 0.002, rel=1e-6)
+    data = {"ranks": [{"id": 0, "device": "cpu"}], "nodes": [{"nodes": ["a", "b"], "ranks": [0]}]}
+    cpu = simulate(t, g, parse_placement(data, "<t>"), Load(1, requests=4), comps, cores=1)
+    assert 1 / cpu.throughput == pytest.approx(0.070, rel=1e-6)
+    assert set(cpu.rank_busy) == {0}  # the frontend is not a rank of the placement
+    # the bound: 50 ms of the rank and 20 ms of the frontend, core-seconds per request against one core
+    assert 1 / score(t, g, parse_placement(data, "<t>"), 1, cores=1).throughput == pytest.approx(0.070, rel=1e-6)

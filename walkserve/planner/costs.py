@@ -9,6 +9,13 @@ thread count never measured, scales the nearest measured one by the ratio of
 threads (a CPU step's compute divides over its threads; the fixed part too:
 on a tiny model it is mostly the same kernels' launch overhead).
 
+Beside the nodes' steps the profile measures what a rank and the frontend
+spend outside them: ``loop`` (a worker's loop time outside its engine
+calls, per step: receiving, scheduling, routing, sending outputs; fitted
+against the batch like a node) and ``frontend_s`` (the CPU seconds the
+conductor's process and the client's process spend per request). A profile
+cached before these were measured reads them as zero.
+
 The cache file is keyed by model (family and a fingerprint of the
 checkpoint's config files), device kind and dtype, so planning after one
 profile is instant.
@@ -89,7 +96,11 @@ class CostTable:
     the first client output of one request alone, ``threads`` -> seconds (TTFA
     on an idle rank). ``hop_s``: seconds one cross-rank message costs its
     sender and its receiver; ``hop_latency_s``: how long it takes to arrive
-    (both constants, not measured).
+    (both constants, not measured). ``loop``: a rank's loop seconds outside
+    its engine calls, per step, as a ``NodeCost`` (batch: the mean members of
+    the rank's steps). ``frontend_s``: CPU seconds the conductor and the
+    client spend per request, on the host's cores beside the ranks (0: not
+    measured).
     """
 
     key: str
@@ -99,6 +110,12 @@ class CostTable:
     hop_s: float = 2e-4
     workload: str = ""
     hop_latency_s: float = 1e-3
+    loop: NodeCost = field(default_factory=NodeCost)
+    frontend_s: float = 0.0
+
+    def loop_seconds(self, batch: float, threads: int) -> float:
+        """A rank's loop seconds outside one step of ``batch`` members at ``threads`` (0 where never measured)."""
+        return self.loop.step_seconds(batch, threads)
 
     def to_json(self) -> dict:
         return {
@@ -106,7 +123,8 @@ class CostTable:
             "workload": self.workload,
             "items_per_request": self.items_per_request,
             "first_output_s": {str(t): s for t, s in self.first_output_s.items()},
-            "nodes": {n: {str(t): [list(p) for p in pts] for t, pts in c.samples.items()} for n, c in self.nodes.items()},
+            "nodes": {n: _samples(c) for n, c in self.nodes.items()},
+            "loop": _samples(self.loop), "frontend_s": self.frontend_s,
         }
 
     @classmethod
@@ -114,12 +132,12 @@ class CostTable:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ConfigError(f"{source}: not a walkserve profile (format {FORMAT}); profile again")
         try:
-            nodes = {n: NodeCost({int(t): [(float(c), float(b), float(s)) for c, b, s in pts] for t, pts in per.items()})
-                     for n, per in data["nodes"].items()}
+            nodes = {n: _node_cost(per) for n, per in data["nodes"].items()}
             return cls(data["key"], nodes, {k: float(v) for k, v in data["items_per_request"].items()},
                        {int(t): float(s) for t, s in data.get("first_output_s", {}).items()},
                        float(data.get("hop_s", 2e-4)), str(data.get("workload", "")),
-                       float(data.get("hop_latency_s", 1e-3)))
+                       float(data.get("hop_latency_s", 1e-3)), _node_cost(data.get("loop", {})),
+                       float(data.get("frontend_s", 0.0)))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ConfigError(f"{source}: a damaged profile ({type(e).__name__}: {e}); profile again") from None
 
@@ -138,6 +156,14 @@ class CostTable:
         except ValueError as e:
             raise ConfigError(f"{path}: not JSON: {e}") from None
         return cls.from_json(data, str(path))
+
+
+def _samples(cost: NodeCost) -> dict[str, list[list[float]]]:
+    return {str(t): [list(p) for p in pts] for t, pts in cost.samples.items()}
+
+
+def _node_cost(per: dict) -> NodeCost:
+    return NodeCost({int(t): [(float(c), float(b), float(s)) for c, b, s in pts] for t, pts in per.items()})
 
 
 def model_fingerprint(path: str | None, options: dict | None = None) -> str:

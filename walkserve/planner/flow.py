@@ -17,7 +17,11 @@ units that feed it:
 
 So a streamed codec starts after its first window, a nested loop's outer step
 waits for the inner loop of the previous one, and a unit fed by nothing starts
-when the request does. Walk boundaries are not edges (a walk's outputs reach
+when the request does. Where the profile measured the frontend's CPU per
+request, one more unit, ``FRONTEND``, stands for the conductor and the client:
+one item per item of the busiest client unit, each waiting (forward) for the
+client units' outputs it carries, ``frontend_s / items`` seconds each; a
+request is done when its last output has passed the frontend. Walk boundaries are not edges (a walk's outputs reach
 the next walk through the conductor): units of a later walk that no edge ties
 to an earlier one may start early, so latency is under-estimated there.
 """
@@ -32,6 +36,7 @@ from walkserve.graph.routes import ToCarry, ToClient, ToNode, ToStream
 from walkserve.graph.walk import WalkGraph
 from walkserve.planner.costs import CostTable
 
+FRONTEND = "(frontend)"  # the conductor's and the client's CPU: a unit of no rank (simulate.py runs it on the host)
 RANK = {"carry": 0, "setup": 1, "stream": 2, "forward": 3}  # which edge stands when two walks tie the same units
 DEFAULT_BATCH = 64  # a stateless engine's max_batch and a KV engine's max_running, unless the component says
 
@@ -92,7 +97,17 @@ def build_flow(table: CostTable, graph: WalkGraph, components: dict[str, Compone
         units.append(Unit(name, items, max(1, cap), False, tuple(dict.fromkeys(nodes))))
     flow = Flow(units, index)
     _add_edges(flow, graph)
+    _add_frontend(flow, table.frontend_s)
     return flow
+
+
+def _add_frontend(flow: Flow, seconds: float) -> None:
+    clients = [i for i, u in enumerate(flow.units) if u.client]
+    if seconds <= 0 or not clients:
+        return
+    items = max(flow.units[i].items for i in clients)
+    flow.index[FRONTEND] = len(flow.units)
+    flow.units.append(Unit(FRONTEND, items, DEFAULT_BATCH, False, (), [Edge(i, "forward") for i in clients]))
 
 
 def _component(graph: WalkGraph, node: str) -> str:

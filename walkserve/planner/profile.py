@@ -6,7 +6,11 @@ per step. For each thread count (a CPU rank's share of the host's cores) and
 each concurrency, the workload's requests run at once and the runtime's
 per-node counters (steps, items, busy seconds) give one sample per node: the
 mean batch and the seconds per step (``costs.NodeCost``). A lone request's
-time to its first output is kept as the idle TTFA. Node counters are keyed
+time to its first output is kept as the idle TTFA. Each run also gives the
+rank's loop time outside its steps (the worker's active seconds less its
+steps' busy seconds, per step) and the CPU seconds the conductor's process
+and this one (the client) spent per request (``/proc``; zero where there is
+none). Node counters are keyed
 by node for stateless engines and by component for KV engines (the runtime's
 own keys); the planner maps both onto the placement.
 """
@@ -17,6 +21,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from walkserve.core.outputs import OutputEvent, RequestFinished
@@ -46,13 +51,16 @@ def profile(model: Model, workload: Workload, key: str, device: str = "cpu", dty
     counts = threads or (default_threads() if device == "cpu" else (1,))
     levels = concurrencies or tuple(sorted({1, max(1, workload.concurrency // 2), workload.concurrency,
                                             2 * workload.concurrency}))
+    frontend: list[tuple[float, int]] = []  # (CPU seconds, requests) per run
     for t in counts:
-        asyncio.run(_profile_threads(model, workload, table, device, dtype, t, levels, repeats, progress))
+        asyncio.run(_profile_threads(model, workload, table, device, dtype, t, levels, repeats, progress, frontend))
+    table.frontend_s = sum(s for s, _ in frontend) / max(1, sum(n for _, n in frontend))
     return table
 
 
 async def _profile_threads(model: Model, workload: Workload, table: CostTable, device: str, dtype: str | None,
-                           threads: int, levels: Sequence[int], repeats: int, progress: Progress | None) -> None:
+                           threads: int, levels: Sequence[int], repeats: int, progress: Progress | None,
+                           frontend: list[tuple[float, int]]) -> None:
     from walkserve.core.config import RuntimeConfig
     from walkserve.entrypoint.engine import AsyncEngine
 
@@ -67,12 +75,15 @@ async def _profile_threads(model: Model, workload: Workload, table: CostTable, d
             for r in range(repeats):
                 if progress:
                     progress(f"profile: {threads} thread(s), {level} request(s) at once, run {r + 1}/{repeats}")
-                before = await _nodes(engine)
+                before = await _counters(engine)
+                cpu = _frontend_cpu(engine)
                 first = await _run(engine, workload.specs(engine.processor, level))
-                after = await _nodes(engine)
+                frontend.append((max(0.0, _frontend_cpu(engine) - cpu), level))
+                after = await _counters(engine)
                 if level == 1:
                     table.first_output_s[threads] = min(first, table.first_output_s.get(threads, first))
-                _add_samples(table, threads, level, before, after, items)
+                _add_samples(table, threads, level, before.nodes, after.nodes, items)
+                _add_outside(table, threads, level, before, after)
     finally:
         await engine.shutdown(drain_s=0)
     for name, per in items.items():
@@ -94,10 +105,49 @@ def _add_samples(table: CostTable, threads: int, requests: int, before: dict, af
         items.setdefault(name, []).append(n / requests)
 
 
-async def _nodes(engine: Any) -> dict[str, dict[str, float]]:
+@dataclass
+class _Counters:
+    """The runtime's counters around one run: per node, and the rank's loop time."""
+
+    nodes: dict[str, dict[str, float]]
+    active_s: float  # the rank's loop seconds not waiting for a message (its steps included)
+
+
+async def _counters(engine: Any) -> _Counters:
     await asyncio.sleep(0.1)  # the workers' last counters reach the conductor
     await engine.refresh_status()
-    return {k: dict(v) for k, v in engine.stats().nodes.items()}
+    worker = engine.status.stats.workers.get(0)
+    return _Counters({k: dict(v) for k, v in engine.stats().nodes.items()}, worker.active_s if worker else 0.0)
+
+
+def _frontend_cpu(engine: Any) -> float:
+    """CPU seconds of this process (the client, the engine's frontend) and of the conductor's process."""
+    conductor = getattr(engine.process, "pid", None)
+    return time.process_time() + (_cpu_seconds(conductor) if conductor else 0.0)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU seconds every thread of process ``pid`` has run (``/proc/PID/task/*/schedstat``; 0 without /proc)."""
+    total = 0.0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
+    return total
+
+
+def _add_outside(table: CostTable, threads: int, requests: int, before: _Counters, after: _Counters) -> None:
+    """The rank's loop seconds outside its steps, per step (against the steps' mean members, like a node)."""
+    steps = items = busy = 0.0
+    for name, s in after.nodes.items():
+        b = before.nodes.get(name, {})
+        steps += s.get("batches", 0.0) - b.get("batches", 0.0)
+        items += s.get("items", 0.0) - b.get("items", 0.0)
+        busy += s.get("busy_s", 0.0) - b.get("busy_s", 0.0)
+    if steps > 0 and after.active_s > before.active_s:
+        table.loop.add(threads, requests, items / steps, max(0.0, after.active_s - before.active_s - busy) / steps)
 
 
 async def _run(engine: Any, specs: list) -> float:

@@ -7,7 +7,8 @@ The cost model (docs/placement.md, "How the planner scores"):
   per request; on a rank with ``t`` threads it runs them in steps of the batch
   the profile saw at the concurrency that replica carries (the workload's
   concurrency divided over its replicas), each step costing
-  ``NodeCost.step_seconds(batch, t)``;
+  ``NodeCost.step_seconds(batch, t)`` and the rank's loop time outside it
+  (``CostTable.loop_seconds``);
 - a CPU rank's threads are the host's cores divided over the placement's
   ranks (what the worker does with ``worker_threads = 0``); a GPU rank keeps
   the profiled cost;
@@ -19,7 +20,8 @@ The cost model (docs/placement.md, "How the planner scores"):
 - the CPU ranks of one host share its cores: each keeps its threads' cores
   busy while it works, so requests/s is also at most cores / the sum over
   those ranks of busy seconds x threads (three one-thread ranks on two cores
-  do not run three times as fast as one);
+  do not run three times as fast as one); the frontend's CPU per request
+  (``frontend_s``: the conductor and the client) counts on the local host;
 - a request's steps run one after another where they depend on each other:
   its latency is at least the sum of its steps on its busiest rank (steps on
   one rank run one after another; ranks overlap through streams) plus
@@ -101,10 +103,11 @@ def score(table: CostTable, graph: WalkGraph, placement: Placement, concurrency:
             share = 1.0 / (len(sets) * len(ranks))  # the items this replica runs, of every request's
             for r in ranks:
                 batch = cost.batch_at(max(1.0, concurrency * len(sets) * share), threads[r])
-                busy = items * share * cost.step_seconds(batch, threads[r]) / batch
+                step = cost.step_seconds(batch, threads[r]) + table.loop_seconds(batch, threads[r])
+                busy = items * share * step / batch
                 unit_busy[r][unit] = unit_busy[r].get(unit, 0.0) + busy
                 unit_steps[unit] = unit_steps.get(unit, 0.0) + items * share / batch
-                path[r] += items / len(sets) * cost.step_seconds(batch, threads[r])  # a request stays on a replica
+                path[r] += items / len(sets) * step  # a request stays on a replica
     hops = _cross_edges(graph, placement, set(table.nodes))
     busy = {r: sum(unit_busy[r].values()) for r in placement.ranks}
     for (src, dst), producer in hops.items():
@@ -120,15 +123,18 @@ def score(table: CostTable, graph: WalkGraph, placement: Placement, concurrency:
     slowest = min(threads[r] for r in used)
     ttfa = _first_output(table, slowest) + table.hop_s * len(hops)
     rate = 1.0 / worst if worst > 0 else float("inf")
-    host = _host_rate(placement, busy, threads, cores or os.cpu_count() or 1)
+    host = _host_rate(placement, busy, threads, cores or os.cpu_count() or 1, table.frontend_s)
     little = concurrency / latency if latency > 0 else float("inf")
     return Score(min(rate, host, little), ttfa, busy, dict(unit_busy), len(hops), host_bound=host < rate,
                  latency_bound=little < min(rate, host))
 
 
-def _host_rate(placement: Placement, busy: dict[int, float], threads: dict[int, int], cores: int) -> float:
-    """Requests/s the cores of the most loaded host allow its CPU ranks (core-seconds per request against cores)."""
+def _host_rate(placement: Placement, busy: dict[int, float], threads: dict[int, int], cores: int,
+               frontend_s: float = 0.0) -> float:
+    """Requests/s the cores of the most loaded host allow its CPU ranks and, on the local host, the frontend
+    (core-seconds per request against cores)."""
     per_host: dict[str | None, float] = defaultdict(float)
+    per_host[None] += frontend_s
     for r, spec in placement.ranks.items():
         if spec.device == "cpu":
             per_host[spec.host] += busy[r] * threads[r]

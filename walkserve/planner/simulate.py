@@ -12,10 +12,16 @@ running it.
              unit with ready items, round-robin over its units (the worker
              passes over every cohort in turn), and steps up to that unit's
              batch bound (``cap``) of them, which costs the profiled
-             ``NodeCost.step_seconds(batch, threads)``
+             ``NodeCost.step_seconds(batch, threads)`` plus the rank's loop
+             time outside a step (``CostTable.loop_seconds``: receiving,
+             scheduling, routing; the profile measures it per step)
     host     CPU ranks of one host share its cores: while the running steps
              want more threads than it has, each runs slower in proportion
              (processor sharing); a GPU rank runs alone
+    frontend the conductor and the client: one more server of one thread on
+             the local host, sharing its cores with the CPU ranks, that takes
+             the profiled ``frontend_s`` per request in pieces as the
+             request's client outputs reach it (``flow.FRONTEND``)
     hop      an item for a unit on another rank arrives ``hop_latency_s``
              later; each message (one per step per destination) costs its
              sender and its receiver ``hop_s`` of busy time
@@ -46,8 +52,10 @@ from walkserve.engines.spec import ComponentSpec
 from walkserve.graph.walk import WalkGraph
 from walkserve.placement.plan import Placement
 from walkserve.planner.costs import CostTable
-from walkserve.planner.flow import Flow, build_flow
+from walkserve.planner.flow import FRONTEND, Flow, build_flow
 from walkserve.planner.score import Score, _cross_edges, rank_threads, unit_ranks
+
+FRONTEND_RANK = -1  # the frontend's server: not a rank of the placement, left out of the reported busy seconds
 
 
 @dataclass(frozen=True)
@@ -99,12 +107,15 @@ class Simulation:
         threads = rank_threads(placement, self.cores)
         self.ranks = {r: _Rank(r, threads[r], (s.host, "cpu") if s.device == "cpu" else (r, s.device))
                       for r, s in placement.ranks.items()}
-        self.sets = [unit_ranks(graph, placement, u.name) or [tuple(placement.ranks)[:1]] for u in flow.units]
+        if FRONTEND in flow.index:
+            self.ranks[FRONTEND_RANK] = _Rank(FRONTEND_RANK, 1, (None, "cpu"))
+        self.sets = [[(FRONTEND_RANK,)] if u.name == FRONTEND else
+                     unit_ranks(graph, placement, u.name) or [tuple(placement.ranks)[:1]] for u in flow.units]
         self.consumers: list[list[tuple[int, int]]] = [[] for _ in flow.units]  # unit -> (consumer, input index)
         for b, u in enumerate(flow.units):
             for i, e in enumerate(u.inputs):
                 self.consumers[e.src].append((b, i))
-        self.costs = [table.nodes[u.name] for u in flow.units]
+        self.costs = [table.nodes.get(u.name) for u in flow.units]  # None: the frontend
         self.memo: dict[tuple[int, int, int], float] = {}  # (unit, batch, threads) -> step seconds
         self.now = 0.0
         self.events: list[tuple[float, int, str, tuple]] = []
@@ -193,10 +204,16 @@ class Simulation:
         rank.step = _Step(rank.id, u, members, work, self.now)
 
     def step_seconds(self, u: int, batch: int, threads: int) -> float:
+        """A step of ``batch`` items of unit ``u``: the profiled step and the rank's loop time outside it."""
         key = (u, batch, threads)
         found = self.memo.get(key)
         if found is None:
-            found = self.memo[key] = self.costs[u].step_seconds(batch, threads)
+            cost = self.costs[u]
+            if cost is None:  # the frontend: its CPU seconds per request, in equal pieces
+                found = batch * self.table.frontend_s / self.flow.units[u].items
+            else:
+                found = cost.step_seconds(batch, threads) + self.table.loop_seconds(batch, threads)
+            self.memo[key] = found
         return found
 
     def complete(self, step: _Step) -> None:
@@ -215,7 +232,7 @@ class Simulation:
                 if not self.n[r][b]:
                     continue
                 to = self.home(r, b, min(self.done[r][b] + 1, self.n[r][b]))
-                if to == step.rank:
+                if to in (step.rank, FRONTEND_RANK):  # the frontend's receiving is in its measured CPU
                     self.arrive(r, b, i)
                 else:
                     sent.add(to)
@@ -306,11 +323,12 @@ class Simulation:
         done = self.done_at
         firsts = [(self.first[r] if self.first[r] is not None else done[r]) - self.started[r] for r in done]
         latency = statistics.median(done[r] - self.started[r] for r in done) if done else None
-        unit_busy = {r: {self.flow.units[u].name: b / n for u, b in rk.busy.items()} for r, rk in self.ranks.items()}
-        for r, rk in self.ranks.items():
+        ranks = {r: rk for r, rk in self.ranks.items() if r != FRONTEND_RANK}
+        unit_busy = {r: {self.flow.units[u].name: b / n for u, b in rk.busy.items()} for r, rk in ranks.items()}
+        for r, rk in ranks.items():
             if rk.messages:
                 unit_busy[r]["(messages)"] = rk.messages / n
-        busy = {r: sum(rk.busy.values()) / n for r, rk in self.ranks.items()}
+        busy = {r: sum(rk.busy.values()) / n for r, rk in ranks.items()}
         throughput = len(self.finished) / span if span > 0 else math.inf
         utilisation = max(busy.values(), default=0.0) * throughput
         host_bound = span > 0 and self.oversubscribed > 0.5 * span
