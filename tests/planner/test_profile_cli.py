@@ -1,5 +1,7 @@
 """A real profile of tiny Orpheus through the runtime, and the plan / profile / serve --placement auto commands."""
 
+import os
+
 import pytest
 
 from tests.planner.conftest import table
@@ -26,6 +28,11 @@ def test_profile_measures_every_node_through_the_runtime(orpheus):
     assert 0 < t.loop_seconds(1.0, 1) < t.nodes["codec"].step_seconds(1.0, 1)
     assert {c for c, _, _ in t.loop.samples[1]} == {1, 2}
     assert 0 < t.frontend_s < 1.0
+    if (os.cpu_count() or 1) >= 2:  # a core for each group: the stage run, lm and codec on ranks of their own
+        threads = (os.cpu_count() or 1) // 2
+        assert set(t.alone) == {"lm", "codec"}
+        assert all(c.step_seconds(1.0, threads) > 0 and set(c.samples) == {threads} for c in t.alone.values())
+        assert t.hop_s != CostTable("k").hop_s and 0 < t.hop_s < 0.05  # measured: the sender's seconds a message
 
 
 def _seed(orpheus, tmp_path, costs: CostTable) -> None:

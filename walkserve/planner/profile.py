@@ -10,7 +10,9 @@ time to its first output is kept as the idle TTFA. Each run also gives the
 rank's loop time outside its steps (the worker's active seconds less its
 steps' busy seconds, per step) and the CPU seconds the conductor's process
 and this one (the client) spent per request (``/proc``; zero where there is
-none). Node counters are keyed
+none). On a CPU host with a core for each node group, a last run puts every
+group on a rank of its own (the stage run): each node's step costs alone on
+a rank, and the seconds a message between ranks costs its sender. Node counters are keyed
 by node for stateless engines and by component for KV engines (the runtime's
 own keys); the planner maps both onto the placement.
 """
@@ -26,7 +28,7 @@ from typing import Any
 
 from walkserve.core.outputs import OutputEvent, RequestFinished
 from walkserve.models.base import Model
-from walkserve.planner.costs import CostTable
+from walkserve.planner.costs import CostTable, NodeCost
 from walkserve.planner.workload import Workload
 
 Progress = Callable[[str], None]
@@ -55,7 +57,51 @@ def profile(model: Model, workload: Workload, key: str, device: str = "cpu", dty
     for t in counts:
         asyncio.run(_profile_threads(model, workload, table, device, dtype, t, levels, repeats, progress, frontend))
     table.frontend_s = sum(s for s, _ in frontend) / max(1, sum(n for _, n in frontend))
+    groups = _stage_groups(model)
+    cores = os.cpu_count() or 1
+    if device == "cpu" and 2 <= len(groups) <= cores:
+        asyncio.run(_profile_stages(model, workload, table, groups, dtype, cores // len(groups), levels, repeats,
+                                    progress))
     return table
+
+
+def _stage_groups(model: Model) -> list[tuple[str, ...]]:
+    from walkserve.planner.search import node_groups
+
+    return node_groups(model)
+
+
+def stage_placement(groups: Sequence[Sequence[str]], device: str) -> dict:
+    """Every node group on a rank of its own."""
+    return {"ranks": [{"id": i, "device": device} for i in range(len(groups))],
+            "nodes": [{"nodes": list(g), "ranks": [i]} for i, g in enumerate(groups)]}
+
+
+async def _profile_stages(model: Model, workload: Workload, table: CostTable, groups: list[tuple[str, ...]],
+                          dtype: str | None, threads: int, levels: Sequence[int], repeats: int,
+                          progress: Progress | None) -> None:
+    """Each node's step costs with its group alone on a rank (``CostTable.alone``) and ``hop_s``, measured."""
+    from walkserve.core.config import RuntimeConfig
+    from walkserve.entrypoint.engine import AsyncEngine
+
+    if progress:
+        progress(f"profile: every node group on a rank of its own ({len(groups)} ranks, {threads} thread(s) each)")
+    config = RuntimeConfig(worker_threads=threads, status_interval_s=0.05, dtype=dtype)
+    engine = await AsyncEngine.start(model, placement=stage_placement(groups, "cpu"), config=config)
+    sent = [0.0, 0.0]  # messages, seconds
+    try:
+        await _run(engine, workload.specs(engine.processor, 1))
+        for level in levels:
+            for _ in range(repeats):
+                before = await _counters(engine)
+                await _run(engine, workload.specs(engine.processor, level))
+                after = await _counters(engine)
+                _add_samples(table.alone, threads, level, before.nodes, after.nodes)
+                sent = [sent[i] + after.sent[i] - before.sent[i] for i in (0, 1)]
+    finally:
+        await engine.shutdown(drain_s=0)
+    if sent[0] > 0:
+        table.hop_s = sent[1] / sent[0]
 
 
 async def _profile_threads(model: Model, workload: Workload, table: CostTable, device: str, dtype: str | None,
@@ -82,7 +128,7 @@ async def _profile_threads(model: Model, workload: Workload, table: CostTable, d
                 after = await _counters(engine)
                 if level == 1:
                     table.first_output_s[threads] = min(first, table.first_output_s.get(threads, first))
-                _add_samples(table, threads, level, before.nodes, after.nodes, items)
+                _add_samples(table.nodes, threads, level, before.nodes, after.nodes, items)
                 _add_outside(table, threads, level, before, after)
     finally:
         await engine.shutdown(drain_s=0)
@@ -90,10 +136,8 @@ async def _profile_threads(model: Model, workload: Workload, table: CostTable, d
         table.items_per_request[name] = sum(per) / len(per)
 
 
-def _add_samples(table: CostTable, threads: int, requests: int, before: dict, after: dict,
-                 items: dict[str, list[float]]) -> None:
-    from walkserve.planner.costs import NodeCost
-
+def _add_samples(costs: dict[str, NodeCost], threads: int, requests: int, before: dict, after: dict,
+                 items: dict[str, list[float]] | None = None) -> None:
     for name, s in after.items():
         b = before.get(name, {})
         steps = s.get("batches", 0.0) - b.get("batches", 0.0)
@@ -101,23 +145,28 @@ def _add_samples(table: CostTable, threads: int, requests: int, before: dict, af
         busy = s.get("busy_s", 0.0) - b.get("busy_s", 0.0)
         if steps <= 0:
             continue
-        table.nodes.setdefault(name, NodeCost()).add(threads, requests, n / steps, busy / steps)
-        items.setdefault(name, []).append(n / requests)
+        costs.setdefault(name, NodeCost()).add(threads, requests, n / steps, busy / steps)
+        if items is not None:
+            items.setdefault(name, []).append(n / requests)
 
 
 @dataclass
 class _Counters:
-    """The runtime's counters around one run: per node, and the rank's loop time."""
+    """The runtime's counters around one run: per node, rank 0's loop time, messages between ranks."""
 
     nodes: dict[str, dict[str, float]]
-    active_s: float  # the rank's loop seconds not waiting for a message (its steps included)
+    active_s: float  # rank 0's loop seconds not waiting for a message (its steps included)
+    sent: tuple[float, float]  # messages every rank sent to another, and the seconds sending them took
 
 
 async def _counters(engine: Any) -> _Counters:
     await asyncio.sleep(0.1)  # the workers' last counters reach the conductor
     await engine.refresh_status()
-    worker = engine.status.stats.workers.get(0)
-    return _Counters({k: dict(v) for k, v in engine.stats().nodes.items()}, worker.active_s if worker else 0.0)
+    workers = engine.status.stats.workers
+    peers = [to for w in workers.values() for to in w.sent_to.values()]
+    return _Counters({k: dict(v) for k, v in engine.stats().nodes.items()},
+                     workers[0].active_s if 0 in workers else 0.0,
+                     (sum(p.get("messages", 0.0) for p in peers), sum(p.get("seconds", 0.0) for p in peers)))
 
 
 def _frontend_cpu(engine: Any) -> float:
