@@ -55,6 +55,18 @@ def test_plan_command_writes_a_placement_and_explains_one(orpheus, orpheus_dir, 
     assert "rank 0:" in text and "lm" in text and "codec" in text
 
 
+def test_profile_command_prints_the_costs_outside_the_steps(orpheus, orpheus_dir, tmp_path, capsys):
+    costs = table(0.01, 0.02)
+    costs.loop.add(1, 4, 4.0, 3e-4)
+    costs.frontend_s, costs.alone = 2.5e-3, {"lm": costs.nodes["lm"]}
+    _seed(orpheus, tmp_path, costs)  # cached: the command prints it without profiling
+    assert main(["profile", "orpheus", "--model-path", str(orpheus_dir), "--profile-cache", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "lm: 64.0 items/request" in out and "alone on a rank, 1 thread(s)" in out
+    assert "loop outside its steps, per step: 1 thread(s): 0.30 ms" in out
+    assert "frontend (conductor and client): 2.50 ms CPU/request; a message between ranks: 0.100 ms" in out
+
+
 def test_plan_without_a_profile_and_without_devices_fails_clearly(orpheus_dir, tmp_path, capsys):
     base = ["orpheus", "--model-path", str(orpheus_dir), "--profile-cache", str(tmp_path)]
     assert main(["plan", *base]) == 1

@@ -81,10 +81,18 @@ def run_profile(args: argparse.Namespace) -> int:
     model, workload = _load_model(args)
     table = costs_for(model, workload, args.device, args.dtype, args.profile_cache, True, _progress, args.repeats)
     for node, cost in sorted(table.nodes.items()):
-        fits = ", ".join(f"{t} thread(s): {f * 1e3:.2f} ms + {p * 1e3:.3f} ms/item"
-                         for t in sorted(cost.samples) for f, p in [cost.fit(t)])
-        print(f"{node}: {table.items_per_request.get(node, 0):.1f} items/request; {fits}")
+        alone = f"; alone on a rank, {_fits(table.alone[node])}" if node in table.alone else ""
+        print(f"{node}: {table.items_per_request.get(node, 0):.1f} items/request; {_fits(cost)}{alone}")
+    if table.loop.samples:
+        print(f"a rank's loop outside its steps, per step: {_fits(table.loop)}")
+    print(f"frontend (conductor and client): {table.frontend_s * 1e3:.2f} ms CPU/request; "
+          f"a message between ranks: {table.hop_s * 1e3:.3f} ms")
     return 0
+
+
+def _fits(cost) -> str:
+    return ", ".join(f"{t} thread(s): {f * 1e3:.2f} ms + {p * 1e3:.3f} ms/item"
+                     for t in sorted(cost.samples) for f, p in [cost.fit(t)])
 
 
 def run_plan(args: argparse.Namespace) -> int:
