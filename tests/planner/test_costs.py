@@ -30,7 +30,6 @@ def test_table_round_trips_and_rejects_a_damaged_file(tmp_path):
     table = CostTable("k", {"lm": cost}, {"lm": 64.0}, {2: 0.05}, 3e-4, "mix", 2e-3)
     table.loop.add(2, 4, 3.0, 4e-4)
     table.frontend_s = 3e-3
-    table.alone = {"lm": NodeCost({1: [(4, 4.0, 0.01)]})}
     path = tmp_path / "p.json"
     table.save(path)
     back = CostTable.load(path)
@@ -38,11 +37,8 @@ def test_table_round_trips_and_rejects_a_damaged_file(tmp_path):
     assert back.hop_latency_s == 2e-3
     assert back.nodes["lm"].step_seconds(3.0, 2) == pytest.approx(0.02)
     assert (back.loop_seconds(3.0, 2), back.frontend_s) == (pytest.approx(4e-4), 3e-3)
-    assert back.cost("lm", 1, alone=True).step_seconds(4.0, 1) == pytest.approx(0.01)  # measured alone at 1 thread
-    assert back.cost("lm", 2, alone=True) is back.nodes["lm"]  # not at 2 threads: the one-rank costs
-    assert back.cost("lm", 1, alone=False) is back.nodes["lm"]
     old = table.to_json()
-    del old["loop"], old["frontend_s"], old["alone"]
+    del old["loop"], old["frontend_s"]
     assert CostTable.from_json(old).loop_seconds(3.0, 2) == 0.0  # a profile cached before they were measured
     path.write_text('{"format": 1, "key": "k", "nodes": {"lm": {"2": [[1]]}}, "items_per_request": {}}')
     with pytest.raises(ConfigError, match="damaged profile"):

@@ -29,9 +29,6 @@ def test_profile_measures_every_node_through_the_runtime(orpheus):
     assert {c for c, _, _ in t.loop.samples[1]} == {1, 2}
     assert 0 < t.frontend_s < 1.0
     if (os.cpu_count() or 1) >= 2:  # a core for each group: the stage run, lm and codec on ranks of their own
-        threads = (os.cpu_count() or 1) // 2
-        assert set(t.alone) == {"lm", "codec"}
-        assert all(c.step_seconds(1.0, threads) > 0 and set(c.samples) == {threads} for c in t.alone.values())
         assert t.hop_s != CostTable("k").hop_s and 0 < t.hop_s < 0.05  # measured: the sender's seconds a message
 
 
@@ -58,11 +55,11 @@ def test_plan_command_writes_a_placement_and_explains_one(orpheus, orpheus_dir, 
 def test_profile_command_prints_the_costs_outside_the_steps(orpheus, orpheus_dir, tmp_path, capsys):
     costs = table(0.01, 0.02)
     costs.loop.add(1, 4, 4.0, 3e-4)
-    costs.frontend_s, costs.alone = 2.5e-3, {"lm": costs.nodes["lm"]}
+    costs.frontend_s = 2.5e-3
     _seed(orpheus, tmp_path, costs)  # cached: the command prints it without profiling
     assert main(["profile", "orpheus", "--model-path", str(orpheus_dir), "--profile-cache", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "lm: 64.0 items/request" in out and "alone on a rank, 1 thread(s)" in out
+    assert "lm: 64.0 items/request; 1 thread(s): " in out
     assert "loop outside its steps, per step: 1 thread(s): 0.30 ms" in out
     assert "frontend (conductor and client): 2.50 ms CPU/request; a message between ranks: 0.100 ms" in out
 

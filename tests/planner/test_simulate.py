@@ -264,19 +264,3 @@ def test_the_frontend_takes_its_cpu_from_the_hosts_cores():
     # the bound: 50 ms of the rank and 20 ms of the frontend, core-seconds per request against one core
     assert 1 / score(t, g, parse_placement(data, "<t>"), 1, cores=1).throughput == pytest.approx(0.070, rel=1e-6)
 
-
-def test_a_unit_alone_on_its_rank_steps_at_the_costs_measured_alone():
-    # the profile's stage run measured b at 2 ms an item with its group alone on a rank, against 4 ms on the one
-    # rank it shared with a: split, b's rank takes 10 x 2 ms a request (50 req/s, a's rank 10 ms); together, both
-    # keep the shared costs, 10 x (1 + 4) ms
-    g, comps = pipeline(), null("a", "b")
-    t = costs({"a": cost(0.001), "b": cost(0.0, 0.004)}, {"a": STEPS, "b": STEPS})
-    t.alone = {"b": cost(0.0, 0.002)}
-    load = Load(1, requests=4)
-    split = simulate(t, g, placement([(["a"], [0]), (["b"], [1])]), load, comps)
-    assert split.rank_busy == {0: pytest.approx(0.010), 1: pytest.approx(0.020)}
-    assert score(t, g, placement([(["a"], [0]), (["b"], [1])]), 1).rank_busy[1] == pytest.approx(0.020)
-    together = simulate(t, g, placement([(["a", "b"], [0])]), load, comps)
-    assert together.rank_busy[0] == pytest.approx(0.050)
-    twice = simulate(t, g, placement([(["a", "b"], [0, 1])]), Load(2, requests=8), comps)
-    assert twice.rank_busy[0] == pytest.approx(0.025, rel=0.05)  # replicas of [a, b]: b still shares its ranks

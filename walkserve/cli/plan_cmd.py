@@ -81,8 +81,7 @@ def run_profile(args: argparse.Namespace) -> int:
     model, workload = _load_model(args)
     table = costs_for(model, workload, args.device, args.dtype, args.profile_cache, True, _progress, args.repeats)
     for node, cost in sorted(table.nodes.items()):
-        alone = f"; alone on a rank, {_fits(table.alone[node])}" if node in table.alone else ""
-        print(f"{node}: {table.items_per_request.get(node, 0):.1f} items/request; {_fits(cost)}{alone}")
+        print(f"{node}: {table.items_per_request.get(node, 0):.1f} items/request; {_fits(cost)}")
     if table.loop.samples:
         print(f"a rank's loop outside its steps, per step: {_fits(table.loop)}")
     print(f"frontend (conductor and client): {table.frontend_s * 1e3:.2f} ms CPU/request; "

@@ -16,8 +16,7 @@ against the batch like a node) and ``frontend_s`` (the CPU seconds the
 conductor's process and the client's process spend per request). A profile
 cached before these were measured reads them as zero. On a CPU host with a
 core for each node group, a second run puts every group on a rank of its own:
-``alone`` keeps each node's step costs there (no other node's steps between
-its own, its own core), and the run's messages between ranks give ``hop_s``.
+its messages between ranks give ``hop_s``.
 
 The cache file is keyed by model (family and a fingerprint of the
 checkpoint's config files), device kind and dtype, so planning after one
@@ -104,9 +103,7 @@ class CostTable:
     outside its engine calls, per step, as a ``NodeCost`` (batch: the mean
     members of the rank's steps). ``frontend_s``: CPU seconds the conductor
     and the client spend per request, on the host's cores beside the ranks
-    (0: not measured). ``alone``: each node's step costs measured with its
-    group alone on a rank, at the threads those ranks got (empty: not
-    measured).
+    (0: not measured).
     """
 
     key: str
@@ -118,13 +115,6 @@ class CostTable:
     hop_latency_s: float = 1e-3
     loop: NodeCost = field(default_factory=NodeCost)
     frontend_s: float = 0.0
-    alone: dict[str, NodeCost] = field(default_factory=dict)
-
-    def cost(self, node: str, threads: int, alone: bool) -> NodeCost:
-        """``node``'s step costs on a rank of ``threads``: those measured with its group alone on a rank where it
-        is alone on its rank and they were measured at that thread count, else the one-rank profile's."""
-        own = self.alone.get(node) if alone else None
-        return own if own is not None and threads in own.samples else self.nodes[node]
 
     def loop_seconds(self, batch: float, threads: int) -> float:
         """A rank's loop seconds outside one step of ``batch`` members at ``threads`` (0 where never measured)."""
@@ -138,7 +128,6 @@ class CostTable:
             "first_output_s": {str(t): s for t, s in self.first_output_s.items()},
             "nodes": {n: _samples(c) for n, c in self.nodes.items()},
             "loop": _samples(self.loop), "frontend_s": self.frontend_s,
-            "alone": {n: _samples(c) for n, c in self.alone.items()},
         }
 
     @classmethod
@@ -151,8 +140,7 @@ class CostTable:
                        {int(t): float(s) for t, s in data.get("first_output_s", {}).items()},
                        float(data.get("hop_s", 2e-4)), str(data.get("workload", "")),
                        float(data.get("hop_latency_s", 1e-3)), _node_cost(data.get("loop", {})),
-                       float(data.get("frontend_s", 0.0)),
-                       {n: _node_cost(per) for n, per in data.get("alone", {}).items()})
+                       float(data.get("frontend_s", 0.0)))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ConfigError(f"{source}: a damaged profile ({type(e).__name__}: {e}); profile again") from None
 

@@ -11,10 +11,10 @@ rank's loop time outside its steps (the worker's active seconds less its
 steps' busy seconds, per step) and the CPU seconds the conductor's process
 and this one (the client) spent per request (``/proc``; zero where there is
 none). On a CPU host with a core for each node group, a last run puts every
-group on a rank of its own (the stage run): each node's step costs alone on
-a rank, and the seconds a message between ranks costs its sender. Node counters are keyed
-by node for stateless engines and by component for KV engines (the runtime's
-own keys); the planner maps both onto the placement.
+group on a rank of its own (the stage run) at the workload's concurrency: the
+seconds a message between ranks costs its sender. Node counters are keyed by
+node for stateless engines and by component for KV engines (the runtime's own
+keys); the planner maps both onto the placement.
 """
 
 from __future__ import annotations
@@ -60,8 +60,7 @@ def profile(model: Model, workload: Workload, key: str, device: str = "cpu", dty
     groups = _stage_groups(model)
     cores = os.cpu_count() or 1
     if device == "cpu" and 2 <= len(groups) <= cores:
-        asyncio.run(_profile_stages(model, workload, table, groups, dtype, cores // len(groups), levels, repeats,
-                                    progress))
+        asyncio.run(_profile_stages(model, workload, table, groups, dtype, cores // len(groups), repeats, progress))
     return table
 
 
@@ -78,9 +77,8 @@ def stage_placement(groups: Sequence[Sequence[str]], device: str) -> dict:
 
 
 async def _profile_stages(model: Model, workload: Workload, table: CostTable, groups: list[tuple[str, ...]],
-                          dtype: str | None, threads: int, levels: Sequence[int], repeats: int,
-                          progress: Progress | None) -> None:
-    """Each node's step costs with its group alone on a rank (``CostTable.alone``) and ``hop_s``, measured."""
+                          dtype: str | None, threads: int, repeats: int, progress: Progress | None) -> None:
+    """``hop_s``: the seconds the ranks spent sending each message to another rank (packing, encoding, sending)."""
     from walkserve.core.config import RuntimeConfig
     from walkserve.entrypoint.engine import AsyncEngine
 
@@ -91,13 +89,11 @@ async def _profile_stages(model: Model, workload: Workload, table: CostTable, gr
     sent = [0.0, 0.0]  # messages, seconds
     try:
         await _run(engine, workload.specs(engine.processor, 1))
-        for level in levels:
-            for _ in range(repeats):
-                before = await _counters(engine)
-                await _run(engine, workload.specs(engine.processor, level))
-                after = await _counters(engine)
-                _add_samples(table.alone, threads, level, before.nodes, after.nodes)
-                sent = [sent[i] + after.sent[i] - before.sent[i] for i in (0, 1)]
+        for _ in range(repeats):
+            before = await _counters(engine)
+            await _run(engine, workload.specs(engine.processor, workload.concurrency))
+            after = await _counters(engine)
+            sent = [sent[i] + after.sent[i] - before.sent[i] for i in (0, 1)]
     finally:
         await engine.shutdown(drain_s=0)
     if sent[0] > 0:
@@ -128,7 +124,7 @@ async def _profile_threads(model: Model, workload: Workload, table: CostTable, d
                 after = await _counters(engine)
                 if level == 1:
                     table.first_output_s[threads] = min(first, table.first_output_s.get(threads, first))
-                _add_samples(table.nodes, threads, level, before.nodes, after.nodes, items)
+                _add_samples(table, threads, level, before.nodes, after.nodes, items)
                 _add_outside(table, threads, level, before, after)
     finally:
         await engine.shutdown(drain_s=0)
@@ -136,8 +132,8 @@ async def _profile_threads(model: Model, workload: Workload, table: CostTable, d
         table.items_per_request[name] = sum(per) / len(per)
 
 
-def _add_samples(costs: dict[str, NodeCost], threads: int, requests: int, before: dict, after: dict,
-                 items: dict[str, list[float]] | None = None) -> None:
+def _add_samples(table: CostTable, threads: int, requests: int, before: dict, after: dict,
+                 items: dict[str, list[float]]) -> None:
     for name, s in after.items():
         b = before.get(name, {})
         steps = s.get("batches", 0.0) - b.get("batches", 0.0)
@@ -145,9 +141,8 @@ def _add_samples(costs: dict[str, NodeCost], threads: int, requests: int, before
         busy = s.get("busy_s", 0.0) - b.get("busy_s", 0.0)
         if steps <= 0:
             continue
-        costs.setdefault(name, NodeCost()).add(threads, requests, n / steps, busy / steps)
-        if items is not None:
-            items.setdefault(name, []).append(n / requests)
+        table.nodes.setdefault(name, NodeCost()).add(threads, requests, n / steps, busy / steps)
+        items.setdefault(name, []).append(n / requests)
 
 
 @dataclass

@@ -6,8 +6,7 @@ The cost model (docs/placement.md, "How the planner scores"):
   nodes: the runtime's own counter keys) makes ``items_per_request`` items
   per request; on a rank with ``t`` threads it runs them in steps of the batch
   the profile saw at the concurrency that replica carries (the workload's
-  concurrency divided over its replicas), each step costing (measured alone on
-  a rank where the unit has its ranks to itself)
+  concurrency divided over its replicas), each step costing
   ``NodeCost.step_seconds(batch, t)`` and the rank's loop time outside it
   (``CostTable.loop_seconds``);
 - a CPU rank's threads are the host's cores divided over the placement's
@@ -95,20 +94,14 @@ def score(table: CostTable, graph: WalkGraph, placement: Placement, concurrency:
     unit_busy: dict[int, dict[str, float]] = defaultdict(dict)
     unit_steps: dict[str, float] = {}
     path: dict[int, float] = defaultdict(float)  # rank -> seconds of one request's steps there
-    placed = {u: unit_ranks(graph, placement, u) for u in table.nodes if table.items_per_request.get(u, 0.0)}
-    on: dict[int, set[str]] = defaultdict(set)
-    for u, sets in placed.items():
-        for r in (r for rs in sets for r in rs):
-            on[r].add(u)
-    for unit, sets in placed.items():
-        items = table.items_per_request[unit]
-        if not sets:
+    for unit, cost in table.nodes.items():
+        sets = unit_ranks(graph, placement, unit)
+        items = table.items_per_request.get(unit, 0.0)
+        if not sets or not items:
             continue
-        alone = all(on[r] == {unit} for rs in sets for r in rs)
         for ranks in sets:
             share = 1.0 / (len(sets) * len(ranks))  # the items this replica runs, of every request's
             for r in ranks:
-                cost = table.cost(unit, threads[r], alone)
                 batch = cost.batch_at(max(1.0, concurrency * len(sets) * share), threads[r])
                 step = cost.step_seconds(batch, threads[r]) + table.loop_seconds(batch, threads[r])
                 busy = items * share * step / batch

@@ -12,8 +12,7 @@ running it.
              unit with ready items, round-robin over its units (the worker
              passes over every cohort in turn), and steps up to that unit's
              batch bound (``cap``) of them, which costs the profiled
-             ``NodeCost.step_seconds(batch, threads)`` (measured alone on a
-             rank where the unit has its ranks to itself) plus the rank's loop
+             ``NodeCost.step_seconds(batch, threads)`` plus the rank's loop
              time outside a step (``CostTable.loop_seconds``: receiving,
              scheduling, routing; the profile measures it per step)
     host     CPU ranks of one host share its cores: while the running steps
@@ -52,7 +51,7 @@ from dataclasses import dataclass
 from walkserve.engines.spec import ComponentSpec
 from walkserve.graph.walk import WalkGraph
 from walkserve.placement.plan import Placement
-from walkserve.planner.costs import CostTable, NodeCost
+from walkserve.planner.costs import CostTable
 from walkserve.planner.flow import FRONTEND, Flow, build_flow
 from walkserve.planner.score import Score, _cross_edges, rank_threads, unit_ranks
 
@@ -116,7 +115,7 @@ class Simulation:
         for b, u in enumerate(flow.units):
             for i, e in enumerate(u.inputs):
                 self.consumers[e.src].append((b, i))
-        self.costs = self._costs()  # None: the frontend
+        self.costs = [table.nodes.get(u.name) for u in flow.units]  # None: the frontend
         self.memo: dict[tuple[int, int, int], float] = {}  # (unit, batch, threads) -> step seconds
         self.now = 0.0
         self.events: list[tuple[float, int, str, tuple]] = []
@@ -133,22 +132,6 @@ class Simulation:
         self.done_at: dict[int, float] = {}  # request -> when it finished
         self.oversubscribed = 0.0  # seconds some host had more threads stepping than cores
         self.forced = 0  # items released without their inputs (a rounding deadlock in a cycle; should stay 0)
-
-    def _costs(self) -> list[NodeCost | None]:
-        """Each unit's step costs: measured alone on a rank where no other unit shares its ranks."""
-        on: dict[int, set[int]] = {}
-        for u, sets in enumerate(self.sets):
-            for r in (r for rs in sets for r in rs):
-                on.setdefault(r, set()).add(u)
-        out: list[NodeCost | None] = []
-        for u, unit in enumerate(self.flow.units):
-            if unit.name == FRONTEND:
-                out.append(None)
-                continue
-            ranks = [r for rs in self.sets[u] for r in rs]
-            alone = all(on[r] == {u} for r in ranks)
-            out.append(self.table.cost(unit.name, self.ranks[ranks[0]].threads, alone))
-        return out
 
     # ---- requests --------------------------------------------------------------------------
     def _items(self, r: int) -> list[int]:
