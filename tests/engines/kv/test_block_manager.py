@@ -174,3 +174,20 @@ def test_random_operations_keep_the_invariants():
 def test_rejects_an_empty_geometry(bad):
     with pytest.raises(ValueError):
         BlockManager(*bad)
+
+
+def test_histories_whose_python_hashes_collide_share_no_block():
+    """1 and 2**61 hash alike in Python (so do tuples of them), as a client could make any two histories do: a key
+    chained on ``hash()`` would attach A's later blocks after B's first. The digest chain keeps them apart."""
+    assert hash((0, (1, 9))) == hash((0, (2**61, 9)))
+    bm = BlockManager(num_blocks=12, block_size=2)
+    bm.append_slots(A, 6)
+    bm.commit(A, [1, 9, 5, 6, 3, 4], 6)  # blocks 0 1 2
+    bm.append_slots(B, 4)
+    bm.commit(B, [2**61, 9, 7, 8], 4)  # blocks 3 4
+    prompt = [2**61, 9, 5, 6, 3, 4, 0]
+    assert bm.attach_prefix(C, prompt, max_tokens=6) == 2 and bm.table(C) == [3]  # B's first block only
+    assert bm.append_slots(D, 3)
+    bm.commit(D, prompt, 3)
+    assert not bm.cached_after_partial(D, prompt, max_tokens=6)  # A's (3, 4) follows another history
+    bm.check()

@@ -10,6 +10,7 @@ import torch
 
 from tests.engines.kv.kv_driver import firing
 from walkserve.core.options import KVOptions
+from walkserve.engines.kv.capture_cache import _run_keys
 from walkserve.engines.kv.engine import KVCacheEngine
 from walkserve.graph.kv import ALL, append, kv_params
 
@@ -91,6 +92,17 @@ def test_another_history_or_another_piece_is_not_served(tiny_lm):
                                                                  (_last, LAST)])
     torch.testing.assert_close(other_history[1]["accept"], want[1]["accept"], atol=1e-5, rtol=1e-5)
     assert other_piece[1]["accept"].shape == (len(MEDIA1), tiny_lm.config.hidden_size)
+
+
+def test_a_history_whose_python_hash_collides_keys_its_runs_apart():
+    """The history before a run is keyed on a digest of its row keys, not ``hash()``: 1 and 2**61 hash alike in
+    Python, as a client could make two histories do, and would serve one's captured rows after the other."""
+    a, b = [1, 1, 5, 5, 6], [2**61, 2**61, 5, 5, 6]
+    assert hash(tuple(a[:2])) == hash(tuple(b[:2]))
+    runs_a, runs_b = _run_keys(a, 2, 5, "lm"), _run_keys(b, 2, 5, "lm")
+    assert [r[:3] for r in runs_a] == [r[:3] for r in runs_b] == [("lm", 2, 4), ("lm", 4, 5)]
+    assert all(ra[3] != rb[3] for ra, rb in zip(runs_a, runs_b, strict=True))
+    assert _run_keys(a, 2, 5, "lm") == runs_a and _run_keys(list(a), 4, 5, "lm")[0] == runs_a[1]  # split-invariant
 
 
 def test_the_cache_is_bounded_in_bytes_least_recently_used_first_out(tiny_lm):

@@ -54,17 +54,20 @@ def test_an_equal_full_append_attaches_every_block_but_the_last_rows():
     assert s.prefix_hit_tokens == 8
 
 
-@pytest.mark.parametrize("change", ["last image", "prompt"])
+@pytest.mark.parametrize("change", ["last image", "prompt", "colliding image"])
 def test_a_full_append_that_differs_anywhere_shares_no_block(change):
     """Rows 0..7 are the same image rows; the second image (rows 4..7) or a prompt token (row 10) differs. A
-    causal append would share block 0 (and 1); a full one shares nothing: its first rows saw the difference."""
+    causal append would share block 0 (and 1); a full one shares nothing: its first rows saw the difference.
+    The colliding image's digest hashes in Python as the first one's does (2**61 - 1 hashes as 0): the append's
+    rows are keyed on a digest of all of them, never on ``hash()``, so block 0 is still not shared."""
     s = Scheduler(BlockManager(32, 4), SchedulerConfig(100, 8))
     _plan(s, "a", _op(IDS, IMAGES))
     ids, content = list(IDS), list(IMAGES)
     if change == "prompt":
         ids[10] = 9
     else:
-        content[4:8] = [D + 2] * 4
+        content[4:8] = [D + 2 if change == "last image" else D + 1 + 2**61 - 1] * 4
+        assert (change == "colliding image") == (hash(tuple(content)) == hash(tuple(IMAGES)))
     assert _plan(s, "b", _op(ids, content)) == [("b", 0, 12)]
     assert s.prefix_hit_tokens == 0
 

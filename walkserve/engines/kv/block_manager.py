@@ -13,11 +13,13 @@ Its *block table* lists block ids; token position ``p`` lives in slot
 Blocks are reference counted. ``fork`` shares a whole table; the shared
 partial last block is copied on the next write (copy-on-write: the copy is
 queued in ``take_copies`` for the KV pool to perform). Prefix reuse: every
-*full* block whose tokens were computed is registered under a key made of
-its parent's hash and its own token ids, so another context starting with
-the same tokens attaches the same block instead of computing it again (a
-row's key is its token id, or for rows filled by media or placed at explicit
-positions a content key: ``sequence.Context.row_keys``). A
+*full* block whose tokens were computed is registered under a digest of
+its parent's digest and its own rows' keys (``row_digest.chain``: BLAKE2b, so
+two different histories never share a key, not even built on purpose), so
+another context starting with the same tokens attaches the same block instead
+of computing it again (a row's key is its token id, or for rows filled by
+media or placed at explicit positions a content key:
+``sequence.Context.row_keys``). A
 registered block whose last owner is freed stays *evictable* (LRU, the
 tail of a freed context first) until it is attached again or its id is
 needed for new data. New blocks come first from the never-registered free
@@ -31,15 +33,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from walkserve.engines.kv import row_digest
+
 ContextKey = tuple[str, str]
-_NO_PARENT = 0
 
 
 @dataclass
 class _Block:
     id: int
     ref: int = 0
-    key: tuple[int, tuple[Any, ...]] | None = None  # (parent hash, row keys) once registered
+    key: bytes | None = None  # its digest (parent's digest, row keys) once registered
 
 
 class BlockManager:
@@ -54,10 +57,10 @@ class BlockManager:
         self._blocks = [_Block(i) for i in range(num_blocks)]
         self._free: deque[int] = deque(range(num_blocks))
         self._evictable: OrderedDict[int, None] = OrderedDict()  # oldest first
-        self._cached: dict[tuple[int, tuple[Any, ...]], int] = {}
+        self._cached: dict[bytes, int] = {}  # digest -> block id
         self._tables: dict[ContextKey, list[int]] = {}
         self._reserved: dict[ContextKey, int] = {}
-        self._chain: dict[ContextKey, list[int]] = {}  # hash of each leading full block registered (or attached)
+        self._chain: dict[ContextKey, list[bytes]] = {}  # digest of each leading full block registered (or attached)
         self._copies: list[tuple[int, int]] = []
 
     # ---- queries -------------------------------------------------------
@@ -139,16 +142,16 @@ class BlockManager:
         table, chain, used, bs = self._tables[key], self._chain[key], self._reserved[key], self.block_size
         if not self.prefix_caching or used % bs or len(chain) != len(table):
             return 0
-        parent = chain[-1] if chain else _NO_PARENT
+        parent = chain[-1] if chain else row_digest.ROOT
         for i in range(len(table), min(max_tokens, len(row_keys)) // bs):
-            block_key = (parent, tuple(row_keys[i * bs : (i + 1) * bs]))
-            block_id = self._cached.get(block_key)
+            digest = row_digest.chain(parent, row_keys[i * bs : (i + 1) * bs])
+            block_id = self._cached.get(digest)
             if block_id is None:
                 break
             self._take(block_id)
             table.append(block_id)
-            parent = hash(block_key)
-            chain.append(parent)
+            parent = digest
+            chain.append(digest)
         self._reserved[key] = len(table) * bs
         return self._reserved[key] - used
 
@@ -160,8 +163,8 @@ class BlockManager:
         i = len(table) - 1
         if not self.prefix_caching or not used % bs or len(chain) != i or (i + 2) * bs > min(max_tokens, len(row_keys)):
             return False
-        own = (chain[-1] if chain else _NO_PARENT, tuple(row_keys[i * bs : (i + 1) * bs]))
-        return (hash(own), tuple(row_keys[(i + 1) * bs : (i + 2) * bs])) in self._cached
+        own = row_digest.chain(chain[-1] if chain else row_digest.ROOT, row_keys[i * bs : (i + 1) * bs])
+        return row_digest.chain(own, row_keys[(i + 1) * bs : (i + 2) * bs]) in self._cached
 
     def append_slots(self, key: ContextKey, num_tokens: int) -> bool:
         """Reserve ``num_tokens`` more slots for ``key`` (opening its table if needed).
@@ -222,11 +225,11 @@ class BlockManager:
         full = min(num_tokens // bs, len(table))
         for i in range(len(chain), full):
             block = self._blocks[table[i]]
-            block_key = (chain[-1] if chain else _NO_PARENT, tuple(row_keys[i * bs : (i + 1) * bs]))
-            if block.key is None and block_key not in self._cached:
-                block.key = block_key
-                self._cached[block_key] = block.id
-            chain.append(hash(block_key))
+            digest = row_digest.chain(chain[-1] if chain else row_digest.ROOT, row_keys[i * bs : (i + 1) * bs])
+            if block.key is None and digest not in self._cached:
+                block.key = digest
+                self._cached[digest] = block.id
+            chain.append(digest)
 
     def free(self, key: ContextKey) -> None:
         """Drop ``key``'s table; blocks nobody else references become free (or evictable if registered)."""

@@ -6,11 +6,12 @@ feed the talker) cannot take its rows from the prefix cache: the rows must come 
 run by run (a run: rows of equal row key; an audio clip's encoder window, whose chained key stands for every window
 before it, or an image), keyed on what determines them, the context's content up to the run's end:
 
-    key = (model, lo, hi, hash(row keys [0, lo)), row keys [lo, hi))
+    key = (model, lo, hi, digest(row keys [0, lo)), row keys [lo, hi))
 
 with the row keys the prefix cache uses (``sequence.Context.row_keys``: token ids, media digests, explicit
-positions), so a hit is exact wherever a prefix-cache hit is (the history by its hash, as the block chain keys it;
-the run's own rows compared in full). Attention is causal, so a row's captured input depends on nothing after it.
+positions), so a hit is exact wherever a prefix-cache hit is (the history by a BLAKE2b digest of its row keys,
+``row_digest.digests``, never Python's ``hash``; the run's own rows compared in full). Attention is causal, so a row's
+captured input depends on nothing after it.
 Only pieces whose rows all lie within the context's shareable part (``Context.cacheable``) are kept or served.
 A lazy piece (``ContextOp.lazy``) whose every run is found here is answered at submission and its rows become
 history, computed or taken from the prefix cache with the context's next computing firing, like a lazy piece that
@@ -32,6 +33,7 @@ from typing import Any
 
 import torch
 
+from walkserve.engines.kv import row_digest
 from walkserve.engines.kv.sequence import Context, PendingFiring
 
 
@@ -100,7 +102,8 @@ def _run_keys(keys: Any, start: int, end: int, model: str) -> list[tuple]:
     """The entry key of each run of equal row keys in rows ``[start, end)`` (an audio clip: one run per encoder
     window, whose chained key stands for every window before it), in order."""
     cuts = [start, *(i for i in range(start + 1, end) if keys[i] != keys[i - 1]), end]
-    return [(model, lo, hi, hash(tuple(keys[:lo])), tuple(keys[lo:hi])) for lo, hi in pairwise(cuts)]
+    history = row_digest.digests(keys, cuts[:-1])
+    return [(model, lo, hi, before, tuple(keys[lo:hi])) for (lo, hi), before in zip(pairwise(cuts), history)]
 
 
 def servable(pending: PendingFiring) -> bool:

@@ -14,7 +14,7 @@ id; so is a content-keyed row (``ContextOp.keyed``) with content 0 at the
 running position (what a plain row there would get). Any other content-keyed
 row is keyed ``(token id, content, positions)``: a media row by its item's
 digest, a row at an explicit position by that position. A row of a ``full``
-append is keyed ``(its key, hash of every row's key in the append)``: its K/V
+append is keyed ``(its key, digest of every row's key in the append)`` (``row_digest``): its K/V
 depend on every row of the append, not only on those before it. A block's key chains
 its parent's, so a row's key needs no more than that: the running position is
 a function of the rows before it.
@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+
+from walkserve.engines.kv import row_digest
 
 
 @dataclass
@@ -187,7 +189,7 @@ class Context:
 
     def _key_rows(self, op: Any, start: int) -> None:
         """Record the keys of a content-keyed chunk's rows that are not their token ids. In a ``full`` append
-        every row's K/V depend on every row of it, so each row's key is paired with a hash of all of them."""
+        every row's K/V depend on every row of it, so each row's key is paired with a digest of all of them."""
         ids, content = op.token_ids.tolist(), op.content.tolist()
         positions = None if op.positions is None else op.positions.tolist()
         running = self.next_position
@@ -200,7 +202,7 @@ class Context:
             keys.append((token, digest, at) if digest or any(p != running for p in at) else token)
             running = max(running, max(at) + 1)
         if op.mask == "full":
-            whole = hash(tuple(keys))
+            whole = row_digest.chain(row_digest.ROOT, keys)
             keys = [(key, whole) for key in keys]
         for i, (token, key) in enumerate(zip(ids, keys)):
             if key != token:
