@@ -15,7 +15,7 @@ partial last block is copied on the next write (copy-on-write: the copy is
 queued in ``take_copies`` for the KV pool to perform). Prefix reuse: every
 *full* block whose tokens were computed is registered under a digest of
 its parent's digest and its own rows' keys (``row_digest.chain``: BLAKE2b, so
-two different histories never share a key, not even built on purpose), so
+no client can make two different histories share a key, as it could with ``hash()``), so
 another context starting with the same tokens attaches the same block instead
 of computing it again (a row's key is its token id, or for rows filled by
 media or placed at explicit positions a content key:
