@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from walkserve.conductor.capacity import StreamCapacity
+from walkserve.conductor.capacity import EXPLORE_LOAD, StreamCapacity
 from walkserve.conductor.stream_admission import RECOVER_S, StreamAdmission
 from walkserve.conductor.stream_desk import audio_samples
 from walkserve.core.request import RequestSpec
@@ -83,6 +83,38 @@ def test_one_batch_size_seen_means_every_item_costs_the_same():
         ranks.run(1, audio_s=0.5)
     # proportional prior from b = 1: 82 * 0.003 * b <= 0.9 -> b <= 3.66
     assert model.capacity() == 3
+
+
+def report(model: StreamCapacity, counts: dict[int, list[float]], batch: int, steps: float, step_s: float,
+           audio_s: float) -> None:
+    """One rank's report: ``steps`` more steps of one node at ``batch``, each ``step_s``, while the streams made
+    ``audio_s`` seconds of audio."""
+    c = counts.setdefault(bucket(batch), [0.0, 0.0, 0.0])
+    c[0], c[1], c[2] = c[0] + steps, c[1] + steps * batch, c[2] + steps * step_s
+    model.add_audio(audio_s)
+    model.observe(0, {"lm": copy.deepcopy(counts)})
+
+
+def test_one_stream_past_the_batch_measured_runs_while_the_prior_keeps_real_time_then_the_line_decides():
+    """A step that costs 5 ms at batch 1 and 5.5 ms at batch 2 (a fixed cost, as small models on a CPU and
+    decode on a GPU have), 82 steps per audio second: the prior prices two streams at 0.82 of the rank, past
+    the headroom (0.8) but within EXPLORE_LOAD, so a second stream runs; its steps give the line."""
+    model, counts = StreamCapacity(headroom=0.8), {}
+    report(model, counts, batch=1, steps=82.0, step_s=0.005, audio_s=1.0)
+    assert model.load(1) == pytest.approx(0.41) and model.load(2) == pytest.approx(0.82)
+    assert model.capacity() == 2  # the prior alone: 1
+    report(model, counts, batch=2, steps=82.0, step_s=0.0055, audio_s=2.0)
+    # the line 4.5 ms + 0.5 ms b, trusted to batch 4, then proportional: 82 * 0.0065 * b / 4 <= 0.8 -> b <= 6
+    assert model.capacity() == 6
+
+
+def test_exploration_stops_where_the_prior_would_take_a_rank_past_explore_load():
+    model, counts = StreamCapacity(headroom=0.8), {}
+    report(model, counts, batch=1, steps=82.0, step_s=0.008, audio_s=1.0)  # 0.66 of the rank per stream
+    assert model.load(2) > EXPLORE_LOAD and model.capacity() == 1
+    model, counts = StreamCapacity(headroom=0.8), {}
+    report(model, counts, batch=4, steps=82.0, step_s=0.009, audio_s=4.0)  # batch 4 seen: the prior prices 5 at 0.92
+    assert model.capacity() == 5 and model.load(6) <= EXPLORE_LOAD  # one stream past the batch measured, no more
 
 
 def test_a_restarted_worker_starts_a_new_baseline():

@@ -27,6 +27,16 @@ The fitted line is trusted up to twice the largest batch measured
 that larger batches are cheap, a doubling at most per exploration (the
 conductor's playback clocks catch an estimate that went too far).
 
+With one batch size seen, a step's cost has no line, only the proportional
+prior (every member costs the same, no fixed cost), which is the most a
+batch can cost, not what it does: an estimate at the batch measured would
+keep admission there and the fit would never see a larger one. So while a
+node is priced by that prior and the estimate does not pass the batch it
+measured, one stream more is admitted if the prior keeps every rank within
+``EXPLORE_LOAD`` (a little past real time: the prior is the worst case, and
+the next report, half a second later, prices the batch as it ran); its
+steps give the line.
+
 A rank's engine calls are not all its time: between them it routes outputs,
 evaluates stop rules, builds the next step and packs tensors, work that
 grows with its steps (on a small model as much as the calls themselves). So
@@ -44,6 +54,9 @@ DECAY = 0.97  # weight kept by older observations per report (a few hundred repo
 MIN_AUDIO_S = 0.25  # audio seconds seen before the costs per audio second are trusted
 MAX_STREAMS = 4096  # where the capacity search stops
 EXTRAPOLATE = 2.0  # the fitted step time is trusted up to this many times the largest batch measured
+# a rank's load, priced by the proportional prior, within which one stream past the batch measured runs: the prior
+# is the worst case (a step with no fixed cost), so it may go a little past real time; the next report prices it
+EXPLORE_LOAD = 1.25
 
 
 @dataclass
@@ -65,9 +78,9 @@ class StepFit:
             self.wbb, self.wbt = self.wbb + weight * batch * batch, self.wbt + weight * batch * step_s
             self.b_seen = max(self.b_seen, batch)
 
-    def _line(self) -> tuple[float, float]:
-        """(intercept, slope); with one batch size seen (or a fit that says a step costs less than nothing
-        at batch 0), the proportional prior: no fixed cost, every item the same."""
+    def _fitted(self) -> tuple[float, float] | None:
+        """(intercept, slope) of the weighted least squares line; None with one batch size seen, or a fit that
+        says a step costs less than nothing at batch 0."""
         mean_b, mean_t = self.wb / self.w, self.wt / self.w
         var = self.wbb / self.w - mean_b * mean_b
         if var > 0.05 * mean_b * mean_b:
@@ -75,7 +88,17 @@ class StepFit:
             intercept = mean_t - slope * mean_b
             if slope >= 0 and intercept >= 0:
                 return intercept, slope
-        return 0.0, mean_t / mean_b
+        return None
+
+    def _line(self) -> tuple[float, float]:
+        """(intercept, slope): the fitted line, else the proportional prior (no fixed cost, every item the same)."""
+        line = self._fitted()
+        return line if line is not None else (0.0, self.wt / self.wb)
+
+    @property
+    def prior(self) -> bool:
+        """True while the step cost is the proportional prior, not a fitted line."""
+        return self._fitted() is None
 
     def step_s(self, batch: float) -> float:
         """Seconds per step at ``batch``: the fitted line up to EXTRAPOLATE x the largest batch measured,
@@ -182,13 +205,21 @@ class StreamCapacity:
         if not self.known:
             return None
         if self.load(1) > self.headroom:
-            return 1
+            return self._explore(1)
         ok, bad = 1, 2
         while self.load(bad) <= self.headroom:
             if bad >= MAX_STREAMS:
                 return MAX_STREAMS
             ok, bad = bad, min(2 * bad, MAX_STREAMS)
-        return self._bisect(ok, bad)
+        return self._explore(self._bisect(ok, bad))
+
+    def _explore(self, streams: int) -> int:
+        """``streams``, or one more while a node priced by the proportional prior measured no batch past it and
+        the prior keeps every rank within real time."""
+        priors = [c.fit.b_seen for c in self.costs.values() if c.audio_s > 0 and c.fit.prior]
+        if priors and streams <= max(priors) and self.load(streams + 1) <= EXPLORE_LOAD:
+            return streams + 1
+        return streams
 
     def _bisect(self, ok: int, bad: int) -> int:
         """The largest b in [ok, bad) with load(b) within the headroom (load grows with b)."""
