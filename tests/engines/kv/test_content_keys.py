@@ -168,6 +168,31 @@ def test_bind_takes_content_keys_and_refuses_an_embedded_row_without_one():
         bind("thinker", params, {**inputs, "content": torch.tensor([0, D])})
 
 
+def test_bind_takes_content_keys_of_several_ints_a_row():
+    """A media key wider than an int (128 bits: two columns) is one row's K ints; a row is keyed on all of them."""
+    params = kv_params(append("main", content="content"))
+    inputs = {"tokens": torch.tensor([1, 9, 2]), "embeds": torch.zeros(1, 4), "embed_rows": torch.tensor([1]),
+              "positions": torch.arange(3).expand(3, 3), "content": torch.tensor([[0, 0], [0, D], [0, 0]])}
+    [op] = bind("thinker", params, inputs)
+    assert op.keyed and op.content.tolist() == [[0, 0], [0, D], [0, 0]]
+    with pytest.raises(ValueError, match="nonzero on every embedded row"):
+        bind("thinker", params, {**inputs, "content": torch.zeros(3, 2, dtype=torch.long)})
+    for bad in (torch.zeros(3, 0, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long), torch.zeros(3, 2, 1)):
+        with pytest.raises(ValueError, match="3 content keys"):
+            bind("thinker", params, {**inputs, "content": bad.long()})
+
+
+def test_keys_that_differ_in_their_second_int_share_only_the_blocks_before_them():
+    s = _sched()
+    wide = [(c, 5) if c else (0, 0) for c in MEDIA]
+    _submit(s, "a", dataclasses.replace(_op(PROMPT, MEDIA), content=torch.tensor(wide)))
+    _run(s)
+    other = [(c, 6) if c else (0, 0) for c in MEDIA]  # the same first int on every row
+    _submit(s, "b", dataclasses.replace(_op(PROMPT + [8], MEDIA + [0]), content=torch.tensor(other + [(0, 0)])))
+    assert _run(s) == [("b", 0, 13)]
+    assert s.context(("a", "main")).row_keys()[3] == (9, D, 5, (3, 3, 3))
+
+
 def _lazy(request_id: str, tokens: list[int], outputs=()):
     return dataclasses.replace(firing(request_id, tokens, outputs=outputs),
                                node_params=kv_params(append("main", lazy=True)))

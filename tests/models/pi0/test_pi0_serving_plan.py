@@ -179,9 +179,11 @@ def test_walk_inputs_lay_out_the_prefix(models, tiny_pi0):
     assert tokens[: 2 * per_image].tolist() == [0] * (2 * per_image) and tokens[2 * per_image:].tolist() == prepared.token_ids
     assert np.frombuffer(spec.inputs["embed_rows"].data, dtype=np.int64).tolist() == list(range(2 * per_image))
     content = np.frombuffer(spec.inputs["content"].data, dtype=np.int64)  # the prefix cache's keys: a digest per camera
+    assert spec.inputs["content"].shape == (2 * per_image + len(prepared.token_ids), 2)  # 128 bits a row
     digests = [image_digest(raw["base_0_rgb"]), image_digest(raw["left_wrist_0_rgb"])]
-    assert content.tolist() == [digests[0]] * per_image + [digests[1]] * per_image + [0] * len(prepared.token_ids)
-    assert 0 not in digests and digests[0] != digests[1]
+    rows = [tuple(r) for r in content.reshape(-1, 2).tolist()]
+    assert rows == [digests[0]] * per_image + [digests[1]] * per_image + [(0, 0)] * len(prepared.token_ids)
+    assert (0, 0) not in digests and digests[0] != digests[1]
     other = raw["base_0_rgb"].copy()
     other[3, 4, 1] ^= 1  # one pixel
     assert image_digest(other) != digests[0] and image_digest(raw["base_0_rgb"].copy()) == digests[0]

@@ -192,3 +192,26 @@ def test_shipped_placements_cover_the_walks(name):
     check_placement(place, graph, {"thinker", "talker", "code_predictor"}, components, dict.fromkeys(components, 0))
     with pytest.raises(PlacementError, match="unknown node"):  # a thinker-only checkpoint: drop the speech nodes
         check_placement(place, g.build_graph(vision=False), {"thinker"}, components, dict.fromkeys(components, 0))
+
+
+def test_media_rows_carry_a_128_bit_key(processor, monkeypatch):
+    """Two images (and two clips) whose digests agree in their first 64 bits still give their rows other content:
+    a 64-bit key would let a client build an image that takes another's prefix-cache blocks."""
+    from tests.models.common.colliding import collide_in_64_bits
+    from walkserve.models.qwen3_omni.thinker.content_keys import content_keys
+
+    def request(seed: int):
+        messages = [{"role": "user", "content": [{"type": "image", "image": _array(rgb(40, 60, seed))},
+                                                 {"type": "audio", "audio": _array(wave(1.2, seed)),
+                                                  "sample_rate": 16000}]}]
+        return processor.thinker_request("chat", {"messages": messages}, OmniParams())[0]
+
+    a, b = request(0), request(1)
+    collide_in_64_bits(monkeypatch)
+    keys_a, keys_b = content_keys(a, processor.config.tokens), content_keys(b, processor.config.tokens)
+    ids = np.asarray(a.input_ids)
+    for pad in (IDS["image_pad"], IDS["audio_pad"]):
+        rows = np.flatnonzero(ids == pad)
+        assert len(rows) and not (keys_a[rows] == keys_b[rows]).all(-1).any()  # every row differs
+    text = ~np.isin(ids, [IDS["image_pad"], IDS["audio_pad"]])
+    assert keys_a.shape == (len(ids), 2) and text.any() and not keys_a[text].any()  # text rows: (0, 0)

@@ -53,8 +53,9 @@ class ContextOp:
         None for the running position;
         ``row_mask`` bool [T] when ``rows.kind == "where"``; ``targets`` int64 [T]
         when prompt logprobs are asked; every ``token_inputs`` tensor has first dim T;
-        ``content`` int64 [T] (or None): per-row content keys, nonzero at least on
-        every ``embed_rows`` row; ``lazy``: a firing of it naming no output is answered
+        ``content`` int64 [T] or [T, K] (or None): per-row content keys (a row's
+        K values; media: K = 2, a 128-bit digest), nonzero at least on every
+        ``embed_rows`` row; ``lazy``: a firing of it naming no output is answered
         before its rows run (both: see ``walkserve.graph.kv``);
       - query: ``reads`` lists the contexts attended, in order (never written);
       - fork: ``source`` is forked into ``context``; truncate: ``length`` >= 0.
@@ -215,16 +216,17 @@ def _bind_chunk(node: str, spec: ContextOpSpec, inputs: Mapping[str, Any], op: C
 
 
 def _bind_content(node: str, spec: ContextOpSpec, inputs: Mapping[str, Any], op: ContextOp) -> None:
-    """Content keys: one per row, nonzero on every row an embedding replaces (else its key would be its
-    placeholder token alone)."""
-    op.content = _ints(node, spec.content, inputs.get(spec.content), 1)
+    """Content keys: one per row ([T], or [T, K]: K ints a row), nonzero on every row an embedding replaces (else
+    its key would be its placeholder token alone)."""
+    op.content = _ints(node, spec.content, inputs.get(spec.content), None)
     if op.content is None:
         return
-    if op.content.numel() != op.num_tokens:
-        raise ValueError(f"input {spec.content!r} of node {node!r} must hold {op.num_tokens} content keys")
+    if op.content.dim() not in (1, 2) or op.content.shape[0] != op.num_tokens or not op.content[0].numel():
+        raise ValueError(f"input {spec.content!r} of node {node!r} must hold {op.num_tokens} content keys "
+                         f"([{op.num_tokens}] or [{op.num_tokens}, K]), got {list(op.content.shape)}")
     if op.embeds is not None:
         keys = op.content if op.embed_rows is None else op.content[op.embed_rows]
-        if bool((keys == 0).any()):
+        if bool((keys.reshape(keys.shape[0], -1) == 0).all(1).any()):
             raise ValueError(f"input {spec.content!r} of node {node!r} must be nonzero on every embedded row")
 
 

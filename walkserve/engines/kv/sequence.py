@@ -12,8 +12,10 @@ same masks, positions and embeddings.
 Prefix-cache keys, one per row (``row_keys``): a plain row's key is its token
 id; so is a content-keyed row (``ContextOp.keyed``) with content 0 at the
 running position (what a plain row there would get). Any other content-keyed
-row is keyed ``(token id, content, positions)``: a media row by its item's
-digest, a row at an explicit position by that position. A row of a ``full``
+row is keyed ``(token id, *content, positions)`` (content: the row's K ints):
+a media row by its item's digest (128 bits, K = 2: ``models/common/content_key.py``;
+the key is only as wide as the content a model gives), a row at an explicit
+position by that position. A row of a ``full``
 append is keyed ``(its key, digest of every row's key in the append)`` (``row_digest``): its K/V
 depend on every row of the append, not only on those before it. A block's key chains
 its parent's, so a row's key needs no more than that: the running position is
@@ -190,16 +192,20 @@ class Context:
     def _key_rows(self, op: Any, start: int) -> None:
         """Record the keys of a content-keyed chunk's rows that are not their token ids. In a ``full`` append
         every row's K/V depend on every row of it, so each row's key is paired with a digest of all of them."""
-        ids, content = op.token_ids.tolist(), op.content.tolist()
+        ids, content = op.token_ids.tolist(), op.content.tolist()  # content: an int or a list of K ints per row
+        nonzero = content if op.content.dim() == 1 else (op.content != 0).any(1).tolist()
         positions = None if op.positions is None else op.positions.tolist()
         running = self.next_position
         keys: list[Any] = []
-        for i, (token, digest) in enumerate(zip(ids, content)):
+        for i, (token, digest, keyed) in enumerate(zip(ids, content, nonzero)):
             if positions is None:
                 at: tuple = (running,)
             else:
                 at = tuple(axis[i] for axis in positions) if op.positions.dim() == 2 else (positions[i],)
-            keys.append((token, digest, at) if digest or any(p != running for p in at) else token)
+            if keyed or any(p != running for p in at):
+                keys.append((token, digest, at) if type(digest) is int else (token, *digest, at))
+            else:
+                keys.append(token)
             running = max(running, max(at) + 1)
         if op.mask == "full":
             whole = row_digest.chain(row_digest.ROOT, keys)

@@ -2,13 +2,15 @@
 
 An encoder whose output for an input depends on that input alone (a camera image through SigLIP, one
 attention window of an audio clip) can take it from here instead of computing it again. The key is a
-content digest the caller computes (dtype, shape and bytes): any changed value misses. Least recently
+content key the caller computes (a 128-bit digest of dtype, shape and bytes, ``content_key.py``: a colliding
+input would be handed another's features): any changed value misses. Least recently
 used entries go first; ``capacity`` 0 disables it.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable
 
 import torch
 
@@ -16,15 +18,15 @@ import torch
 class FeatureCache:
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self._entries: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self._entries: OrderedDict[Hashable, torch.Tensor] = OrderedDict()
 
-    def get(self, key: int) -> torch.Tensor | None:
+    def get(self, key: Hashable) -> torch.Tensor | None:
         features = self._entries.get(key)
         if features is not None:
             self._entries.move_to_end(key)
         return features
 
-    def put(self, key: int, features: torch.Tensor) -> None:
+    def put(self, key: Hashable, features: torch.Tensor) -> None:
         if self.capacity <= 0:
             return
         self._entries[key] = features

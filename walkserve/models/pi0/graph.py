@@ -22,7 +22,7 @@ Positions: the prefix takes 0..n-1 (only valid tokens are appended), pi0's
 state token n, and the action tokens the running position after them.
 
 The prefix append is content-keyed (``content``: each image row carries its
-camera image's digest, a prompt row its token id): a request whose cameras
+camera image's 128-bit digest, a prompt row its token id): a request whose cameras
 and prompt (pi0.5: with the state bins) equal an earlier one's attaches that
 request's prefix blocks from the KV engine's prefix cache, all but the last
 rows; a full append shares only with one equal in every row, so any changed

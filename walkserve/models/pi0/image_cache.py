@@ -3,8 +3,8 @@
 A robot whose camera has not changed between two chunks (a fixed exterior view
 of a still scene, the same observation asked again) sends the same pixels;
 each image goes through SigLIP on its own (no attention across images), so its
-features can be taken from here instead of computed. The key is a digest of
-the image's dtype, shape and bytes (``request.image_digest``): any changed
+features can be taken from here instead of computed. The key is a 128-bit digest
+of the image's dtype, shape and bytes (``request.image_digest``): any changed
 pixel misses. Least recently used entries go first; ``capacity`` 0 disables it.
 """
 
@@ -18,6 +18,6 @@ from walkserve.models.pi0.request import image_digest
 
 class ImageFeatureCache(FeatureCache):
     @staticmethod
-    def key(image: torch.Tensor) -> int:
+    def key(image: torch.Tensor) -> tuple[int, int]:
         """The content key of a camera image [H, W, 3] (on the CPU, as the request brought it)."""
         return image_digest(image.numpy())

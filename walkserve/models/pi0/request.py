@@ -14,18 +14,18 @@ served walks:
     image_shapes  int64 [n, 2]: each camera's [H, W] (resized with padding on the worker)
     tokens        int64 [n * P + L]: 0 for the image rows, then the prompt ids
     embed_rows    int64 [n * P]: the rows the image features replace
-    content       int64 [n * P + L]: each image row its camera image's digest (nonzero), 0 for the prompt rows
-                  (the prefix cache's content keys: ``graph.py``)
+    content       int64 [n * P + L, 2]: each image row its camera image's 128-bit key (nonzero), (0, 0) for the
+                  prompt rows (the prefix cache's content keys: ``graph.py``, ``common/content_key.py``)
     state         float32 [32] (pi0 only): the normalised, zero-padded state
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 
+from walkserve.models.common.content_key import KEY_COLUMNS, content_key, text_keys
 from walkserve.models.pi0.config import PolicyConfig
 from walkserve.models.pi0.files import PolicyFiles
 from walkserve.models.pi0.inputs import PolicyInputs
@@ -80,12 +80,9 @@ def pack_images(images: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]
     return flat, shapes
 
 
-def image_digest(image: np.ndarray) -> int:
-    """A nonzero int64 key of an image's dtype, shape and pixels."""
-    h = hashlib.blake2b(digest_size=8)
-    h.update(f"{image.dtype.str}{image.shape}".encode())
-    h.update(np.ascontiguousarray(image).data)
-    return int.from_bytes(h.digest(), "little", signed=True) or 1
+def image_digest(image: np.ndarray) -> tuple[int, int]:
+    """A nonzero 128-bit key (two int64) of an image's dtype, shape and pixels."""
+    return content_key("image", image)
 
 
 def walk_inputs(request: PreparedRequest, tokens_per_image: int) -> dict[str, np.ndarray]:
@@ -93,11 +90,12 @@ def walk_inputs(request: PreparedRequest, tokens_per_image: int) -> dict[str, np
     keys (+ state)."""
     images, shapes = pack_images(request.images)
     image_rows = len(request.cameras) * tokens_per_image
-    digests = np.repeat(np.array([image_digest(i) for i in request.images], dtype=np.int64), tokens_per_image)
+    digests = np.repeat(np.array([image_digest(i) for i in request.images], dtype=np.int64).reshape(-1, KEY_COLUMNS),
+                        tokens_per_image, axis=0)
     out = {IMAGES: images, IMAGE_SHAPES: shapes,
            TOKENS: np.concatenate([np.zeros(image_rows, dtype=np.int64), np.asarray(request.token_ids, dtype=np.int64)]),
            EMBED_ROWS: np.arange(image_rows, dtype=np.int64),
-           CONTENT: np.concatenate([digests, np.zeros(len(request.token_ids), dtype=np.int64)])}
+           CONTENT: np.concatenate([digests, text_keys(len(request.token_ids))])}
     if request.state is not None:
         out[STATE] = request.state
     return out

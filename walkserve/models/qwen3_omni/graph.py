@@ -1,7 +1,7 @@
 """The walks of the Qwen3-Omni thinker (torch-free): the user turn split at its media, one walk per piece, then decode.
 
     prefill_text:    input.tokens, input.positions [3, n] -> thinker                  (appends to "main")
-                     (every prefill walk also gives the thinker input.content [n], the rows' content keys:
+                     (every prefill walk also gives the thinker input.content [n, 2], the rows' content keys:
                      the prefix cache keys a block on its rows' tokens, content and positions)
     prefill_audio:   input.mel -> audio_encoder -> audio_embeds [m, D] ─> thinker.embeds
                      input.tokens (text rows and the clip's <|audio_pad|> rows), input.positions,
@@ -95,7 +95,7 @@ VISUAL_ROWS = "visual_rows"  # bool [n]: the rows of a vision piece the item's t
 EMBED_ROWS = "embed_rows"  # int64 [m]: the rows of a media piece whose embeddings the encoder's m tokens replace
 VISUAL_EMBEDS = "visual_embeds"  # [n, D]: the vision tokens at visual_rows, zero elsewhere (prefill_media)
 STEP = "step"  # every prefill walk: input.step -> output.step
-CONTENT = "content"  # int64 [n]: each row's content key (0: text; a media item's digest: content_keys.py)
+CONTENT = "content"  # int64 [n, 2]: each row's content key ((0, 0): text; a media item's 128-bit digest: content_keys.py)
 WALKS_INPUT, LAST_INPUT = "walks", "last"  # RequestSpec.inputs keys: the prefill walks in order; the last prompt
 # token (spoken answers only: their prefill leaves it to ``thinker_first``)
 EMBED_TAP, ACCEPT_TAP = "embed", "accept_hidden"

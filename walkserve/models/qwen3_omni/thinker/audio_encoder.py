@@ -100,7 +100,7 @@ class AudioEncoder(nn.Module):
         self.proj1 = nn.Linear(c.d_model, c.d_model)
         self.proj2 = nn.Linear(c.d_model, c.output_dim)
 
-    def forward(self, clips: Sequence[torch.Tensor], keys: Sequence[Sequence[int]] | None = None) -> list[torch.Tensor]:
+    def forward(self, clips: Sequence[torch.Tensor], keys: Sequence[Sequence[tuple[int, int]]] | None = None) -> list[torch.Tensor]:
         """Several clips (mel [num_mel_bins, F_i]) in one pass; one [n_i, output_dim] per clip.
 
         Each clip is cut at its attention windows (``n_window_infer`` frames; the last one may be shorter):
@@ -109,7 +109,7 @@ class AudioEncoder(nn.Module):
         cache holds is not encoded again.
         """
         parts: list[list[torch.Tensor | None]] = []
-        todo: list[tuple[int, int, int | None, torch.Tensor, int]] = []  # (clip, window, key, frames, chunk width)
+        todo: list[tuple[int, int, tuple[int, int] | None, torch.Tensor, int]] = []  # (clip, window, key, frames, chunk width)
         for i, mel in enumerate(clips):
             lengths = audio_chunk_lengths(mel.shape[1], self.config.n_window)
             if not lengths:

@@ -22,7 +22,7 @@ Every pass over the prompt reads all the MoE experts of every layer, so fewer, l
 than many short ones (five pieces ran ~1.4x one pass on the benchmark's model).
 
 Each piece carries its token ids, its [3, n] positions (``rope_index``) and its rows' content keys
-(``content_keys.py``: 0 on text rows, a digest of the item's encoder input on media rows); a media piece also its
+(``content_keys.py``, int64 [n, 2]: (0, 0) on text rows, a 128-bit digest of the item's encoder input on media rows); a media piece also its
 encoder input and ``embed_rows`` (int64 [m], the piece's rows the encoder's m tokens replace); a vision
 piece ``visual_rows`` (bool [n], the same rows: where the deepstack features go); a ``prefill_media``
 piece both encoders' inputs, ``embed_rows`` the clip's rows and ``visual_rows`` the image's. ``RequestSpec.inputs``
