@@ -6,7 +6,8 @@ A 2,000-row prompt at block size 16 (125 blocks) in a fresh ``BlockManager``:
     attach   attach_prefix of an equal prompt (all but its last row): every block's key computed and found
 
 for token ids (the common case) and for a content-keyed prompt whose second half is media rows keyed
-``(token, digest, positions)`` (a Qwen3-Omni image's); and the capture cache's keys of a 2,000-row history's
+``(token, digest lo, digest hi, positions)`` (a Qwen3-Omni image's: a 128-bit digest in two ints; "media 1 int"
+is the same with a one-int digest, the form before 128-bit media keys); and the capture cache's keys of a 2,000-row history's
 runs (``capture_cache._run_keys``: 1,000 media rows in runs of 32). Median microseconds over ``--repeats``.
 It imports only those two modules, so another checkout's figures come from the same script:
 ``PYTHONPATH=/that/checkout python benchmarks/prefix_keys.py``.
@@ -30,9 +31,12 @@ ROWS, BLOCK = 2000, 16
 def prompts(n: int = ROWS) -> dict[str, list[Any]]:
     text = [1000 + (i * 7919) % 150_000 for i in range(n)]
     half = n // 2
-    media = [(151_655, (1 << 62) + 12345, (half, half + i // 40, i % 40)) for i in range(n - half)]
-    audio = [(151_646, (1 << 62) + i // 32, (half + i,)) for i in range(n - half)]
-    return {"token ids": text, "media rows": [*text[:half], *media], "audio runs": [*text[:half], *audio]}
+    lo, hi = (1 << 62) + 12345, -(1 << 61) - 67890
+    media = [(151_655, lo, hi, (half, half + i // 40, i % 40)) for i in range(n - half)]
+    narrow = [(151_655, lo, (half, half + i // 40, i % 40)) for i in range(n - half)]
+    audio = [(151_646, (1 << 62) + i // 32, hi, (half + i,)) for i in range(n - half)]
+    return {"token ids": text, "media rows": [*text[:half], *media], "media 1 int": [*text[:half], *narrow],
+            "audio runs": [*text[:half], *audio]}
 
 
 def _commit(rows: list[Any]) -> BlockManager:
@@ -63,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     cases = prompts()
     print(f"{ROWS} rows, block size {BLOCK}; median of {args.repeats}; load average {os.getloadavg()[0]:.2f}")
-    for name in ("token ids", "media rows"):
+    for name in ("token ids", "media rows", "media 1 int"):
         rows = cases[name]
         bm = _commit(rows)
         commit = _median_us(lambda rows=rows: _commit(rows), args.repeats)
