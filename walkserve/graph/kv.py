@@ -48,7 +48,8 @@ Inputs, by slot name (``tokens``/``embeds``/``embed_rows``/``positions``/``targe
   content     (declared with ``content="slot"``) int [T] or [T, K]: what each row's embedding and token inputs
               depend on besides its token id: 0 (all K) for a row that is its token id, else a digest of the
               content that fills it (a media item's encoder input: 128 bits, K = 2, so no client can build a
-              second input with the same key; ``models/common/content_key.py``). It makes an append with embeddings, explicit positions or token
+              second input with the same key; ``models/common/content_key.py``; bind refuses fewer on an
+              embedded row). It makes an append with embeddings, explicit positions or token
               inputs shareable through the prefix cache, keyed on (token id, content, position) per row; in a
               ``full`` append (rows that see each other both ways) every row's key also covers the whole
               append, so its blocks are shared only with an append equal in every row (pi0's prefix)

@@ -157,19 +157,8 @@ def test_a_decode_step_counts_as_no_prefill():
 
 
 def test_bind_takes_content_keys_and_refuses_an_embedded_row_without_one():
-    params = kv_params(append("main", content="content"))
-    inputs = {"tokens": torch.tensor([1, 9, 2]), "embeds": torch.zeros(1, 4), "embed_rows": torch.tensor([1]),
-              "positions": torch.arange(3).expand(3, 3), "content": torch.tensor([0, D, 0])}
-    [op] = bind("thinker", params, inputs)
-    assert op.keyed and op.content.tolist() == [0, D, 0]
-    with pytest.raises(ValueError, match="nonzero on every embedded row"):
-        bind("thinker", params, {**inputs, "content": torch.tensor([0, 0, 0])})
-    with pytest.raises(ValueError, match="3 content keys"):
-        bind("thinker", params, {**inputs, "content": torch.tensor([0, D])})
-
-
-def test_bind_takes_content_keys_of_several_ints_a_row():
-    """A media key wider than an int (128 bits: two columns) is one row's K ints; a row is keyed on all of them."""
+    """A media row's key is K >= 2 ints (a 128-bit digest); a row is keyed on all of them. Rows without embeddings
+    may give one int a row."""
     params = kv_params(append("main", content="content"))
     inputs = {"tokens": torch.tensor([1, 9, 2]), "embeds": torch.zeros(1, 4), "embed_rows": torch.tensor([1]),
               "positions": torch.arange(3).expand(3, 3), "content": torch.tensor([[0, 0], [0, D], [0, 0]])}
@@ -180,6 +169,10 @@ def test_bind_takes_content_keys_of_several_ints_a_row():
     for bad in (torch.zeros(3, 0, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long), torch.zeros(3, 2, 1)):
         with pytest.raises(ValueError, match="3 content keys"):
             bind("thinker", params, {**inputs, "content": bad.long()})
+    with pytest.raises(ValueError, match="128-bit digest"):  # one int: 64 bits, a key a client could collide
+        bind("thinker", params, {**inputs, "content": torch.tensor([0, D, 0])})
+    [op] = bind("thinker", params, {k: v for k, v in inputs.items() if "embed" not in k} | {"content": torch.tensor([0, D, 0])})
+    assert op.keyed and op.content.tolist() == [0, D, 0]
 
 
 def test_keys_that_differ_in_their_second_int_share_only_the_blocks_before_them():

@@ -79,7 +79,7 @@ def test_a_query_over_a_reused_full_prefix_equals_one_over_a_fresh_one(tiny_lm):
     t, d = 37, tiny_lm.config.hidden_size
     ids = torch.randint(3, 500, (t,), generator=gen)
     inputs = {"tokens": ids, "embeds": torch.randn(24, d, generator=gen), "embed_rows": torch.arange(24),
-              "content": torch.tensor([11] * 24 + [0] * (t - 24))}
+              "content": torch.tensor([[11, 12]] * 24 + [[0, 0]] * (t - 24))}
     suffix = {"embeds": torch.randn(5, d, generator=gen)}
     prefix_params = kv_params(append("prefix", mask="full", content="content"))
     step_params = kv_params(query("prefix", mask="full", rows=ALL))

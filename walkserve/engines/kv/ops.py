@@ -54,8 +54,8 @@ class ContextOp:
         ``row_mask`` bool [T] when ``rows.kind == "where"``; ``targets`` int64 [T]
         when prompt logprobs are asked; every ``token_inputs`` tensor has first dim T;
         ``content`` int64 [T] or [T, K] (or None): per-row content keys (a row's
-        K values; media: K = 2, a 128-bit digest), nonzero at least on every
-        ``embed_rows`` row; ``lazy``: a firing of it naming no output is answered
+        K values), nonzero at least on every ``embed_rows`` row; with ``embeds``,
+        [T, K >= 2] (a 128-bit digest a media row); ``lazy``: a firing of it naming no output is answered
         before its rows run (both: see ``walkserve.graph.kv``);
       - query: ``reads`` lists the contexts attended, in order (never written);
       - fork: ``source`` is forked into ``context``; truncate: ``length`` >= 0.
@@ -215,9 +215,12 @@ def _bind_chunk(node: str, spec: ContextOpSpec, inputs: Mapping[str, Any], op: C
         op.token_inputs[name] = value
 
 
+MEDIA_KEY_INTS = 2  # an embedded row's content: 128 bits, so that no client can build two inputs with one key
+
+
 def _bind_content(node: str, spec: ContextOpSpec, inputs: Mapping[str, Any], op: ContextOp) -> None:
     """Content keys: one per row ([T], or [T, K]: K ints a row), nonzero on every row an embedding replaces (else
-    its key would be its placeholder token alone)."""
+    its key would be its placeholder token alone) and at least 128 bits wide there (``MEDIA_KEY_INTS``)."""
     op.content = _ints(node, spec.content, inputs.get(spec.content), None)
     if op.content is None:
         return
@@ -225,6 +228,9 @@ def _bind_content(node: str, spec: ContextOpSpec, inputs: Mapping[str, Any], op:
         raise ValueError(f"input {spec.content!r} of node {node!r} must hold {op.num_tokens} content keys "
                          f"([{op.num_tokens}] or [{op.num_tokens}, K]), got {list(op.content.shape)}")
     if op.embeds is not None:
+        if op.content.dim() != 2 or op.content.shape[1] < MEDIA_KEY_INTS:
+            raise ValueError(f"input {spec.content!r} of node {node!r} must be [{op.num_tokens}, {MEDIA_KEY_INTS}] "
+                             f"or wider: an embedded row's key is a 128-bit digest")
         keys = op.content if op.embed_rows is None else op.content[op.embed_rows]
         if bool((keys.reshape(keys.shape[0], -1) == 0).all(1).any()):
             raise ValueError(f"input {spec.content!r} of node {node!r} must be nonzero on every embedded row")

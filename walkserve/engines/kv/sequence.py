@@ -14,7 +14,7 @@ id; so is a content-keyed row (``ContextOp.keyed``) with content 0 at the
 running position (what a plain row there would get). Any other content-keyed
 row is keyed ``(token id, *content, positions)`` (content: the row's K ints):
 a media row by its item's digest (128 bits, K = 2: ``models/common/content_key.py``;
-the key is only as wide as the content a model gives), a row at an explicit
+bind refuses a narrower key on an embedded row), a row at an explicit
 position by that position. A row of a ``full``
 append is keyed ``(its key, digest of every row's key in the append)`` (``row_digest``): its K/V
 depend on every row of the append, not only on those before it. A block's key chains
