@@ -1,7 +1,7 @@
 import pytest
 
 from walkserve.core.errors import ConfigError
-from walkserve.planner.costs import CostTable, NodeCost, cache_key, cache_path
+from walkserve.planner.costs import CostTable, NodeCost, RequestItems, cache_key, cache_path
 
 
 def test_fit_recovers_a_line_and_scales_by_threads():
@@ -30,6 +30,7 @@ def test_table_round_trips_and_rejects_a_damaged_file(tmp_path):
     table = CostTable("k", {"lm": cost}, {"lm": 64.0}, {2: 0.05}, 3e-4, "mix", 2e-3)
     table.loop.add(2, 4, 3.0, 4e-4)
     table.frontend_s = 3e-3
+    table.requests = [RequestItems("spoken", {"lm": 17.0, "codec": 1.0}), RequestItems("text", {"lm": 32.0})]
     path = tmp_path / "p.json"
     table.save(path)
     back = CostTable.load(path)
@@ -37,9 +38,11 @@ def test_table_round_trips_and_rejects_a_damaged_file(tmp_path):
     assert back.hop_latency_s == 2e-3
     assert back.nodes["lm"].step_seconds(3.0, 2) == pytest.approx(0.02)
     assert (back.loop_seconds(3.0, 2), back.frontend_s) == (pytest.approx(4e-4), 3e-3)
+    assert back.requests == table.requests
     old = table.to_json()
-    del old["loop"], old["frontend_s"]
+    del old["loop"], old["frontend_s"], old["requests"]
     assert CostTable.from_json(old).loop_seconds(3.0, 2) == 0.0  # a profile cached before they were measured
+    assert CostTable.from_json(old).requests == []
     path.write_text('{"format": 1, "key": "k", "nodes": {"lm": {"2": [[1]]}}, "items_per_request": {}}')
     with pytest.raises(ConfigError, match="damaged profile"):
         CostTable.load(path)

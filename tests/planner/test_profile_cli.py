@@ -7,7 +7,7 @@ import pytest
 from tests.planner.conftest import table
 from walkserve.cli.main import main
 from walkserve.placement.plan import load_placement
-from walkserve.planner.costs import CostTable, cache_key, cache_path
+from walkserve.planner.costs import CostTable, RequestItems, cache_key, cache_path
 from walkserve.planner.profile import profile
 from walkserve.planner.workload import RequestKind, Workload
 
@@ -20,6 +20,9 @@ def test_profile_measures_every_node_through_the_runtime(orpheus):
     # 29 audio tokens (ignore_eos): the LM fires for every token (its prefill too); the codec once per window
     assert t.items_per_request["lm"] >= 29
     assert 1 <= t.items_per_request["codec"] < t.items_per_request["lm"]
+    # the workload's first requests, each alone: one kind, every one the same items as the mean
+    assert len(t.requests) == 16 and {r.kind for r in t.requests} == {"speech"}
+    assert all(r.items == pytest.approx(t.items_per_request) for r in t.requests)
     for cost in t.nodes.values():
         assert cost.step_seconds(1.0, 1) > 0
         assert {c for c, _, _ in cost.samples[1]} == {1, 2}
@@ -56,10 +59,12 @@ def test_profile_command_prints_the_costs_outside_the_steps(orpheus, orpheus_dir
     costs = table(0.01, 0.02)
     costs.loop.add(1, 4, 4.0, 3e-4)
     costs.frontend_s = 2.5e-3
+    costs.requests = [RequestItems("speech", {"lm": 64.0, "codec": 7.0})]
     _seed(orpheus, tmp_path, costs)  # cached: the command prints it without profiling
     assert main(["profile", "orpheus", "--model-path", str(orpheus_dir), "--profile-cache", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "lm: 64.0 items/request; 1 thread(s): " in out
+    assert "request 0 (speech) alone: codec 7, lm 64 items" in out
     assert "loop outside its steps, per step: 1 thread(s): 0.30 ms" in out
     assert "frontend (conductor and client): 2.50 ms CPU/request; a message between ranks: 0.100 ms" in out
 

@@ -82,6 +82,9 @@ def run_profile(args: argparse.Namespace) -> int:
     table = costs_for(model, workload, args.device, args.dtype, args.profile_cache, True, _progress, args.repeats)
     for node, cost in sorted(table.nodes.items()):
         print(f"{node}: {table.items_per_request.get(node, 0):.1f} items/request; {_fits(cost)}")
+    for i, req in enumerate(table.requests):
+        items = ", ".join(f"{n} {v:g}" for n, v in sorted(req.items.items()))
+        print(f"request {i} ({req.kind}) alone: {items} items")
     if table.loop.samples:
         print(f"a rank's loop outside its steps, per step: {_fits(table.loop)}")
     print(f"frontend (conductor and client): {table.frontend_s * 1e3:.2f} ms CPU/request; "

@@ -89,21 +89,32 @@ class NodeCost:
 
 
 @dataclass
+class RequestItems:
+    """One request of the workload, run alone: its kind and the items it made of each unit."""
+
+    kind: str
+    items: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
 class CostTable:
     """Every profiled node of one model on one device kind and dtype.
 
     ``items_per_request[node]``: how many items (firings) of the node one
-    request of the workload makes, on average (a decode node fires once per
-    token, a codec once per window). ``first_output_s``: the measured time to
-    the first client output of one request alone, ``threads`` -> seconds (TTFA
-    on an idle rank). ``hop_s``: seconds one cross-rank message costs its
-    sender and its receiver (the sender's measured seconds per message where
-    the profile ran its stage run, else a constant); ``hop_latency_s``: how
-    long it takes to arrive (a constant). ``loop``: a rank's loop seconds
-    outside its engine calls, per step, as a ``NodeCost`` (batch: the mean
-    members of the rank's steps). ``frontend_s``: CPU seconds the conductor
-    and the client spend per request, on the host's cores beside the ranks
-    (0: not measured).
+    request of the workload makes, on average over the mix (a decode node
+    fires once per token, a codec once per window). ``requests``: the
+    workload's first requests, each run alone, with the items each made (a
+    spoken answer and a text answer apart, in the mix's order; empty in a
+    profile cached before they were measured). ``first_output_s``: the
+    measured time to the first client output of one request alone, ``threads``
+    -> seconds (TTFA on an idle rank). ``hop_s``: seconds one cross-rank
+    message costs its sender and its receiver (the sender's measured seconds
+    per message where the profile ran its stage run, else a constant);
+    ``hop_latency_s``: how long it takes to arrive (a constant). ``loop``: a
+    rank's loop seconds outside its engine calls, per step, as a ``NodeCost``
+    (batch: the mean members of the rank's steps). ``frontend_s``: CPU seconds
+    the conductor and the client spend per request, on the host's cores beside
+    the ranks (0: not measured).
     """
 
     key: str
@@ -115,6 +126,7 @@ class CostTable:
     hop_latency_s: float = 1e-3
     loop: NodeCost = field(default_factory=NodeCost)
     frontend_s: float = 0.0
+    requests: list[RequestItems] = field(default_factory=list)
 
     def loop_seconds(self, batch: float, threads: int) -> float:
         """A rank's loop seconds outside one step of ``batch`` members at ``threads`` (0 where never measured)."""
@@ -128,6 +140,7 @@ class CostTable:
             "first_output_s": {str(t): s for t, s in self.first_output_s.items()},
             "nodes": {n: _samples(c) for n, c in self.nodes.items()},
             "loop": _samples(self.loop), "frontend_s": self.frontend_s,
+            "requests": [{"kind": r.kind, "items": r.items} for r in self.requests],
         }
 
     @classmethod
@@ -140,7 +153,9 @@ class CostTable:
                        {int(t): float(s) for t, s in data.get("first_output_s", {}).items()},
                        float(data.get("hop_s", 2e-4)), str(data.get("workload", "")),
                        float(data.get("hop_latency_s", 1e-3)), _node_cost(data.get("loop", {})),
-                       float(data.get("frontend_s", 0.0)))
+                       float(data.get("frontend_s", 0.0)),
+                       [RequestItems(str(r["kind"]), {u: float(n) for u, n in r["items"].items()})
+                        for r in data.get("requests", [])])
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ConfigError(f"{source}: a damaged profile ({type(e).__name__}: {e}); profile again") from None
 

@@ -6,15 +6,18 @@ per step. For each thread count (a CPU rank's share of the host's cores) and
 each concurrency, the workload's requests run at once and the runtime's
 per-node counters (steps, items, busy seconds) give one sample per node: the
 mean batch and the seconds per step (``costs.NodeCost``). A lone request's
-time to its first output is kept as the idle TTFA. Each run also gives the
-rank's loop time outside its steps (the worker's active seconds less its
-steps' busy seconds, per step) and the CPU seconds the conductor's process
-and this one (the client) spent per request (``/proc``; zero where there is
-none). On a CPU host with a core for each node group, a last run puts every
-group on a rank of its own (the stage run) at the workload's concurrency: the
-seconds a message between ranks costs its sender. Node counters are keyed by
-node for stateless engines and by component for KV engines (the runtime's own
-keys); the planner maps both onto the placement.
+time to its first output is kept as the idle TTFA. Before those runs, the
+workload's first requests run alone, one after another: the items each one
+makes of each node (``CostTable.requests``; a spoken answer runs the talker's
+loop for as many frames as it speaks, a text answer does not run it). Each run
+also gives the rank's loop time outside its steps (the worker's active seconds
+less its steps' busy seconds, per step) and the CPU seconds the conductor's
+process and this one (the client) spent per request (``/proc``; zero where
+there is none). On a CPU host with a core for each node group, a last run puts
+every group on a rank of its own (the stage run) at the workload's
+concurrency: the seconds a message between ranks costs its sender. Node
+counters are keyed by node for stateless engines and by component for KV
+engines (the runtime's own keys); the planner maps both onto the placement.
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ from typing import Any
 
 from walkserve.core.outputs import OutputEvent, RequestFinished
 from walkserve.models.base import Model
-from walkserve.planner.costs import CostTable, NodeCost
+from walkserve.planner.costs import CostTable, NodeCost, RequestItems
 from walkserve.planner.workload import Workload
 
 Progress = Callable[[str], None]
+REQUESTS_ALONE = 16  # the workload's first requests, each run alone to count the items it makes (the simulation's
+# default run: 4 x its concurrency of 4)
 
 
 def one_rank_placement(model: Model, device: str) -> dict:
@@ -113,6 +118,8 @@ async def _profile_threads(model: Model, workload: Workload, table: CostTable, d
     items: dict[str, list[float]] = {}
     try:
         await _run(engine, workload.specs(engine.processor, 1))  # warm-up: first-call costs stay out of the samples
+        if not table.requests:
+            await _profile_requests(engine, workload, table, progress)
         for level in levels:
             for r in range(repeats):
                 if progress:
@@ -130,6 +137,21 @@ async def _profile_threads(model: Model, workload: Workload, table: CostTable, d
         await engine.shutdown(drain_s=0)
     for name, per in items.items():
         table.items_per_request[name] = sum(per) / len(per)
+
+
+async def _profile_requests(engine: Any, workload: Workload, table: CostTable, progress: Progress | None) -> None:
+    """The items each of the workload's first requests makes of each node, run alone (a spoken answer and a text
+    answer make different nodes' items, a spoken one as many frames as it speaks: the mix's mean is no request)."""
+    if progress:
+        progress(f"profile: the workload's first {REQUESTS_ALONE} requests, one at a time")
+    kinds = workload.mix(REQUESTS_ALONE)
+    before = await _counters(engine)
+    for kind, spec in zip(kinds, workload.specs(engine.processor, REQUESTS_ALONE), strict=True):
+        await _run(engine, [spec])
+        after = await _counters(engine)
+        items = {name: s.get("items", 0.0) - before.nodes.get(name, {}).get("items", 0.0) for name, s in after.nodes.items()}
+        table.requests.append(RequestItems(kind.name, {n: v for n, v in items.items() if v > 0}))
+        before = after
 
 
 def _add_samples(table: CostTable, threads: int, requests: int, before: dict, after: dict,
