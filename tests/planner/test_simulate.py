@@ -25,7 +25,7 @@ from walkserve.graph import (
 )
 from walkserve.models.base import Model, ModelRef
 from walkserve.placement.plan import parse_placement
-from walkserve.planner.costs import CostTable, NodeCost
+from walkserve.planner.costs import CostTable, NodeCost, RequestItems
 from walkserve.planner.devices import parse_devices
 from walkserve.planner.flow import build_flow
 from walkserve.planner.score import score
@@ -264,3 +264,33 @@ def test_the_frontend_takes_its_cpu_from_the_hosts_cores():
     # the bound: 50 ms of the rank and 20 ms of the frontend, core-seconds per request against one core
     assert 1 / score(t, g, parse_placement(data, "<t>"), 1, cores=1).throughput == pytest.approx(0.070, rel=1e-6)
 
+
+
+def spoken_or_text() -> WalkGraph:
+    """The nested loop of ``nested()`` (a spoken answer) beside a walk of 32 ``lm`` steps (a text answer)."""
+    say = Loop(GraphNode("lm", ["x"], ["x"]), iterations=32, carry={"lm.x": "lm.x"}, outputs={"lm.x": LAST}, name="say")
+    text = Walk("say", say, [GraphEdge("input.x", "lm.x"), GraphEdge("lm.x", Client("text"))], ["x"])
+    return WalkGraph("mix", [*nested().walks.values(), text], FunctionStateMachine(_start))
+
+
+def test_each_request_makes_the_items_its_profiled_request_made():
+    # 3 spoken answers (10, 7 and 10 frames: per frame a talker step, 15 predictor steps and a frame step) and a text
+    # answer (32 lm steps, on another rank) at once, every step 1 ms at any batch. The spoken ones step together:
+    # 10 frames of 17 ms, 170 ms for the lot, while the text one takes 32 ms on its own rank: 4 requests in 170 ms.
+    # The mix's mean (6.75 frames, 101.25 predictor steps) made every request a fraction of a spoken one: 101 or 102
+    # predictor steps over 6 or 7 frames, which the loop cannot close (a frame waits for the 16th predictor step,
+    # which waits for the next frame), so requests were released one item at a time and never stepped together
+    g = spoken_or_text()
+    spoken = [{"talker": f, "predictor": f * INNER, "frame": f} for f in (STEPS, 7, STEPS)]
+    reqs = [RequestItems("spoken", spoken[0]), RequestItems("text", {"lm": 32}), RequestItems("spoken", spoken[1]),
+            RequestItems("spoken", spoken[2])]
+    mean = {n: sum(r.items.get(n, 0) for r in reqs) / len(reqs) for n in ("talker", "predictor", "frame", "lm")}
+    t = costs({n: cost(0.001) for n in mean}, mean)
+    t.requests = reqs
+    sim = Simulation(t, build_flow(t, g, {}), g, placement([(["talker", "predictor", "frame"], [0]), (["lm"], [1])]),
+                     Load(4, requests=4))
+    sc = sim.run()
+    assert sim.forced == 0
+    assert [sum(n) for n in sim.n] == [STEPS * (INNER + 2), 32, 7 * (INNER + 2), STEPS * (INNER + 2)]
+    assert sc.throughput == pytest.approx(4 / (STEPS * (INNER + 2) * 0.001), rel=1e-6)
+    assert sc.rank_busy[0] == pytest.approx(STEPS * (INNER + 2) * 0.001 / 4, rel=1e-6)

@@ -1,10 +1,11 @@
 """A request as the simulator sees it: profiled units, how many items each makes, and what each item waits for.
 
 A unit is what the profile measured (``costs.CostTable.nodes``): a stateless
-node, or a KV component with all its nodes. A request makes ``items`` items of
-each unit (the profile's mean), one after another within the unit (a decode
-loop, a codec's windows), and an item of one unit waits for items of the
-units that feed it:
+node, or a KV component with all its nodes. A request makes ``n_U`` items of
+each unit U (those a request of the workload made when the profile ran it
+alone; ``Unit.items`` is the mix's mean), one after another within the unit (a
+decode loop, a codec's windows), and an item of one unit waits for items of
+the units that feed it:
 
     forward edge P -> U (an edge, or a stream without a policy):
         U's item k needs P's item ceil(k * n_P / n_U)       (progress in proportion)
@@ -17,10 +18,15 @@ units that feed it:
 
 So a streamed codec starts after its first window, a nested loop's outer step
 waits for the inner loop of the previous one, and a unit fed by nothing starts
-when the request does. Where the profile measured the frontend's CPU per
+when the request does. The counts of one request must agree around a loop: a
+mean of 157.5 code-predictor steps over 10.5 frames, rounded to 157 over 10,
+makes the first frame wait for step 16, which waits for the second frame's
+input, which waits for the first frame (the simulation then releases items one
+at a time, ``Simulation.forced``, and requests stop batching), hence whole
+requests' counts. Where the profile measured the frontend's CPU per
 request, one more unit, ``FRONTEND``, stands for the conductor and the client:
 one item per item of the busiest client unit, each waiting (forward) for the
-client units' outputs it carries, ``frontend_s / items`` seconds each; a
+client units' outputs it carries, ``frontend_s / n`` seconds each; a
 request is done when its last output has passed the frontend. Walk boundaries are not edges (a walk's outputs reach
 the next walk through the conductor): units of a later walk that no edge ties
 to an earlier one may start early, so latency is under-estimated there.

@@ -7,7 +7,10 @@ large batches get, what a cross-rank hop does to a nested loop) falls out of
 running it.
 
     request  (``flow``) items of each unit, one after another within a unit,
-             each waiting for the items of the units that feed it
+             each waiting for the items of the units that feed it; request r
+             makes what the workload's request r made when the profile ran
+             it alone (cycling over those it ran: a spoken answer its frames,
+             a text answer its tokens, in the mix's order)
     rank     one server: runs one step at a time; when idle it takes the next
              unit with ready items, round-robin over its units (the worker
              passes over every cohort in turn), and steps up to that unit's
@@ -116,6 +119,7 @@ class Simulation:
             for i, e in enumerate(u.inputs):
                 self.consumers[e.src].append((b, i))
         self.costs = [table.nodes.get(u.name) for u in flow.units]  # None: the frontend
+        self.profiled = self._profiled_items()
         self.memo: dict[tuple[int, int, int], float] = {}  # (unit, batch, threads) -> step seconds
         self.now = 0.0
         self.events: list[tuple[float, int, str, tuple]] = []
@@ -134,7 +138,22 @@ class Simulation:
         self.forced = 0  # items released without their inputs (a rounding deadlock in a cycle; should stay 0)
 
     # ---- requests --------------------------------------------------------------------------
+    def _profiled_items(self) -> list[list[int]]:
+        """Per request the profile ran alone, the items it made of each unit (the frontend: of its busiest client
+        unit, one piece of the frontend's CPU per client output); empty where the profile did not run them."""
+        out = []
+        for req in self.table.requests:
+            n = [round(req.items.get(u.name, 0.0)) for u in self.flow.units]
+            clients = [n[i] for i, u in enumerate(self.flow.units) if u.client]
+            out.append([max(clients, default=0) if u.name == FRONTEND else n[i] for i, u in enumerate(self.flow.units)])
+        return out
+
     def _items(self, r: int) -> list[int]:
+        """Request ``r``'s items of each unit: those the workload's request ``r`` made alone in the profile (a whole
+        request's: its counts agree around a loop); without them (a profile cached before they were measured), the
+        mix's mean, rounded per request."""
+        if self.profiled:
+            return list(self.profiled[r % len(self.profiled)])
         return [math.floor((r + 1) * u.items + 1e-9) - math.floor(r * u.items + 1e-9) for u in self.flow.units]
 
     def start_request(self) -> None:
@@ -143,7 +162,7 @@ class Simulation:
         homes = []
         for sets in self.sets:
             homes.append([min(s, key=lambda k: (self.ranks[k].active, k)) for s in sets])
-        placed = {h for hs in homes for h in hs}
+        placed = {h for u, hs in enumerate(homes) if n[u] for h in hs}  # the ranks it runs on
         for h in placed:
             self.ranks[h].active += 1
         self.n.append(n)
@@ -183,7 +202,7 @@ class Simulation:
     def finish(self, r: int) -> None:
         self.finished.append(self.now)
         self.done_at[r] = self.now
-        for h in {h for hs in self.homes[r] for h in hs}:
+        for h in {h for u, hs in enumerate(self.homes[r]) if self.n[r][u] for h in hs}:
             self.ranks[h].active -= 1
         if self.load.rate is None and len(self.n) < self.load.count:
             self.start_request()
@@ -198,22 +217,20 @@ class Simulation:
         q = rank.ready[u]
         members = [q.popleft() for _ in range(min(len(q), self.flow.units[u].cap))]
         rank.waiting -= len(members)
-        work = self.step_seconds(u, len(members), rank.threads) + rank.debt
+        work = self.step_seconds(u, members, rank.threads) + rank.debt
         rank.messages += rank.debt
         rank.debt = 0.0
         rank.step = _Step(rank.id, u, members, work, self.now)
 
-    def step_seconds(self, u: int, batch: int, threads: int) -> float:
-        """A step of ``batch`` items of unit ``u``: the profiled step and the rank's loop time outside it."""
-        key = (u, batch, threads)
+    def step_seconds(self, u: int, members: list[int], threads: int) -> float:
+        """A step of unit ``u`` for ``members``: the profiled step and the rank's loop time outside it."""
+        cost = self.costs[u]
+        if cost is None:  # the frontend: its CPU seconds per request, in equal pieces, one per client item
+            return sum(self.table.frontend_s / self.n[r][u] for r in members)
+        key = (u, len(members), threads)
         found = self.memo.get(key)
         if found is None:
-            cost = self.costs[u]
-            if cost is None:  # the frontend: its CPU seconds per request, in equal pieces
-                found = batch * self.table.frontend_s / self.flow.units[u].items
-            else:
-                found = cost.step_seconds(batch, threads) + self.table.loop_seconds(batch, threads)
-            self.memo[key] = found
+            found = self.memo[key] = cost.step_seconds(len(members), threads) + self.table.loop_seconds(len(members), threads)
         return found
 
     def complete(self, step: _Step) -> None:
