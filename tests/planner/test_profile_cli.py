@@ -64,7 +64,7 @@ def test_profile_command_prints_the_costs_outside_the_steps(orpheus, orpheus_dir
     assert main(["profile", "orpheus", "--model-path", str(orpheus_dir), "--profile-cache", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "lm: 64.0 items/request; 1 thread(s): " in out
-    assert "request 0 (speech) alone: codec 7, lm 64 items" in out
+    assert "1 of the first 1 requests (speech), each alone: codec 7, lm 64 items" in out
     assert "loop outside its steps, per step: 1 thread(s): 0.30 ms" in out
     assert "frontend (conductor and client): 2.50 ms CPU/request; a message between ranks: 0.100 ms" in out
 

@@ -82,9 +82,13 @@ def run_profile(args: argparse.Namespace) -> int:
     table = costs_for(model, workload, args.device, args.dtype, args.profile_cache, True, _progress, args.repeats)
     for node, cost in sorted(table.nodes.items()):
         print(f"{node}: {table.items_per_request.get(node, 0):.1f} items/request; {_fits(cost)}")
-    for i, req in enumerate(table.requests):
-        items = ", ".join(f"{n} {v:g}" for n, v in sorted(req.items.items()))
-        print(f"request {i} ({req.kind}) alone: {items} items")
+    alike: dict[tuple, int] = {}  # (kind, items) -> requests that made them
+    for req in table.requests:
+        key = (req.kind, tuple(sorted(req.items.items())))
+        alike[key] = alike.get(key, 0) + 1
+    for (kind, items), n in alike.items():
+        made = ", ".join(f"{name} {v:g}" for name, v in items)
+        print(f"{n} of the first {len(table.requests)} requests ({kind}), each alone: {made} items")
     if table.loop.samples:
         print(f"a rank's loop outside its steps, per step: {_fits(table.loop)}")
     print(f"frontend (conductor and client): {table.frontend_s * 1e3:.2f} ms CPU/request; "
