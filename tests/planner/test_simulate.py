@@ -294,3 +294,22 @@ def test_each_request_makes_the_items_its_profiled_request_made():
     assert [sum(n) for n in sim.n] == [STEPS * (INNER + 2), 32, 7 * (INNER + 2), STEPS * (INNER + 2)]
     assert sc.throughput == pytest.approx(4 / (STEPS * (INNER + 2) * 0.001), rel=1e-6)
     assert sc.rank_busy[0] == pytest.approx(STEPS * (INNER + 2) * 0.001 / 4, rel=1e-6)
+
+
+def test_a_request_joins_a_loop_at_its_iteration_boundary():
+    # the worker's cohort starts a member's iteration only with the others: request 0 (a spoken answer of 10 frames,
+    # 17 one-millisecond steps a frame) is 2 ms into its first frame when request 2 arrives (after request 1's two
+    # lm steps on another rank), so request 2 waits for that frame's end (17 ms) and then steps every unit with
+    # request 0: request 0 ends at 170 ms, request 2 one frame later, at 187 ms
+    g = spoken_or_text()
+    spoken = {"talker": STEPS, "predictor": STEPS * INNER, "frame": STEPS}
+    reqs = [RequestItems("spoken", spoken), RequestItems("text", {"lm": 2}), RequestItems("spoken", spoken)]
+    mean = {n: sum(r.items.get(n, 0) for r in reqs) / len(reqs) for n in ("talker", "predictor", "frame", "lm")}
+    t = costs({n: cost(0.001) for n in mean}, mean)
+    t.requests = reqs
+    sim = Simulation(t, build_flow(t, g, {}), g, placement([(["talker", "predictor", "frame"], [0]), (["lm"], [1])]),
+                     Load(2, requests=3))
+    sc = sim.run()
+    assert sim.done_at[0] == pytest.approx(0.170) and sim.started[2] == pytest.approx(0.002)
+    assert sim.done_at[2] == pytest.approx(0.187)
+    assert sc.rank_busy[0] == pytest.approx(0.187 / 3, rel=1e-6)  # every step of rank 0 after 17 ms is for both

@@ -53,6 +53,7 @@ class Edge:
     kind: str  # "forward" | "setup" | "stream" | "carry"
     first: int = 1  # stream: items before the first chunk
     step: int = 1  # stream: items per later chunk
+    walks: bool = False  # carry: closes a cycle of walks through the conductor (not a loop's back edge)
 
     def needs(self, k: int, n_src: int, n_dst: int) -> int:
         """Items of the source that item ``k`` (1-based) of the destination waits for."""
@@ -79,6 +80,7 @@ class Unit:
 class Flow:
     units: list[Unit]
     index: dict[str, int]
+    heads: dict[int, tuple[int, int]] = field(default_factory=dict)  # loop head -> (tail unit, carry input index)
 
     def unit_of(self, node: str, component: str) -> int | None:
         found = self.index.get(node)
@@ -145,9 +147,20 @@ def _add_edges(flow: Flow, graph: WalkGraph) -> None:
                 if old is None or RANK[edge.kind] > RANK[old.kind]:  # a forward edge outranks a setup, a carry
                     seen[(a, b)] = edge
     for (a, b) in _closing_cycles(seen, len(flow.units)):
-        seen[(a, b)] = Edge(a, "carry")
+        seen[(a, b)] = Edge(a, "carry", walks=True)
     for (_, b), edge in seen.items():
         flow.units[b].inputs.append(edge)
+    _find_heads(flow)
+
+
+def _find_heads(flow: Flow) -> None:
+    """The units that start an iteration of a loop of several units: fed only by carries (and setup edges), one
+    of them a loop's back edge from another unit (the loop's tail). Qwen3-Omni's ``predictor_in``: the talker's
+    code 0 and hidden state of the last frame; a one-unit loop (a decode loop) has none."""
+    for b, unit in enumerate(flow.units):
+        carries = [i for i, e in enumerate(unit.inputs) if e.kind == "carry" and not e.walks]
+        if carries and all(e.kind in ("carry", "setup") for e in unit.inputs):
+            flow.heads[b] = (unit.inputs[carries[0]].src, carries[0])
 
 
 def _closing_cycles(edges: dict[tuple[int, int], Edge], n: int) -> list[tuple[int, int]]:

@@ -18,6 +18,10 @@ running it.
              ``NodeCost.step_seconds(batch, threads)`` plus the rank's loop
              time outside a step (``CostTable.loop_seconds``: receiving,
              scheduling, routing; the profile measures it per step)
+    cohort   a loop of several units (``flow.Flow.heads``) is joined at an
+             iteration boundary: a request starts an iteration on a rank only
+             with the requests inside one there or when none is (the
+             worker's cohort), so requests that reach it apart step together
     host     CPU ranks of one host share its cores: while the running steps
              want more threads than it has, each runs slower in proportion
              (processor sharing); a GPU rank runs alone
@@ -120,6 +124,9 @@ class Simulation:
                 self.consumers[e.src].append((b, i))
         self.costs = [table.nodes.get(u.name) for u in flow.units]  # None: the frontend
         self.profiled = self._profiled_items()
+        self.held: dict[int, set[int]] = {h: set() for h in flow.heads}  # loop head -> requests waiting to join
+        self.tails = {tail for tail, _ in flow.heads.values()}
+        self.live: set[int] = set()  # requests started and not finished
         self.memo: dict[tuple[int, int, int], float] = {}  # (unit, batch, threads) -> step seconds
         self.now = 0.0
         self.events: list[tuple[float, int, str, tuple]] = []
@@ -172,6 +179,7 @@ class Simulation:
         self.homes.append(homes)
         self.left.append(sum(n))
         self.started.append(self.now)
+        self.live.add(r)
         self.first.append(None)
         for u in range(len(n)):
             self.check(r, u)
@@ -193,19 +201,52 @@ class Simulation:
             for i, e in enumerate(unit.inputs):
                 if n[e.src] and self.got[r][u][i] < e.needs(k, n[e.src], n[u]):
                     return False
+            if u in self.held:
+                if self.joining_waits(r, u, k):
+                    self.held[u].add(r)
+                    return False
+                self.held[u].discard(r)
         self.pending[r][u] = True
         rank = self.ranks[self.home(r, u, k)]
         rank.ready.setdefault(u, deque()).append(r)
         rank.waiting += 1
         return True
 
+    # ---- a loop's cohort ---------------------------------------------------------------------
+    def joining_waits(self, r: int, head: int, k: int) -> bool:
+        """Whether request ``r``'s iteration ``k`` of the loop starting at ``head`` waits for the boundary: the
+        worker's cohort lets a member start an iteration only with the others (or when none is inside one), so
+        requests that reach a loop apart step its units together."""
+        rank = self.home(r, head, k)
+        return any(self.inside(r2, head, rank) for r2 in self.live if r2 != r)
+
+    def inside(self, r: int, head: int, rank: int) -> bool:
+        """Request ``r`` is inside an iteration of ``head``'s loop on ``rank``: started it, not at its end."""
+        n, done = self.n[r], self.done[r]
+        tail, carry = self.flow.heads[head]
+        d = done[head]
+        if not n[head] or d == 0 or self.pending[r][head] or r in self.held[head] or done[tail] >= n[tail]:
+            return False
+        if self.home(r, head, d) != rank:
+            return False
+        edge = self.flow.units[head].inputs[carry]
+        return d >= n[head] or self.got[r][head][carry] < edge.needs(d + 1, n[tail], n[head])
+
+    def release_held(self) -> None:
+        """Requests waiting to join a loop look again (a member reached an iteration's end, or left)."""
+        for head, waiting in self.held.items():
+            for r in sorted(waiting):
+                self.check(r, head)
+
     def finish(self, r: int) -> None:
+        self.live.discard(r)
         self.finished.append(self.now)
         self.done_at[r] = self.now
         for h in {h for u, hs in enumerate(self.homes[r]) if self.n[r][u] for h in hs}:
             self.ranks[h].active -= 1
         if self.load.rate is None and len(self.n) < self.load.count:
             self.start_request()
+        self.release_held()
 
     # ---- ranks -----------------------------------------------------------------------------
     def dispatch(self, rank: _Rank) -> None:
@@ -257,6 +298,8 @@ class Simulation:
             self.check(r, step.unit)
             if self.left[r] == 0:
                 self.finish(r)
+        if step.unit in self.tails:
+            self.release_held()
         for to in sent:  # one message per step per destination
             rank.debt += self.table.hop_s
             self.ranks[to].debt += self.table.hop_s
@@ -264,6 +307,8 @@ class Simulation:
     def arrive(self, r: int, u: int, i: int) -> None:
         self.got[r][u][i] += 1
         self.check(r, u)
+        if u in self.held:
+            self.release_held()
 
     def _at(self, t: float, kind: str, payload: tuple) -> None:
         self.seq += 1
