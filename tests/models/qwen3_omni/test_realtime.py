@@ -86,14 +86,16 @@ def thinker_rows(engine) -> tuple[float, float]:
     return sum(p.get("prefill_tokens", 0.0) for p in pools), sum(p.get("prefix_hit_tokens", 0.0) for p in pools)
 
 
-async def rows_of(engine, before: tuple[float, float], prompt: int) -> tuple[float, float]:
-    """The rows a spoken answer's prompt prefilled and reused, once reported (all but its last, a one-row firing)."""
-    deadline = time.monotonic() + 20
+async def settled_rows(engine) -> tuple[float, float]:
+    """``thinker_rows`` once nothing runs and the workers have reported them twice alike: a speech prefill or an
+    earlier answer still being reported would otherwise land in the next answer's difference."""
+    last = None
     while True:
-        after = thinker_rows(engine)
-        if sum(after) - sum(before) >= prompt - 1 or time.monotonic() > deadline:
-            return after[0] - before[0], after[1] - before[1]
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # more than the status interval
+        now = thinker_rows(engine)
+        if not engine.stats().running and now == last:
+            return now
+        last = now
 
 
 async def session(url: str, turns: list, modalities=("audio",), engine=None, rows: list | None = None) -> list:
@@ -118,12 +120,12 @@ async def session(url: str, turns: list, modalities=("audio",), engine=None, row
                 await conn.input_audio_buffer.commit()
                 assert [(await conn.recv()).type for _ in range(3)] == [
                     "input_audio_buffer.committed", "conversation.item.added", "conversation.item.done"]
-            before = thinker_rows(engine) if engine is not None else None
+            before = await settled_rows(engine) if engine is not None else None
             await conn.response.create()
             answers.append(await answer(conn))
             if engine is not None:
-                prompt = answers[-1].done.usage.input_tokens
-                rows.append((prompt, *await rows_of(engine, before, prompt)))
+                after = await settled_rows(engine)
+                rows.append((answers[-1].done.usage.input_tokens, after[0] - before[0], after[1] - before[1]))
     return answers
 
 
