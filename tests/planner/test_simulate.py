@@ -273,6 +273,14 @@ def spoken_or_text() -> WalkGraph:
     return WalkGraph("mix", [*nested().walks.values(), text], FunctionStateMachine(_start))
 
 
+def per_request_table(reqs: list[RequestItems]):
+    """One-millisecond steps for every node, each request making its own items (the mix's mean beside them)."""
+    mean = {n: sum(r.items.get(n, 0) for r in reqs) / len(reqs) for n in ("talker", "predictor", "frame", "lm")}
+    t = costs({n: cost(0.001) for n in mean}, mean)
+    t.requests = reqs
+    return t
+
+
 def test_each_request_makes_the_items_its_profiled_request_made():
     # 3 spoken answers (10, 7 and 10 frames: per frame a talker step, 15 predictor steps and a frame step) and a text
     # answer (32 lm steps, on another rank) at once, every step 1 ms at any batch. The spoken ones step together:
@@ -284,9 +292,7 @@ def test_each_request_makes_the_items_its_profiled_request_made():
     spoken = [{"talker": f, "predictor": f * INNER, "frame": f} for f in (STEPS, 7, STEPS)]
     reqs = [RequestItems("spoken", spoken[0]), RequestItems("text", {"lm": 32}), RequestItems("spoken", spoken[1]),
             RequestItems("spoken", spoken[2])]
-    mean = {n: sum(r.items.get(n, 0) for r in reqs) / len(reqs) for n in ("talker", "predictor", "frame", "lm")}
-    t = costs({n: cost(0.001) for n in mean}, mean)
-    t.requests = reqs
+    t = per_request_table(reqs)
     sim = Simulation(t, build_flow(t, g, {}), g, placement([(["talker", "predictor", "frame"], [0]), (["lm"], [1])]),
                      Load(4, requests=4))
     sc = sim.run()
@@ -304,9 +310,7 @@ def test_a_request_joins_a_loop_at_its_iteration_boundary():
     g = spoken_or_text()
     spoken = {"talker": STEPS, "predictor": STEPS * INNER, "frame": STEPS}
     reqs = [RequestItems("spoken", spoken), RequestItems("text", {"lm": 2}), RequestItems("spoken", spoken)]
-    mean = {n: sum(r.items.get(n, 0) for r in reqs) / len(reqs) for n in ("talker", "predictor", "frame", "lm")}
-    t = costs({n: cost(0.001) for n in mean}, mean)
-    t.requests = reqs
+    t = per_request_table(reqs)
     sim = Simulation(t, build_flow(t, g, {}), g, placement([(["talker", "predictor", "frame"], [0]), (["lm"], [1])]),
                      Load(2, requests=3))
     sc = sim.run()
