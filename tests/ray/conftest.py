@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.polling import alive, wait_for
-from walkserve.protocol.messages import RuntimeSnapshot
+from walkserve.protocol.rank_stats import RuntimeSnapshot
 from walkserve.testing.ray_cluster import OBJECT_STORE, private_cluster, ray_env  # noqa: F401  (used by the tests)
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'walkserve[ray]')")

@@ -46,7 +46,7 @@ from walkserve.core.config import RuntimeConfig
 from walkserve.core.errors import WalkserveError
 from walkserve.core.finish import FinishReason
 from walkserve.entrypoint.sync import Engine
-from walkserve.protocol.messages import RuntimeSnapshot
+from walkserve.protocol.rank_stats import RuntimeSnapshot
 from walkserve.testing.fixtures.requests import fixture_request
 from walkserve.transport import shm
 

@@ -16,7 +16,7 @@ from walkserve.core.scheduling import FIFO, StreamScheduling
 from walkserve.graph import Playback
 from walkserve.models.orpheus.graph import FRAME_S, build_graph
 from walkserve.models.qwen3_omni.speech.graph import TALKER_DECODE, DepthRanges, build_speech_graph
-from walkserve.protocol.messages import SLACK_EDGES_S
+from walkserve.protocol.rank_stats import SLACK_EDGES_S
 from walkserve.protocol.run import RunSpec, decode_run_spec, encode_run_spec
 from walkserve.worker.deadlines import Deadlines, Tier, slack_bucket
 from walkserve.worker.program import compile_program

@@ -18,7 +18,7 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from walkserve.entrypoint.interface import RuntimeStats
-from walkserve.protocol.messages import SLACK_EDGES_S
+from walkserve.protocol.rank_stats import SLACK_EDGES_S
 
 RANK_STREAM_COUNTERS = (  # (family, RuntimeStats.rank_streams key, help)
     ("walkserve_stream_held_paced", "held_paced", "Stream member-steps a rank held back: far ahead of playback (pacing)."),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from walkserve.entrypoint.interface import RuntimeStats
-from walkserve.protocol.messages import RankStats, RuntimeSnapshot
+from walkserve.protocol.rank_stats import RankStats, RuntimeSnapshot
 
 RANK_GAUGES = ("walk_states", "requests", "engine_state", "inflight", "cohort_members", "early")
 

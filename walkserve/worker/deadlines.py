@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 from walkserve.core.scheduling import StreamScheduling
 from walkserve.graph.playback import Playback
-from walkserve.protocol.messages import SLACK_EDGES_S
+from walkserve.protocol.rank_stats import SLACK_EDGES_S
 from walkserve.worker.program import NodeProgram
 from walkserve.worker.state import Member
 from walkserve.worker.step_costs import StepCosts
