@@ -105,7 +105,7 @@ def run(family: str, devices: str, requests: int, repeats: int, cache: Path | No
 
     root = Path(tempfile.mkdtemp(prefix="bench-plan-"))
     model = load_model(ModelRef(family, checkpoint(family, root)))
-    workload = default_workload(family)
+    workload = default_workload(family, model.processor())
     costs = costs_for(model, workload, "cpu", None, cache, True, print, repeats=repeats)
     result = plan(model, parse_devices(devices), costs, workload)
     runs = []  # (kind, name, simulated, analytical bound, placement)

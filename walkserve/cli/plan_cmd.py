@@ -59,7 +59,7 @@ def _load_model(args: argparse.Namespace):
 
     target = resolve_target(args.model, args.model_path, args.snac_path)
     model = load_model(target.ref())
-    workload = load_workload(args.workload) if args.workload else default_workload(model.ref.family)
+    workload = load_workload(args.workload) if args.workload else default_workload(model.ref.family, model.processor())
     return model, workload
 
 

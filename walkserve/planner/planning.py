@@ -197,7 +197,7 @@ def auto_placement(model: Model, devices_spec: str | None, dtype: str | None, ou
 
     spec = devices_spec or auto_devices()
     devices = parse_devices(spec)
-    workload = default_workload(model.ref.family)
+    workload = default_workload(model.ref.family, model.processor())
     require_fit(model, devices)
     table = costs_for(model, workload, min(d.kind for d in devices), dtype, cache_dir, True, progress, repeats=1)
     result = plan(model, devices, table, workload)

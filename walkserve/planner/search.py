@@ -78,10 +78,11 @@ def placement_data(blocks: list[list[str]], replicas: list[list[int]], devices: 
 
 
 def describe(blocks: list[list[str]], replicas: list[list[int]], groups: list[tuple[str, ...]]) -> str:
-    """``[lm] | [codec]``, ``[a, b] x2``: each rank's groups (named by their first node), replicas counted."""
+    """``[lm] | [codec]``, ``[a, b] x2``: each rank's groups (named by their first node), replicas counted, in the
+    order of their ranks (the block on rank 0 first), as the memory per rank is listed."""
     first = {g[0]: g for g in groups}
     parts = []
-    for b, rs in zip(blocks, replicas, strict=True):
+    for b, rs in sorted(zip(blocks, replicas, strict=True), key=lambda pair: min(pair[1])):
         names = [n for n in b if n in first]
         parts.append(f"[{', '.join(names)}]" + (f" x{len(rs)}" if len(rs) > 1 else ""))
     return " | ".join(parts)

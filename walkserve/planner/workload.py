@@ -10,23 +10,37 @@
         max_tokens: 32        # generated tokens (ignore_eos: every request makes exactly this many)
         params: {}            # the model's request parameters
 
-Each family has a default from its card (``default_workload``); a workload
-file replaces it. Requests are built by the model's own processor, so a kind
-the model cannot take fails here with the processor's message.
+Payloads hold media in the HTTP routes' JSON forms, decoded once when the
+workload is read: ``{type: array, dtype, shape, data}`` (base64 bytes, as
+``POST /v1/generate`` takes them), ``{type: image, url}`` and, in chat
+messages, ``{type: image_url, image_url: {url}}``, where ``url`` is a
+``data:`` URL or a file path (relative to the workload file).
+
+Each family has a default (``default_workload``; ``family_workloads.py``);
+a workload file replaces it. Requests are built by the model's own
+processor, so a kind the model cannot take fails here with the processor's
+message; only a family default leaves out the kinds a checkpoint cannot take
+(V-JEPA 2 without its action-conditioned predictor cannot roll out).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from walkserve.core.array import ArrayData
 from walkserve.core.errors import ConfigError
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
 from walkserve.planner.simulate import Load
+
+MAX_IMAGE_PIXELS = 4096 * 4096  # an image in a workload file is the user's own: a generous cap
 
 
 @dataclass(frozen=True)
@@ -89,29 +103,28 @@ def _numbered(payload: Any, i: int) -> Any:
     return payload
 
 
-def _chat(text: str, audio: bool) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": text}], "modalities": ["text", "audio"] if audio else ["text"]}
+def default_workload(family: str, processor: Any = None) -> Workload:
+    """The family's default mix (a family without one: text completions of 32 tokens); with the model's
+    ``processor``, only the kinds it can take (at least one, else the error names why each failed)."""
+    from walkserve.planner.family_workloads import family_default
+
+    workload = family_default(family)
+    if processor is None:
+        return workload
+    kept, why = [], []
+    for kind in workload.kinds:
+        try:
+            Workload((kind,), name=workload.name).specs(processor, 1)
+            kept.append(kind)
+        except ConfigError as e:
+            why.append(str(e))
+    if not kept:
+        raise ConfigError(f"the {family} default workload does not fit this checkpoint ({'; '.join(why)}); "
+                          "give one with --workload FILE")
+    return dataclasses.replace(workload, kinds=tuple(kept))
 
 
-DEFAULTS: dict[str, Workload] = {
-    "orpheus": Workload((RequestKind("speech", 1.0, "speech", {"input": "Hello number {i}, how are you today?"}, 64),), 4),
-    "qwen3-omni": Workload((
-        RequestKind("spoken", 0.6, "chat", _chat("Tell me about the number {i} in a few words.", True), 16,
-                    {"max_audio_frames": 16}),
-        RequestKind("text", 0.4, "chat", _chat("Say something about {i}.", False), 32),
-    ), 4),
-}
-
-
-def default_workload(family: str) -> Workload:
-    """The family's default mix; a family without one gets a text completion of 32 tokens."""
-    found = DEFAULTS.get(family)
-    if found is not None:
-        return found
-    return Workload((RequestKind("text", 1.0, "completion", {"prompt": "Count to {i}:"}, 32),), 4)
-
-
-def _kind(entry: Any, i: int, source: str) -> RequestKind:
+def _kind(entry: Any, i: int, source: str, base: Path) -> RequestKind:
     where = f"{source}: kinds[{i}]"
     if not isinstance(entry, dict):
         raise ConfigError(f"{where}: must be a mapping with task and payload")
@@ -127,8 +140,55 @@ def _kind(entry: Any, i: int, source: str) -> RequestKind:
     tokens = entry.get("max_tokens", 32)
     if not isinstance(payload, dict) or not isinstance(tokens, int) or tokens < 1:
         raise ConfigError(f"{where}: payload must be a mapping and max_tokens a positive integer")
+    payload = decoded_media(payload, where + ".payload", base)
     return RequestKind(str(entry.get("name", f"kind{i}")), float(weight), entry["task"], payload, tokens,
                        dict(entry.get("params") or {}))
+
+
+def decoded_media(value: Any, where: str, base: Path) -> Any:
+    """``value`` with its arrays and images (the HTTP routes' JSON forms) decoded; the rest as it is."""
+    if isinstance(value, list):
+        return [decoded_media(v, f"{where}[{i}]", base) for i, v in enumerate(value)]
+    if not isinstance(value, dict):
+        return value
+    kind = value.get("type")
+    if kind == "array" and {"dtype", "shape", "data"} <= set(value):
+        return _media(where, lambda: decode_array(value))
+    if kind == "image" and isinstance(value.get("url"), str):
+        return _media(where, lambda: _image(value["url"], base))
+    if kind == "image_url" and isinstance(value.get("image_url"), dict) and isinstance(value["image_url"].get("url"), str):
+        return {"type": "image", "image": _media(where, lambda: _image(value["image_url"]["url"], base))}
+    return {k: decoded_media(v, f"{where}.{k}", base) for k, v in value.items()}
+
+
+def decode_array(value: dict[str, Any]) -> ArrayData:
+    if not isinstance(value["shape"], list) or not all(isinstance(n, int) and n >= 0 for n in value["shape"]):
+        raise ValueError("shape must be a list of non-negative integers")
+    return ArrayData(str(value["dtype"]), tuple(value["shape"]), base64.b64decode(str(value["data"]), validate=True))
+
+
+def _image(url: str, base: Path) -> ArrayData:
+    from walkserve.api.media.data_url import parse_data_url
+    from walkserve.api.media.image_codec import decode_image
+
+    if url.startswith("data:"):
+        data = parse_data_url(url, "url")[1]
+    else:
+        path = base / url.removeprefix("file://")
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise ValueError(f"cannot read {path}: {e.strerror}") from None
+    return decode_image(data, MAX_IMAGE_PIXELS, "url")
+
+
+def _media(where: str, decode: Any) -> ArrayData:
+    from walkserve.api.errors import ApiError
+
+    try:
+        return decode()
+    except (ApiError, ValueError, binascii.Error) as e:
+        raise ConfigError(f"{where}: {getattr(e, 'message', None) or e}") from None
 
 
 def load_workload(path: str | Path) -> Workload:
@@ -150,5 +210,5 @@ def load_workload(path: str | Path) -> Workload:
     rate = data.get("rate")
     if rate is not None and (not isinstance(rate, (int, float)) or isinstance(rate, bool) or rate <= 0):
         raise ConfigError(f"{path}: rate must be a positive number of requests/s")
-    kinds = tuple(_kind(e, i, str(path)) for i, e in enumerate(data["kinds"]))
+    kinds = tuple(_kind(e, i, str(path), path.parent) for i, e in enumerate(data["kinds"]))
     return Workload(kinds, concurrency, path.stem, float(rate) if rate is not None else None)
