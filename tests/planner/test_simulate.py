@@ -141,6 +141,19 @@ def test_splitting_a_nested_loop_adds_two_hops_to_every_frame():
     assert one.ttfa_s == pytest.approx(0.002) and two.ttfa_s == pytest.approx(0.002)
 
 
+def test_ttfa_waits_for_every_output_stream_a_request_makes():
+    # the LM streams its tokens to the client and the codec its audio: a spoken answer's TTFA is its first audio,
+    # the codec's first window after 28 LM steps (1 ms each) and one codec step (2 ms), not the first token
+    loop = Loop(GraphNode("lm", ["x"], ["x"]), iterations=64, carry={"lm.x": "lm.x"}, name="gen")
+    edges = [GraphEdge("input.x", "lm.x"), StreamingGraphEdge("lm.x", "codec.x", SlidingWindow(28, 7)),
+             GraphEdge("lm.x", Client("text")), GraphEdge("codec.y", Client("audio"))]
+    g = WalkGraph("spoken", [Walk("w", Parallel(loop, GraphNode("codec", ["x"], ["y"])), edges, ["x"])],
+                  FunctionStateMachine(_start))
+    t = costs({"lm": cost(0.001), "codec": cost(0.002)}, {"lm": 64, "codec": 6})
+    alone = simulate(t, g, placement([(["lm", "codec"], [0])]), Load(1, requests=2), null("lm", "codec"))
+    assert alone.ttfa_s == pytest.approx(28 * 0.001 + 0.002, rel=0.05)
+
+
 def test_batching_under_load_and_ttfa_grow_with_concurrency():
     # a costs 10 ms a step whatever the batch: 8 requests at once share each step, so throughput is 8x one at a time
     g, comps = pipeline(), null("a", "b")

@@ -140,8 +140,13 @@ def summary(c: Candidate) -> str:
     s = c.score
     mem = ", ".join(f"rank {r} {b / 2**30:.2f} GiB" for r, b in sorted(s.memory.items()))
     bound = ", bound by the host's cores" if s.host_bound else ", bound by each request's chain of steps" if s.latency_bound else ""
-    return (f"{c.name}: {s.throughput:.2f} req/s{bound}, TTFA {s.ttfa_s * 1000:.3g} ms{_latency(s)}, busiest rank {s.bottleneck} "
+    return (f"{c.name}: {s.throughput:.2f} req/s{bound}, TTFA {_duration(s.ttfa_s)}{_latency(s)}, busiest rank {s.bottleneck} "
             f"({s.rank_busy[s.bottleneck] * 1000:.1f} ms/request, mostly {s.bottleneck_unit()}); memory {mem}")
+
+
+def _duration(seconds: float) -> str:
+    """``667 ms`` below a second, ``1.85 s`` and ``72.4 s`` from there."""
+    return f"{seconds * 1000:.3g} ms" if seconds < 0.9995 else f"{seconds:.3g} s"
 
 
 def _latency(s) -> str:

@@ -6,9 +6,9 @@ per step. For each thread count (a CPU rank's share of the host's cores) and
 each concurrency, the workload's requests run at once and the runtime's
 per-node counters (steps, items, busy seconds) give one sample per node: the
 mean batch and the seconds per step (``costs.NodeCost``). A lone request's
-time to its first output is kept as the idle TTFA. Before those runs, the
-workload's first requests run alone, one after another: the items each one
-makes of each node (``CostTable.requests``; a spoken answer runs the talker's
+time until it has begun every output stream it makes (a spoken answer's first
+audio) is kept as the idle TTFA. Before those runs, the workload's first
+requests run alone, one after another: the items each one makes of each node (``CostTable.requests``; a spoken answer runs the talker's
 loop for as many frames as it speaks, a text answer does not run it). Each run
 also gives the rank's loop time outside its steps (the worker's active seconds
 less its steps' busy seconds, per step) and the CPU seconds the conductor's
@@ -217,16 +217,20 @@ def _add_outside(table: CostTable, threads: int, requests: int, before: _Counter
 
 
 async def _run(engine: Any, specs: list) -> float:
-    """Run the requests at once; the seconds to the first request's first output."""
+    """Run the requests at once; the seconds until the first of them has begun every output stream it makes
+    (a spoken answer: its first audio, not its first text token)."""
     t0 = time.perf_counter()
-    firsts: list[float] = []
+    begun: list[float] = []
 
     async def one(spec: Any) -> None:
+        firsts: dict[str, float] = {}  # modality -> its first output
         async for out in engine.generate(spec):
-            if isinstance(out, OutputEvent) and not firsts:
-                firsts.append(time.perf_counter() - t0)
+            if isinstance(out, OutputEvent):
+                firsts.setdefault(out.modality, time.perf_counter() - t0)
             if isinstance(out, RequestFinished) and out.error:
                 raise RuntimeError(f"profiling request failed: {out.error}")
+        if firsts:
+            begun.append(max(firsts.values()))
 
     await asyncio.gather(*(one(s) for s in specs))
-    return firsts[0] if firsts else time.perf_counter() - t0
+    return min(begun) if begun else time.perf_counter() - t0

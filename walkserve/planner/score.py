@@ -29,7 +29,7 @@ The cost model (docs/placement.md, "How the planner scores"):
   concurrency C in flight requests/s is at most C / that latency (Little's
   law: a nested loop whose every inner step crosses ranks is latency-bound,
   however idle the ranks are);
-- TTFA: the profiled time to the first output of a lone request, at the
+- TTFA: the profiled time until a lone request has begun each of its outputs, at the
   threads of the slowest rank the request crosses, plus one hop per cross-rank
   edge; the idle figure, not the loaded one.
 """

@@ -41,7 +41,8 @@ running it.
              arrivals at ``rate`` requests/s (seeded: the same every run)
 
 Reported: requests/s over the run (requests / first start to last finish),
-the median time to a request's first client output under that load (TTFA),
+the median time until a request has begun each of its client outputs under that
+load (TTFA: a spoken answer's first audio, not its first text token),
 and each rank's busy seconds per request.
 """
 
@@ -138,7 +139,7 @@ class Simulation:
         self.homes: list[list[list[int]]] = []  # request -> unit -> rank per placement segment
         self.left: list[int] = []  # request -> items still to run
         self.started: list[float] = []
-        self.first: list[float | None] = []
+        self.first: list[dict[int, float]] = []  # request -> client unit -> when its first item completed
         self.finished: list[float] = []
         self.done_at: dict[int, float] = {}  # request -> when it finished
         self.oversubscribed = 0.0  # seconds some host had more threads stepping than cores
@@ -180,7 +181,7 @@ class Simulation:
         self.left.append(sum(n))
         self.started.append(self.now)
         self.live.add(r)
-        self.first.append(None)
+        self.first.append({})
         for u in range(len(n)):
             self.check(r, u)
         if self.left[r] == 0:
@@ -284,8 +285,8 @@ class Simulation:
             self.done[r][step.unit] += 1
             self.pending[r][step.unit] = False
             self.left[r] -= 1
-            if unit.client and self.first[r] is None:
-                self.first[r] = self.now
+            if unit.client:
+                self.first[r].setdefault(step.unit, self.now)
             for b, i in self.consumers[step.unit]:
                 if not self.n[r][b]:
                     continue
@@ -383,7 +384,7 @@ class Simulation:
         n = max(1, len(self.finished))
         span = (max(self.finished) - min(self.started)) if self.finished else 0.0
         done = self.done_at
-        firsts = [(self.first[r] if self.first[r] is not None else done[r]) - self.started[r] for r in done]
+        firsts = [max(self.first[r].values(), default=done[r]) - self.started[r] for r in done]
         latency = statistics.median(done[r] - self.started[r] for r in done) if done else None
         ranks = {r: rk for r, rk in self.ranks.items() if r != FRONTEND_RANK}
         unit_busy = {r: {self.flow.units[u].name: b / n for u, b in rk.busy.items()} for r, rk in ranks.items()}
