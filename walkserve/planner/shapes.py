@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 from walkserve.core.errors import ConfigError
 from walkserve.models.base import Model
-from walkserve.planner.costs import CostTable, NodeCost
+from walkserve.planner.costs import CostTable, NodeCost, RequestItems
+from walkserve.planner.profile import REQUESTS_ALONE
 from walkserve.planner.workload import RequestKind, Workload
 
 MFU = 0.5  # share of the peak bf16 FLOP/s a step reaches
@@ -90,7 +91,18 @@ def costs_from_shapes(model: Model, workload: Workload, gpu: Gpu) -> CostTable:
     if describe is None:
         raise ConfigError(f"--shapes: no shape cost model for {model.ref.family} (have: {', '.join(DESCRIBERS)})")
     shapes, items = describe(model, workload)
-    return shape_table(f"{model.ref.family}-shapes-{gpu.name}", shapes, items, gpu)
+    table = shape_table(f"{model.ref.family}-shapes-{gpu.name}", shapes, items, gpu)
+    table.requests = per_request_items(model, workload, describe)
+    return table
+
+
+def per_request_items(model: Model, workload: Workload, describe) -> list[RequestItems]:
+    """The items each of the mix's first requests makes, by its kind's rules (as a profile counts them per request):
+    a spoken answer's talker, code predictor and Code2Wav counts agree around the loop, where the mix's mean
+    (9.6 frames and 144 code-predictor steps) does not close it."""
+    per_kind = {k.name: describe(model, Workload((k,), name=workload.name))[1] for k in workload.kinds}
+    return [RequestItems(k.name, {n: v for n, v in per_kind[k.name].items() if v > 0})
+            for k in workload.mix(REQUESTS_ALONE)]
 
 
 # ---- Qwen3-Omni -----------------------------------------------------------------------------
