@@ -27,6 +27,16 @@ def test_expensive_codec_is_split_off(orpheus):
     assert result.winner.score.throughput > max(c.score.throughput for c in result.ranked[1:])
 
 
+def test_a_long_search_reports_its_progress(orpheus, monkeypatch):
+    lines: list[str] = []
+    monkeypatch.setattr("walkserve.planner.search.PROGRESS_S", 0.0)  # every scored placement (a real search: 10 s)
+    result = plan(orpheus, parse_devices("cpu:0,cpu:1"), table(0.01, 0.02, lm_fixed=True), default_workload("orpheus"),
+                  progress=lines.append)
+    assert len(lines) == result.considered == 3
+    assert lines[0].startswith("plan: 1 placement on 2 devices scored in ")
+    assert lines[-1].endswith(f"best so far {result.winner.name} at {result.winner.score.throughput:.3g} req/s")
+
+
 def test_per_item_costs_favour_replicas(orpheus):
     # nothing gained by batching: two replicas each do half of every stage, a split leaves the codec rank busiest
     result = plan(orpheus, parse_devices("cpu:0,cpu:1"), table(0.002, 0.02), default_workload("orpheus"))

@@ -147,7 +147,8 @@ def _plan_from_shapes(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace, model, devices, table, workload, source: str) -> None:
     from walkserve.planner import planning
 
-    result = planning.plan(model, devices, table, workload, args.objective, planning.parse_slo(args.slo), args.scorer)
+    result = planning.plan(model, devices, table, workload, args.objective, planning.parse_slo(args.slo), args.scorer,
+                           _progress)
     print(f"{result.considered} placements fit {args.devices} (workload {workload.name}, {_load(workload)}); "
           f"predicted ({_how(args.scorer)}) from {source}, best for {args.objective} first:")
     for i, c in enumerate(result.ranked[: args.top]):

@@ -90,10 +90,10 @@ def rank_candidates(cands: list[Candidate], objective: str, slo: Slo) -> list[Ca
 
 
 def plan(model: Model, devices: list[Device], table: CostTable, workload: Workload, objective: str = "throughput",
-         slo: Slo | None = None, scorer: str = "simulate") -> PlanResult:
+         slo: Slo | None = None, scorer: str = "simulate", progress: Progress | None = None) -> PlanResult:
     """The best placement of ``model`` on ``devices``; PlacementError naming the smallest device set when none fits."""
     rejected: list[str] = []
-    cands = enumerate_candidates(model, devices, table, workload.load, rejected, scorer=scorer)
+    cands = enumerate_candidates(model, devices, table, workload.load, rejected, scorer=scorer, progress=progress)
     if not cands:
         raise _no_fit(model, devices, rejected)
     ranked = rank_candidates(cands, objective, slo or Slo())
@@ -205,7 +205,7 @@ def auto_placement(model: Model, devices_spec: str | None, dtype: str | None, ou
     workload = default_workload(model.ref.family, model.processor())
     require_fit(model, devices)
     table = costs_for(model, workload, min(d.kind for d in devices), dtype, cache_dir, True, progress, repeats=1)
-    result = plan(model, devices, table, workload)
+    result = plan(model, devices, table, workload, progress=progress)
     if progress:
         progress(f"placement auto on {spec}: {summary(result.winner)}")
         progress(f"why: {result.why}")

@@ -14,6 +14,7 @@ and the family's own memory report) or is dropped.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ from walkserve.planner.score import Score, score
 from walkserve.planner.simulate import Load, simulate
 
 MAX_CANDIDATES = 20000
+PROGRESS_S = 10.0  # seconds between progress lines of a long search
 
 
 @dataclass
@@ -154,8 +156,9 @@ def score_placement(model: Model, table: CostTable, parsed: Placement, load: int
 
 def enumerate_candidates(model: Model, devices: list[Device], table: CostTable | None, load: int | Load,
                          rejected: list[str] | None = None, limit: int = MAX_CANDIDATES,
-                         scorer: str = "simulate") -> list[Candidate]:
-    """Every placement that fits (up to ``limit``), scored with ``table`` (unscored without one), best first."""
+                         scorer: str = "simulate", progress: Callable[[str], None] | None = None) -> list[Candidate]:
+    """Every placement that fits (up to ``limit``), scored with ``table`` (unscored without one), best first;
+    ``progress`` hears how far the search is every ``PROGRESS_S`` seconds."""
     groups = node_groups(model)
     checker = Checker(model, devices)
     comps, graph = model.components(), model.graph()
@@ -167,6 +170,7 @@ def enumerate_candidates(model: Model, devices: list[Device], table: CostTable |
     busy, idle = _split_idle(groups, comp_of, table)
     out: list[Candidate] = []
     seen: set[str] = set()
+    report = _Reporter(progress, len(devices))
     for assign in partitions(len(busy), len(devices)):
         blocks = [[n for g, b in zip(busy, assign, strict=True) if b == k for n in g] for k in range(max(assign) + 1)]
         if idle:  # nodes the workload never runs go along with the lightest block
@@ -179,6 +183,7 @@ def enumerate_candidates(model: Model, devices: list[Device], table: CostTable |
             if cand is not None and cand.name not in seen:
                 seen.add(cand.name)
                 out.append(cand)
+                report(out)
             spare = [i for i in range(len(devices)) if all(i not in rs for rs in replicas)]
             if cand is None or cand.score is None or not spare or len(out) >= limit:
                 break
@@ -188,6 +193,26 @@ def enumerate_candidates(model: Model, devices: list[Device], table: CostTable |
             break
     out.sort(key=lambda c: (-c.score.throughput if c.score else 0.0, c.score.ttfa_s if c.score else 0.0, c.name))
     return out
+
+
+class _Reporter:
+    """Says every ``PROGRESS_S`` seconds how many placements are scored and the best so far (a search over eight
+    GPUs scores hundreds, each a simulated run of the workload)."""
+
+    def __init__(self, progress: Callable[[str], None] | None, devices: int):
+        self.progress, self.devices = progress, devices
+        self.start = self.last = time.monotonic()
+
+    def __call__(self, scored: list[Candidate]) -> None:
+        now = time.monotonic()
+        if self.progress is None or now - self.last < PROGRESS_S:
+            return
+        self.last = now
+        best = max((c for c in scored if c.score), key=lambda c: c.score.throughput, default=None)
+        lead = f"; best so far {best.name} at {best.score.throughput:.3g} req/s" if best else ""
+        n = len(scored)
+        self.progress(f"plan: {n} placement{'s' if n != 1 else ''} on {self.devices} devices scored in "
+                      f"{now - self.start:.0f} s{lead}")
 
 
 def _split_idle(groups: list[tuple[str, ...]], comp_of: dict[str, str],
