@@ -145,3 +145,32 @@ def test_linking_a_peer_again_at_the_same_path_keeps_its_backlog(tmp_path):
     finally:
         box.close()
         ctx.term()
+
+
+def test_after_a_poll_the_inbox_reads_the_sockets_it_found_frames_on_and_loses_no_later_frame(tmp_path):
+    """A worker that waited for a peer's datagram does not read its empty ZeroMQ socket; a ZeroMQ frame that comes
+    after that poll is read by the next receive (without a poll, as a busy worker's) or found by the next poll."""
+    ctx = zmq.Context()
+    inbox = Inbox(ctx, f"ipc://{tmp_path}/r0.sock", "tok")
+    inbox.listen_direct(str(tmp_path / "r0.dgram"))
+    peer, conductor = Outbox(ctx, "tok"), Outbox(ctx, "tok")
+    try:
+        peer.link(("rank", 0), str(tmp_path / "r0.dgram"), 1)
+        conductor.connect(("rank", 0), inbox.address)
+        peer.send_now(("rank", 0), m.Abort("peer"))
+        assert inbox.poll(1000) and inbox._ready == (False, True)
+        conductor.send_now(("rank", 0), m.Abort("conductor"))
+        assert inbox.socket.poll(1000)  # it is there, after the poll
+        assert inbox.receive() == [m.Abort("peer")]
+        assert inbox.receive() == [m.Abort("conductor")]  # no poll between: both sockets read
+        conductor.send_now(("rank", 0), m.Abort("later"))
+        peer.send_now(("rank", 0), m.Abort("peer again"))
+        assert inbox.socket.poll(1000)
+        assert inbox.poll(0) and inbox._ready == (True, True)
+        assert inbox.receive() == [m.Abort("later"), m.Abort("peer again")]
+        assert not inbox.poll(0) and inbox._ready is None
+    finally:
+        peer.close()
+        conductor.close()
+        inbox.close()
+        ctx.term()

@@ -38,6 +38,7 @@ class Inbox:
         self._bad = 0
         self.poller = zmq.Poller()
         self.poller.register(self.socket, zmq.POLLIN)
+        self._ready: tuple[bool, bool] | None = None  # what the last poll found (ZeroMQ, datagrams); None: not polled
 
     @property
     def bad_frames(self) -> int:
@@ -56,23 +57,35 @@ class Inbox:
         return address
 
     def poll(self, timeout_ms: float) -> bool:
+        """Wait up to ``timeout_ms`` for a frame; True when one is waiting. The next ``receive`` reads only the
+        sockets this found a frame on: after a wait for a peer's datagram, no ZeroMQ read that finds nothing."""
         if self.direct is None:
             return bool(self.socket.poll(timeout_ms))
-        return bool(self.poller.poll(timeout_ms))
+        ready = dict(self.poller.poll(timeout_ms))
+        self._ready = (self.socket in ready, self.direct.fileno() in ready) if ready else None
+        return bool(ready)
 
     def receive(self, limit: int = 256) -> list[Message]:
-        """Every message waiting now (up to ``limit`` frames), without blocking."""
+        """Every message waiting now (up to ``limit`` frames), without blocking: on the sockets the last ``poll`` found
+        a frame on, or on both when there was no poll since the last ``receive`` (a frame that came after the poll
+        waits for the next one, which finds it at once)."""
+        from_zmq, from_direct = self._ready or (True, True)
+        self._ready = None
         out: list[Message] = []
+        if from_zmq:
+            self._receive_zmq(out, limit)
+        if self.direct is not None and from_direct:
+            out.extend(self.direct.receive(limit))
+        return out
+
+    def _receive_zmq(self, out: list[Message], limit: int) -> None:
         for _ in range(limit):
             try:
                 frame = self.socket.recv(zmq.NOBLOCK, copy=True)
             except zmq.Again:
-                break
+                return
             if not decode_into(out, frame, self.token):
                 self._bad += 1
-        if self.direct is not None:
-            out.extend(self.direct.receive(limit))
-        return out
 
     def close(self) -> None:
         self.socket.close(0)
