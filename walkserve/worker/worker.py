@@ -125,10 +125,11 @@ class Worker:
                 log.warning("rank %d ignores %s", self.rank, type(msg).__name__)
 
     def advance(self) -> None:
-        """One pass of the cohorts; ``busy`` while the executor may move without a new message."""
+        """One pass of the cohorts; ``busy`` while the executor may move without a new message (a pass that moved
+        but left nothing to do waits in the next poll: a split loop's rank that sent its step waits for the other's)."""
         ex = self.executor
-        moved = ex.advance()
-        self.busy = moved or bool(ex.dirty)
+        ex.advance()
+        self.busy = bool(ex.dirty)
 
     def send(self) -> None:
         """Frames for other ranks leave first, then the conductor's: another rank's next step waits on its
