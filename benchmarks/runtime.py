@@ -245,6 +245,48 @@ def _split_rows(args: argparse.Namespace, steps: int) -> list[tuple]:
     return rows
 
 
+def wire_floor(batch: int, steps: int, rounds: int) -> tuple[float, float, float]:
+    """(colocated, split CPU µs per step, split / colocated) of the loop with both ranks in one process.
+
+    The executors stepped in lockstep, every frame between them through the real wire path
+    (``WireSimulator``): what the split costs before any process, socket or wake-up. Thread CPU
+    time, so the machine's load does not enter; the minimum over ``rounds`` alternating runs.
+    """
+    import gc
+
+    from walkserve.engines.registry import build_engines
+    from walkserve.engines.spec import BuildContext
+    from walkserve.models.base import ModelRef
+    from walkserve.models.registry import load_model
+    from walkserve.testing.wire_sim import WireSimulator
+
+    model = load_model(ModelRef("fixture-bench-null", None, {}))
+    specs = [model.components()[c] for c in ("a", "b")]
+
+    def engines(rank: int) -> dict:
+        return build_engines(specs, BuildContext(rank=rank, device="cpu", dtype=""))
+
+    def cpu_per_step(ranks: dict[str, int]) -> float:
+        sim = WireSimulator(model.graph(), ranks, engines)
+        for rank in set(ranks.values()):
+            sim.executor(rank)
+        for request in _requests(batch, steps):
+            sim.submit(request)
+        gc.collect()
+        t0 = time.thread_time()
+        results = sim.run()
+        cpu = (time.thread_time() - t0) / steps * 1e6
+        assert [len(r.outputs) for r in results.values()] == [steps] * batch, "a request lost outputs"
+        return cpu
+
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(rounds):
+        for ranks, runs in zip(({"a": 0, "b": 0}, {"a": 0, "b": 1}), times):
+            runs.append(cpu_per_step(ranks))
+    colocated, split = min(times[0]), min(times[1])
+    return colocated, split, split / colocated
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="./dev bench runtime", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
@@ -284,6 +326,15 @@ def main(argv: list[str]) -> int:
           f"rank 1 (the carry and the stop rule's decision go back each step); in halves: "
           f"RuntimeConfig(split_steps={HALVES}); over ZeroMQ: RuntimeConfig(direct_peers=False), the workers' "
           f"frames through ZeroMQ rather than datagram sockets; streamed loop: lm on rank 0, codec on rank 1.")
+    floor_steps, floor_rounds = (30, 2) if args.quick else (100, 5)
+    floor = [(b, *wire_floor(b, floor_steps, floor_rounds)) for b in ((1, 16) if args.quick else (1, 16, 64))]
+    print("\n## The same loop with both ranks in one process (the split's floor)\n")
+    print(table(["batch", "colocated CPU µs per step", "split CPU µs per step", "split / colocated"], floor))
+    print(f"\nThe executors stepped in lockstep, every frame between the ranks through the real wire path "
+          f"(wire.pack, the codec, wire.unpack_message, Executor.receive), no processes or sockets; thread CPU time "
+          f"(the load does not enter), the minimum of {floor_rounds} alternating runs of {floor_steps} steps; the "
+          f"simulated conductor's side included in both. The ranks take turns (the carry and the decision go back "
+          f"every step), so a real split step takes at least its two ranks' share of this CPU, one after the other.")
     c_steps = 20 if args.quick else 100
     n_steps = 4 if args.quick else 20
     busy = [("flat loop", c_steps, *compute_ratio(16, c_steps, 5.0, args.threads, repeat=repeat)),

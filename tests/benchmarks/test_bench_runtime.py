@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.runtime import cpu_seconds, null_overhead, overhead_on, pair_rounds, start
+from benchmarks.runtime import (
+    cpu_seconds,
+    null_overhead,
+    overhead_on,
+    pair_rounds,
+    start,
+    wire_floor,
+)
 
 
 @pytest.fixture(scope="module")
@@ -92,11 +99,14 @@ def test_quick_runtime_benchmark_prints_every_target_row():
     for fixture, workers, client in (("loop", 1, "run"), ("loop", 2, "run"), ("loop", 1, "streams")):
         for batch in (1, 16) if client == "run" else (16,):
             assert re.search(rf"^\| {fixture} \| {workers} \| {batch} \| {client} \| {number} \|", out, re.MULTILINE), out
-    split_table = out[out.index("## Split over two workers"):out.index("## Busy component")]
+    split_table = out[out.index("## Split over two workers"):out.index("## The same loop with both ranks")]
     split = re.findall(rf"^\| ([a-zA-Z ,]+) \| (\d+) \| {number} \| {number} \| ({number}) \|$", split_table, re.MULTILINE)
     assert [(what, int(b)) for what, b, _ in split] == [("loop", 1), ("loop", 16), ("loop, in halves", 16),
                                                         ("loop, over ZeroMQ", 16), ("streamed loop", 16)], out
     assert all(float(ratio.replace(",", "")) > 0 for _, _, ratio in split), out
+    floor_table = out[out.index("## The same loop with both ranks in one process"):out.index("## Busy component")]
+    floor = re.findall(rf"^\| (\d+) \| {number} \| {number} \| {number} \|$", floor_table, re.MULTILINE)
+    assert floor == ["1", "16"], out
     for loop in ("flat loop", r"nested loop \(1 \+ 15 calls per step\)"):
         assert re.search(rf"^\| {loop} \| \d+ \| {number} \| {number} \| {number} \|$", out, re.MULTILINE), out
 
@@ -111,3 +121,8 @@ def test_split_pair_runs_both_placements_in_alternating_rounds(null_one, stream_
     with start("fixture-bench-stream", 2, threads=1) as split:
         _, _, ratio = pair_rounds((stream_one, split), "fixture-bench-stream", batch=2, steps=30, rounds=1)
     assert ratio > 0
+
+
+def test_the_wire_floor_runs_the_loop_on_one_rank_and_on_two_in_one_process():
+    colocated, split, ratio = wire_floor(batch=4, steps=10, rounds=1)  # every request's outputs checked inside
+    assert colocated > 0 and split > 0 and ratio == split / colocated

@@ -14,19 +14,15 @@ import pytest
 
 from walkserve.core.request import RequestSpec
 from walkserve.engines.base import Group
-from walkserve.engines.values import concat, to_array, to_tensor
 from walkserve.models.base import ModelRef
-from walkserve.protocol import codec
 from walkserve.protocol import messages as m
 from walkserve.testing.fixtures.base import FixtureParams
 from walkserve.testing.fixtures.bench import NullBench
-from walkserve.testing.simulator import GroupOnlyEngine, Simulator
-from walkserve.transport.tensors import TensorCodec
-from walkserve.worker import wire
+from walkserve.testing.simulator import GroupOnlyEngine
+from walkserve.testing.wire_sim import WireSimulator
 from walkserve.worker.executor import Executor
-from walkserve.worker.outgoing import CONDUCTOR
 
-BATCH, STEPS, TOKEN = 64, 5, "run-token"
+BATCH, STEPS = 64, 5
 
 
 def _n(rid: str) -> int:
@@ -50,66 +46,24 @@ class _Mix(GroupOnlyEngine):
                 for rid, path, inp in zip(group.request_ids, group.paths, group.inputs, strict=True)]
 
 
-class _WireSim(Simulator):
-    """Frames between ranks go through the wire path; ``per_row`` sends each Values row as its own message."""
+class _WireSim(WireSimulator):
+    """The fixture's loop with ``_Mix`` engines; ``per_row`` sends each Values row as its own message."""
 
     def __init__(self, ranks: dict[str, int], per_row: bool = False, **mix):
         graph = NullBench(ModelRef("fixture-bench-null", None, {})).graph()
-        super().__init__(graph, {}, lambda walk, node: ranks[node], seed=3)
-        self.per_row, self.mix = per_row, mix
-        self.codecs: dict[int, TensorCodec] = {}
+        super().__init__(graph, ranks, lambda rank: {c: _Mix(c, **mix) for c in ("a", "b")})
+        self.per_row = per_row
         self.values_sent: list[tuple[int, m.Values]] = []  # (rank, Values as packed)
 
-    def executor(self, rank: int):
-        if rank not in self.executors:
-            engines = {c: _Mix(c, **self.mix) for c in ("a", "b")}
-            self.executors[rank] = Executor(rank, self.graph, engines, concat, self.placement, True, (to_array, to_tensor))
-            self.codecs[rank] = TensorCodec(TOKEN, str(rank), use_shm=False)
-        return self.executors[rank]
+    def packed(self, rank: int, msg) -> None:
+        if isinstance(msg, m.Values):
+            self.values_sent.append((rank, msg))
 
-    def run(self, max_steps: int = 100_000) -> dict:
-        """Lockstep: every message in flight delivered, then a pass of each rank that may move."""
-        for _ in range(max_steps):
-            live = [k for k, q in self.channels.items() if q]
-            for key in live:
-                while self.channels[key]:
-                    self._deliver(key, self.channels[key].popleft())
-            busy = [r for r, ex in sorted(self.executors.items()) if ex.dirty]
-            if not live and not busy:
-                return self.results
-            for rank in busy:
-                self._tick(rank)
-        raise AssertionError("the loop did not finish")
-
-    def _flush(self, rank: int) -> None:
-        frames = defaultdict(list)
-        for dest, msg in self.executors[rank].out.take():
-            if dest == CONDUCTOR:
-                self.channels[(("rank", rank), dest)].append(msg)
-                continue
-            for part in self._split(msg):
-                packed = wire.pack(part, self.codecs[rank], inline=False)
-                if isinstance(packed, m.Values):
-                    self.values_sent.append((rank, packed))
-                frames[dest].append(packed)
-        for dest, msgs in frames.items():
-            self.stats.messages += len(msgs)
-            self.channels[(("rank", rank), dest)].append(codec.encode(TOKEN, msgs))
-
-    def _split(self, msg):
+    def parts(self, msg):
         if not (self.per_row and isinstance(msg, m.Values)):
             return [msg]
         return [m.Values(msg.walk, msg.node, msg.output, [rid], [path], values=[v])
                 for rid, path, v in zip(msg.request_ids, msg.paths, msg.values, strict=True)]
-
-    def _deliver(self, key: tuple, msg) -> None:
-        if not isinstance(msg, bytes):
-            super()._deliver(key, msg)
-            return
-        rank = key[1][1]
-        for part in codec.decode(msg, TOKEN):
-            self.executor(rank).receive(wire.unpack_message(part))
-        self._flush(rank)
 
 
 def _run(sim: _WireSim, steps: list[int] | None = None) -> tuple[list[list], list[list]]:
