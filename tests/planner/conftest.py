@@ -19,7 +19,7 @@ def orpheus(orpheus_dir):
 @pytest.fixture(autouse=True)
 def two_cores(monkeypatch):
     """The cost model divides a host's cores over its CPU ranks: plan for a 2-core host whatever this one has."""
-    monkeypatch.setattr("walkserve.planner.score.os.cpu_count", lambda: 2)
+    monkeypatch.setattr("walkserve.planner.score.usable_cores", lambda: 2)
 
 
 def table(lm_step: float, codec_step: float, hop_s: float = 1e-4, lm_items: float = 64.0, codec_items: float = 7.0,

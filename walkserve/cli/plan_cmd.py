@@ -30,7 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "costs and the workload, and write the best; or score a placement file (--explain).")
     _model_args(p)
     p.add_argument("--devices", metavar="SPEC", help="cpu:0,cpu:1 | cuda:0-7 | cuda:0-2@141GiB | a YAML file of "
-                   "{device, memory, host}")
+                   "{device, memory, host, cores}")
     p.add_argument("--objective", choices=["throughput", "ttfa"], default="throughput")
     p.add_argument("--slo", action="append", metavar="NAME=VALUE", help="ttfa=SECONDS or throughput=REQ_PER_S (repeatable)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the winning placement here")
@@ -93,6 +93,8 @@ def run_profile(args: argparse.Namespace) -> int:
         print(f"a rank's loop outside its steps, per step: {_fits(table.loop)}")
     print(f"frontend (conductor and client): {table.frontend_s * 1e3:.2f} ms CPU/request; "
           f"a message between ranks: {table.hop_s * 1e3:.3f} ms")
+    busy = ", ".join(f"{t} thread(s) {c:.2f}" for t, c in sorted(table.worker_cpu.items()))
+    print(f"host: {table.cores or 'unrecorded'} cores; cores a worker keeps busy while active: {busy or 'unmeasured'}")
     return 0
 
 
@@ -166,13 +168,15 @@ def _explain(args: argparse.Namespace, model, workload) -> int:
 
     from walkserve.cli.placement_arg import placement_path
     from walkserve.planner import planning
+    from walkserve.planner.devices import host_cores, parse_devices
 
     path = placement_path(args.explain)
     data = yaml.safe_load(path.read_text())
     kinds = {"cpu" if r.get("device") == "cpu" else "cuda" for r in data.get("ranks") or [] if isinstance(r, dict)}
     table = planning.costs_for(model, workload, min(kinds or {"cpu"}), args.dtype, args.profile_cache,
                                not args.no_profile, _progress)
-    c = planning.explain(model, data, str(path), table, workload.load, args.scorer)
+    cores = host_cores(parse_devices(args.devices)) if args.devices else None  # a devices file's cores per host
+    c = planning.explain(model, data, str(path), table, workload.load, args.scorer, cores)
     print(f"{path} (workload {workload.name}, {_load(workload)}), predicted ({_how(args.scorer)}): {planning.summary(c)}")
     for rank, busy in sorted(c.score.rank_busy.items()):
         parts = ", ".join(f"{u} {s * 1000:.1f} ms" for u, s in sorted(c.score.unit_busy.get(rank, {}).items()))

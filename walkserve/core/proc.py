@@ -14,6 +14,15 @@ PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity where the OS has one (a container or ``taskset`` may
+    allow fewer than the machine has), else the machine's count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def set_title(title: str) -> None:
     """Name the process so ``ps`` shows its role (``walkserve: worker rank 0``)."""
     try:

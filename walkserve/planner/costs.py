@@ -14,7 +14,12 @@ spend outside them: ``loop`` (a worker's loop time outside its engine
 calls, per step: receiving, scheduling, routing, sending outputs; fitted
 against the batch like a node) and ``frontend_s`` (the CPU seconds the
 conductor's process and the client's process spend per request). A profile
-cached before these were measured reads them as zero. On a CPU host with a
+cached before these were measured reads them as zero. For the host's
+cores, shared by its CPU ranks, it records how many cores the profiling
+process could run on (``cores``) and how many cores a worker at each
+thread count keeps busy while it works (``worker_cpu``: its process's CPU
+seconds, every thread, over its active seconds); a profile without them
+reads the planning host's cores and a worker's threads. On a CPU host with a
 core for each node group, a second run puts every group on a rank of its own:
 its messages between ranks give ``hop_s``.
 
@@ -114,7 +119,11 @@ class CostTable:
     rank's loop seconds outside its engine calls, per step, as a ``NodeCost``
     (batch: the mean members of the rank's steps). ``frontend_s``: CPU seconds
     the conductor and the client spend per request, on the host's cores beside
-    the ranks (0: not measured).
+    the ranks (0: not measured). ``cores``: the cores the profiling process
+    could run on (its CPU affinity; 0: not recorded, the planning host's are
+    taken). ``worker_cpu``: threads -> cores a CPU worker with that many torch
+    threads keeps busy while it is active (steps and its loop around them;
+    not measured: its threads).
     """
 
     key: str
@@ -127,6 +136,16 @@ class CostTable:
     loop: NodeCost = field(default_factory=NodeCost)
     frontend_s: float = 0.0
     requests: list[RequestItems] = field(default_factory=list)
+    cores: int = 0
+    worker_cpu: dict[int, float] = field(default_factory=dict)
+
+    def demand(self, threads: int) -> float:
+        """Cores a CPU worker of ``threads`` torch threads keeps busy while active: measured at the nearest thread
+        count (scaled by the ratio of threads), else ``threads``."""
+        if not self.worker_cpu:
+            return float(threads)
+        measured = min(self.worker_cpu, key=lambda t: (abs(t - threads), -t))
+        return self.worker_cpu[measured] * threads / measured
 
     def loop_seconds(self, batch: float, threads: int) -> float:
         """A rank's loop seconds outside one step of ``batch`` members at ``threads`` (0 where never measured)."""
@@ -141,6 +160,7 @@ class CostTable:
             "nodes": {n: _samples(c) for n, c in self.nodes.items()},
             "loop": _samples(self.loop), "frontend_s": self.frontend_s,
             "requests": [{"kind": r.kind, "items": r.items} for r in self.requests],
+            "cores": self.cores, "worker_cpu": {str(t): c for t, c in self.worker_cpu.items()},
         }
 
     @classmethod
@@ -155,7 +175,8 @@ class CostTable:
                        float(data.get("hop_latency_s", 1e-3)), _node_cost(data.get("loop", {})),
                        float(data.get("frontend_s", 0.0)),
                        [RequestItems(str(r["kind"]), {u: float(n) for u, n in r["items"].items()})
-                        for r in data.get("requests", [])])
+                        for r in data.get("requests", [])],
+                       int(data.get("cores", 0)), {int(t): float(c) for t, c in data.get("worker_cpu", {}).items()})
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ConfigError(f"{source}: a damaged profile ({type(e).__name__}: {e}); profile again") from None
 

@@ -3,7 +3,9 @@
     cpu:0,cpu:1            two CPU ranks on this host (they share its cores)
     cuda:0-7               eight GPUs
     cuda:0-2@141GiB        three GPUs with a memory budget each
-    FILE.yaml              a list of {device, memory, host}: per-device memory and kind, hosts for multi-host
+    FILE.yaml              a list of {device, memory, host, cores}: per-device memory and kind, hosts for
+                           multi-host, and a host's CPU cores (its CPU ranks share them; default: the
+                           profile's count, taken on the profiling host)
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class Device:
     device: str  # cpu | cuda:N
     memory: int | None = None  # bytes, the budget the memory check counts against
     host: str | None = None
+    cores: int | None = None  # the host's CPU cores, where the devices file gives them
 
     @property
     def kind(self) -> str:
@@ -62,6 +65,16 @@ def parse_devices(spec: str) -> list[Device]:
     return out
 
 
+def host_cores(devices: list[Device]) -> dict[str | None, int]:
+    """host -> its CPU cores, for the hosts whose devices give a count (one count per host)."""
+    out: dict[str | None, int] = {}
+    for d in devices:
+        if d.cores is not None:
+            if out.setdefault(d.host, d.cores) != d.cores:
+                raise ConfigError(f"--devices: host {d.host or 'local'} is given {out[d.host]} and {d.cores} cores")
+    return out
+
+
 def _bytes(value: str, where: str) -> int:
     try:
         return parse_bytes(value, f"--devices {where}")
@@ -77,16 +90,20 @@ def _from_file(path: Path) -> list[Device]:
     if isinstance(data, dict):
         data = data.get("devices")
     if not isinstance(data, list) or not data:
-        raise ConfigError(f"{path}: a device file is a list (or 'devices:' list) of {{device, memory, host}}")
+        raise ConfigError(f"{path}: a device file is a list (or 'devices:' list) of {{device, memory, host, cores}}")
     out = []
     for i, e in enumerate(data):
         if not isinstance(e, dict) or not isinstance(e.get("device"), str):
             raise ConfigError(f"{path}: devices[{i}] must be a mapping with a device (cpu or cuda:N)")
-        unknown = set(e) - {"device", "memory", "host"}
+        unknown = set(e) - {"device", "memory", "host", "cores"}
         if unknown:
             raise ConfigError(f"{path}: devices[{i}]: unknown field(s) {sorted(unknown)}")
+        cores = e.get("cores")
+        if cores is not None and (not isinstance(cores, int) or isinstance(cores, bool) or cores < 1):
+            raise ConfigError(f"{path}: devices[{i}]: cores must be a positive whole number, not {cores!r}")
         found = parse_devices(e["device"])
         memory = _bytes(str(e["memory"]), str(path)) if e.get("memory") is not None else None
-        out.extend(Device(d.device, memory if memory is not None else d.memory, e.get("host")) for d in found)
+        out.extend(Device(d.device, memory if memory is not None else d.memory, e.get("host"), cores) for d in found)
+    host_cores(out)  # one count per host
     return out
 

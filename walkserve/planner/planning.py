@@ -12,6 +12,7 @@ from walkserve.models.base import Model
 from walkserve.planner.costs import CostTable, cache_key, cache_path
 from walkserve.planner.devices import Device
 from walkserve.planner.profile import Progress, profile
+from walkserve.planner.score import Cores
 from walkserve.planner.search import (
     Candidate,
     Checker,
@@ -120,12 +121,13 @@ def require_fit(model: Model, devices: list[Device]) -> None:
 
 
 def explain(model: Model, data: dict, source: str, table: CostTable, load: int | Load,
-            scorer: str = "simulate") -> Candidate:
-    """Score a hand-written placement the way the planner scores its own (after the same start-up checks)."""
+            scorer: str = "simulate", cores: Cores = None) -> Candidate:
+    """Score a hand-written placement the way the planner scores its own (after the same start-up checks);
+    ``cores``: the hosts' CPU cores where a devices file gives them."""
     devices = [Device(r["device"], _memory(r), r.get("host")) for r in data.get("ranks") or [] if isinstance(r, dict)]
     checker = Checker(model, devices)
     parsed = checker.check(data, source)
-    sc = score_placement(model.for_placement(data), table, parsed, load, scorer)
+    sc = score_placement(model.for_placement(data), table, parsed, load, scorer, cores=cores)
     sc.memory = checker.memory(parsed)
     return Candidate(Path(source).name, data, parsed, sc)
 

@@ -11,9 +11,13 @@ audio) is kept as the idle TTFA. Before those runs, the workload's first
 requests run alone, one after another: the items each one makes of each node (``CostTable.requests``; a spoken answer runs the talker's
 loop for as many frames as it speaks, a text answer does not run it). Each run
 also gives the rank's loop time outside its steps (the worker's active seconds
-less its steps' busy seconds, per step) and the CPU seconds the conductor's
+less its steps' busy seconds, per step), the CPU seconds the conductor's
 process and this one (the client) spent per request (``/proc``; zero where
-there is none). On a CPU host with a core for each node group, a last run puts
+there is none), and the cores the worker kept busy while active (its
+process's CPU seconds, every thread, over its active seconds: a one-thread
+worker's receiving and sending threads count, a two-thread one's idle
+OpenMP thread does not). The cores this process may run on (its CPU
+affinity) are recorded with the costs. On a CPU host with a core for each node group, a last run puts
 every group on a rank of its own (the stage run) at the workload's
 concurrency: the seconds a message between ranks costs its sender. Node
 counters are keyed by node for stateless engines and by component for KV
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from walkserve.core.outputs import OutputEvent, RequestFinished
+from walkserve.core.proc import usable_cores
 from walkserve.models.base import Model
 from walkserve.planner.costs import CostTable, NodeCost, RequestItems
 from walkserve.planner.workload import Workload
@@ -46,7 +51,7 @@ def one_rank_placement(model: Model, device: str) -> dict:
 
 def default_threads() -> tuple[int, ...]:
     """The thread counts a CPU rank can get here: all the cores, and the share of each of two to four ranks."""
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     return tuple(sorted({max(1, cores // n) for n in (1, 2, 3, 4)}, reverse=True))
 
 
@@ -54,7 +59,7 @@ def profile(model: Model, workload: Workload, key: str, device: str = "cpu", dty
             threads: Sequence[int] | None = None, concurrencies: Sequence[int] | None = None, repeats: int = 2,
             progress: Progress | None = None) -> CostTable:
     """Measure ``model``'s node costs on one rank of ``device`` under ``workload``; returns the cost table."""
-    table = CostTable(key, workload=workload.name)
+    table = CostTable(key, workload=workload.name, cores=usable_cores())
     counts = threads or (default_threads() if device == "cpu" else (1,))
     levels = concurrencies or tuple(sorted({1, max(1, workload.concurrency // 2), workload.concurrency,
                                             2 * workload.concurrency}))
@@ -63,7 +68,7 @@ def profile(model: Model, workload: Workload, key: str, device: str = "cpu", dty
         asyncio.run(_profile_threads(model, workload, table, device, dtype, t, levels, repeats, progress, frontend))
     table.frontend_s = sum(s for s, _ in frontend) / max(1, sum(n for _, n in frontend))
     groups = _stage_groups(model)
-    cores = os.cpu_count() or 1
+    cores = table.cores
     if device == "cpu" and 2 <= len(groups) <= cores:
         asyncio.run(_profile_stages(model, workload, table, groups, dtype, cores // len(groups), repeats, progress))
     return table
@@ -116,6 +121,7 @@ async def _profile_threads(model: Model, workload: Workload, table: CostTable, d
         progress(f"profile: starting {model.ref.family} on one {device} rank, {threads} thread(s)")
     engine = await AsyncEngine.start(model, placement=one_rank_placement(model, device), config=config)
     items: dict[str, list[float]] = {}
+    worker = [0.0, 0.0]  # the worker's CPU seconds, its active seconds
     try:
         await _run(engine, workload.specs(engine.processor, 1))  # warm-up: first-call costs stay out of the samples
         if not table.requests:
@@ -133,8 +139,11 @@ async def _profile_threads(model: Model, workload: Workload, table: CostTable, d
                     table.first_output_s[threads] = min(first, table.first_output_s.get(threads, first))
                 _add_samples(table, threads, level, before.nodes, after.nodes, items)
                 _add_outside(table, threads, level, before, after)
+                worker = [worker[0] + after.cpu_s - before.cpu_s, worker[1] + after.active_s - before.active_s]
     finally:
         await engine.shutdown(drain_s=0)
+    if device == "cpu" and worker[0] > 0 and worker[1] > 0:
+        table.worker_cpu[threads] = worker[0] / worker[1]
     for name, per in items.items():
         table.items_per_request[name] = sum(per) / len(per)
 
@@ -174,6 +183,7 @@ class _Counters:
     nodes: dict[str, dict[str, float]]
     active_s: float  # rank 0's loop seconds not waiting for a message (its steps included)
     sent: tuple[float, float]  # messages every rank sent to another, and the seconds sending them took
+    cpu_s: float = 0.0  # rank 0's worker process's CPU seconds, every thread (0 where /proc has none)
 
 
 async def _counters(engine: Any) -> _Counters:
@@ -181,9 +191,11 @@ async def _counters(engine: Any) -> _Counters:
     await engine.refresh_status()
     workers = engine.status.stats.workers
     peers = [to for w in workers.values() for to in w.sent_to.values()]
+    pid = engine.status.stats.pids.get(0)
     return _Counters({k: dict(v) for k, v in engine.stats().nodes.items()},
                      workers[0].active_s if 0 in workers else 0.0,
-                     (sum(p.get("messages", 0.0) for p in peers), sum(p.get("seconds", 0.0) for p in peers)))
+                     (sum(p.get("messages", 0.0) for p in peers), sum(p.get("seconds", 0.0) for p in peers)),
+                     _cpu_seconds(pid) if pid else 0.0)
 
 
 def _frontend_cpu(engine: Any) -> float:

@@ -9,19 +9,24 @@ The cost model (docs/placement.md, "How the planner scores"):
   concurrency divided over its replicas), each step costing
   ``NodeCost.step_seconds(batch, t)`` and the rank's loop time outside it
   (``CostTable.loop_seconds``);
-- a CPU rank's threads are the host's cores divided over the placement's
-  ranks (what the worker does with ``worker_threads = 0``); a GPU rank keeps
-  the profiled cost;
+- a CPU rank's threads are the runtime's ``worker_threads`` where it sets
+  them, else the host's cores divided over the placement's ranks (what the
+  worker does with ``worker_threads = 0``); a GPU rank keeps the profiled
+  cost. A host's cores: the count the devices give for it, else the count
+  the profile recorded (the profiling host's CPU affinity), else this
+  process's;
 - each cross-rank edge costs ``hop_s`` per message to its sender and to its
   receiver, one message per producer step;
 - a rank's busy seconds per request are the sum of the above over what it
   hosts; the busiest rank bounds the throughput: requests/s = 1 / its busy
   seconds (ranks work in parallel, streamed edges overlap them);
-- the CPU ranks of one host share its cores: each keeps its threads' cores
-  busy while it works, so requests/s is also at most cores / the sum over
-  those ranks of busy seconds x threads (three one-thread ranks on two cores
-  do not run three times as fast as one); the frontend's CPU per request
-  (``frontend_s``: the conductor and the client) counts on the local host;
+- the CPU ranks of one host share its cores: each keeps the cores its
+  worker occupies while active busy (``CostTable.demand``: measured, else
+  its threads) while it works, so requests/s is also at most cores / the sum
+  over those ranks of busy seconds x that demand (three one-thread ranks on
+  two cores do not run three times as fast as one); the frontend's CPU per
+  request (``frontend_s``: the conductor and the client) counts on the local
+  host;
 - a request's steps run one after another where they depend on each other:
   its latency is at least the sum of its steps on its busiest rank (steps on
   one rank run one after another; ranks overlap through streams) plus
@@ -36,10 +41,12 @@ The cost model (docs/placement.md, "How the planner scores"):
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from walkserve.core import env
+from walkserve.core.proc import usable_cores
 from walkserve.graph.routes import ToCarry, ToNode, ToStream
 from walkserve.graph.walk import WalkGraph
 from walkserve.placement.plan import Placement
@@ -69,11 +76,24 @@ class Score:
         return max(per, key=lambda u: per[u])
 
 
-def rank_threads(placement: Placement, cores: int | None = None) -> dict[int, int]:
-    """Threads each rank's worker gets: a CPU rank the cores divided over the ranks (as the worker does)."""
-    cores = cores or os.cpu_count() or 1
+Cores = int | Mapping[str | None, int] | None  # one count for every host, a count per host (None: the local one)
+
+
+def host_cores(host: str | None, table: CostTable, cores: Cores = None) -> int:
+    """The cores of ``host``: as ``cores`` gives them (per host, or one count for all), else as the profile recorded
+    them (the profiling host's), else this process's."""
+    given = cores.get(host) if isinstance(cores, Mapping) else cores
+    return given or table.cores or usable_cores()
+
+
+def rank_threads(placement: Placement, table: CostTable, cores: Cores = None,
+                 worker_threads: int | None = None) -> dict[int, int]:
+    """Torch threads each rank's worker gets, as the worker decides: ``worker_threads`` (the runtime's, from the
+    environment when not given) where positive, else a CPU rank its host's cores divided over the ranks."""
+    fixed = env.WALKSERVE_WORKER_THREADS.get() if worker_threads is None else worker_threads
     n = max(1, len(placement.ranks))
-    return {r: max(1, cores // n) if s.device == "cpu" else 1 for r, s in placement.ranks.items()}
+    return {r: (fixed if fixed > 0 else max(1, host_cores(s.host, table, cores) // n)) if s.device == "cpu" else 1
+            for r, s in placement.ranks.items()}
 
 
 def unit_ranks(graph: WalkGraph, placement: Placement, unit: str) -> list[tuple[int, ...]]:
@@ -88,9 +108,10 @@ def unit_ranks(graph: WalkGraph, placement: Placement, unit: str) -> list[tuple[
     return out
 
 
-def score(table: CostTable, graph: WalkGraph, placement: Placement, concurrency: int, cores: int | None = None) -> Score:
+def score(table: CostTable, graph: WalkGraph, placement: Placement, concurrency: int, cores: Cores = None,
+          worker_threads: int | None = None) -> Score:
     """The placement's predicted throughput, TTFA and busiest rank under ``table``'s costs."""
-    threads = rank_threads(placement, cores)
+    threads = rank_threads(placement, table, cores, worker_threads)
     unit_busy: dict[int, dict[str, float]] = defaultdict(dict)
     unit_steps: dict[str, float] = {}
     path: dict[int, float] = defaultdict(float)  # rank -> seconds of one request's steps there
@@ -123,23 +144,23 @@ def score(table: CostTable, graph: WalkGraph, placement: Placement, concurrency:
     slowest = min(threads[r] for r in used)
     ttfa = _first_output(table, slowest) + table.hop_s * len(hops)
     rate = 1.0 / worst if worst > 0 else float("inf")
-    host = _host_rate(placement, busy, threads, cores or os.cpu_count() or 1, table.frontend_s)
+    host = _host_rate(placement, busy, threads, table, cores)
     little = concurrency / latency if latency > 0 else float("inf")
     return Score(min(rate, host, little), ttfa, busy, dict(unit_busy), len(hops), host_bound=host < rate,
                  latency_bound=little < min(rate, host))
 
 
-def _host_rate(placement: Placement, busy: dict[int, float], threads: dict[int, int], cores: int,
-               frontend_s: float = 0.0) -> float:
-    """Requests/s the cores of the most loaded host allow its CPU ranks and, on the local host, the frontend
-    (core-seconds per request against cores)."""
+def _host_rate(placement: Placement, busy: dict[int, float], threads: dict[int, int], table: CostTable,
+               cores: Cores = None) -> float:
+    """Requests/s the cores of the most constrained host allow its CPU ranks and, on the local host, the frontend
+    (core-seconds per request against the host's cores)."""
     per_host: dict[str | None, float] = defaultdict(float)
-    per_host[None] += frontend_s
+    per_host[None] += table.frontend_s
     for r, spec in placement.ranks.items():
         if spec.device == "cpu":
-            per_host[spec.host] += busy[r] * threads[r]
-    load = max(per_host.values(), default=0.0)
-    return cores / load if load > 0 else float("inf")
+            per_host[spec.host] += busy[r] * table.demand(threads[r])
+    rates = [host_cores(h, table, cores) / load for h, load in per_host.items() if load > 0]
+    return min(rates, default=float("inf"))
 
 
 def _first_output(table: CostTable, threads: int) -> float:

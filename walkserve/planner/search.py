@@ -24,8 +24,8 @@ from walkserve.models.base import Model
 from walkserve.placement.plan import Placement, parse_placement
 from walkserve.placement.resolve import check_placement, rank_demands, walk_nodes
 from walkserve.planner.costs import CostTable
-from walkserve.planner.devices import Device
-from walkserve.planner.score import Score, score
+from walkserve.planner.devices import Device, host_cores
+from walkserve.planner.score import Cores, Score, score
 from walkserve.planner.simulate import Load, simulate
 
 MAX_CANDIDATES = 20000
@@ -145,13 +145,14 @@ def _order_by_demand(blocks: list[list[str]], devices: list[Device], demand: Cal
 
 
 def score_placement(model: Model, table: CostTable, parsed: Placement, load: int | Load, scorer: str = "simulate",
-                    checker: Checker | None = None) -> Score:
-    """``parsed``'s predicted figures: simulated (``simulate``), or the analytical bound (``score``)."""
+                    checker: Checker | None = None, cores: Cores = None) -> Score:
+    """``parsed``'s predicted figures: simulated (``simulate``), or the analytical bound (``score``); ``cores``:
+    the hosts' CPU cores where the devices give them (``score.host_cores``)."""
     load = Load.of(load)
     graph = checker.graph(model) if checker else model.graph()
     if scorer == "bound":
-        return score(table, graph, parsed, load.concurrency)
-    return simulate(table, graph, parsed, load, checker.components(model) if checker else model.components())
+        return score(table, graph, parsed, load.concurrency, cores)
+    return simulate(table, graph, parsed, load, checker.components(model) if checker else model.components(), cores)
 
 
 def enumerate_candidates(model: Model, devices: list[Device], table: CostTable | None, load: int | Load,
@@ -242,8 +243,8 @@ def _candidate(checker: Checker, blocks: list[list[str]], replicas: list[list[in
         if rejected is not None:
             rejected.append(f"{name}: {e}")
         return None
-    sc = (score_placement(checker.model.for_placement(data), table, parsed, load, scorer, checker)
-          if table is not None else None)
+    sc = (score_placement(checker.model.for_placement(data), table, parsed, load, scorer, checker,
+                          host_cores(devices)) if table is not None else None)
     if sc is not None:
         sc.memory = checker.memory(parsed)
     return Candidate(name, data, parsed, sc)
@@ -253,7 +254,8 @@ def smallest_fit(model: Model, devices: list[Device], extra: int = 8) -> str | N
     """The fewest devices like the largest given one that hold the model, described, or None if none up to +extra."""
     largest = max(devices, key=lambda d: d.memory or 0)
     for n in range(1, len(devices) + extra + 1):
-        trial = [Device(largest.device if largest.kind == "cpu" else f"cuda:{i}", largest.memory, largest.host)
+        trial = [Device(largest.device if largest.kind == "cpu" else f"cuda:{i}", largest.memory, largest.host,
+                        largest.cores)
                  for i in range(n)]
         if enumerate_candidates(model, trial, None, 1, limit=1):
             mem = f" of {largest.memory / 2**30:.3g} GiB" if largest.memory else ""

@@ -22,9 +22,14 @@ running it.
              iteration boundary: a request starts an iteration on a rank only
              with the requests inside one there or when none is (the
              worker's cohort), so requests that reach it apart step together
-    host     CPU ranks of one host share its cores: while the running steps
-             want more threads than it has, each runs slower in proportion
-             (processor sharing); a GPU rank runs alone
+    host     CPU ranks of one host share its cores (``score.host_cores``: the
+             devices' count for it, else the profile's, else this process's):
+             a running step keeps busy the cores its worker occupies while
+             active (``CostTable.demand``: measured per thread count, else its
+             threads), and while the running steps want more cores than the
+             host has, each runs slower in proportion (processor sharing: a
+             step's remaining work drains at cores / wanted); a GPU rank runs
+             alone
     frontend the conductor and the client: one more server of one thread on
              the local host, sharing its cores with the CPU ranks, that takes
              the profiled ``frontend_s`` per request in pieces as the
@@ -50,7 +55,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import os
 import random
 import statistics
 from collections import deque
@@ -61,7 +65,7 @@ from walkserve.graph.walk import WalkGraph
 from walkserve.placement.plan import Placement
 from walkserve.planner.costs import CostTable
 from walkserve.planner.flow import FRONTEND, Flow, build_flow
-from walkserve.planner.score import Score, _cross_edges, rank_threads, unit_ranks
+from walkserve.planner.score import Cores, Score, _cross_edges, host_cores, rank_threads, unit_ranks
 
 FRONTEND_RANK = -1  # the frontend's server: not a rank of the placement, left out of the reported busy seconds
 
@@ -93,8 +97,9 @@ class _Step:
 
 
 class _Rank:
-    def __init__(self, rank: int, threads: int, host: object):
-        self.id, self.threads, self.host = rank, threads, host
+    def __init__(self, rank: int, threads: int, host: tuple, demand: float):
+        self.id, self.threads, self.host = rank, threads, host  # host: (name, "cpu"), or (rank, device) for a GPU
+        self.demand = demand  # cores it keeps busy while stepping (a CPU rank)
         self.ready: dict[int, deque[int]] = {}  # unit -> requests with an item ready here
         self.waiting = 0  # items in ``ready``
         self.turn = 0  # round-robin position over ``ready``'s units
@@ -109,14 +114,14 @@ class Simulation:
     """One run of the workload on one placement; ``run()`` returns its Score."""
 
     def __init__(self, table: CostTable, flow: Flow, graph: WalkGraph, placement: Placement, load: Load,
-                 cores: int | None = None):
+                 cores: Cores = None, worker_threads: int | None = None):
         self.table, self.flow, self.load = table, flow, load
-        self.cores = cores or os.cpu_count() or 1
-        threads = rank_threads(placement, self.cores)
-        self.ranks = {r: _Rank(r, threads[r], (s.host, "cpu") if s.device == "cpu" else (r, s.device))
-                      for r, s in placement.ranks.items()}
+        threads = rank_threads(placement, table, cores, worker_threads)
+        self.ranks = {r: _Rank(r, threads[r], (s.host, "cpu"), table.demand(threads[r])) if s.device == "cpu" else
+                      _Rank(r, threads[r], (r, s.device), 1.0) for r, s in placement.ranks.items()}
         if FRONTEND in flow.index:
-            self.ranks[FRONTEND_RANK] = _Rank(FRONTEND_RANK, 1, (None, "cpu"))
+            self.ranks[FRONTEND_RANK] = _Rank(FRONTEND_RANK, 1, (None, "cpu"), 1.0)
+        self.cores = {rk.host: host_cores(rk.host[0], table, cores) for rk in self.ranks.values() if rk.host[1] == "cpu"}
         self.sets = [[(FRONTEND_RANK,)] if u.name == FRONTEND else
                      unit_ranks(graph, placement, u.name) or [tuple(placement.ranks)[:1]] for u in flow.units]
         self.consumers: list[list[tuple[int, int]]] = [[] for _ in flow.units]  # unit -> (consumer, input index)
@@ -142,7 +147,7 @@ class Simulation:
         self.first: list[dict[int, float]] = []  # request -> client unit -> when its first item completed
         self.finished: list[float] = []
         self.done_at: dict[int, float] = {}  # request -> when it finished
-        self.oversubscribed = 0.0  # seconds some host had more threads stepping than cores
+        self.oversubscribed = 0.0  # seconds some host's running steps wanted more cores than it has
         self.forced = 0  # items released without their inputs (a rounding deadlock in a cycle; should stay 0)
 
     # ---- requests --------------------------------------------------------------------------
@@ -317,16 +322,15 @@ class Simulation:
 
     # ---- the clock -------------------------------------------------------------------------
     def speeds(self, running: list[_Step]) -> dict[int, float]:
-        """Each running step's speed: 1, or the host's cores over the threads its CPU ranks' steps want."""
-        want: dict[object, int] = {}
+        """Each running step's speed: 1, or its host's cores over the cores the running steps there want."""
+        want: dict[tuple, float] = {}
         for s in running:
             rank = self.ranks[s.rank]
-            want[rank.host] = want.get(rank.host, 0) + rank.threads
+            want[rank.host] = want.get(rank.host, 0.0) + rank.demand
         out = {}
         for s in running:
-            rank = self.ranks[s.rank]
-            cpu = rank.host[1] == "cpu"
-            out[s.rank] = min(1.0, self.cores / want[rank.host]) if cpu else 1.0
+            host = self.ranks[s.rank].host
+            out[s.rank] = min(1.0, self.cores[host] / want[host]) if host in self.cores else 1.0
         return out
 
     def run(self) -> Score:
@@ -402,9 +406,10 @@ class Simulation:
 
 
 def simulate(table: CostTable, graph: WalkGraph, placement: Placement, load: int | Load,
-             components: dict[str, ComponentSpec] | None = None, cores: int | None = None) -> Score:
+             components: dict[str, ComponentSpec] | None = None, cores: Cores = None,
+             worker_threads: int | None = None) -> Score:
     """The placement's throughput, TTFA under load and busiest rank, from a simulated run of the workload."""
     flow = build_flow(table, graph, components or {})
-    sc = Simulation(table, flow, graph, placement, Load.of(load), cores).run()
+    sc = Simulation(table, flow, graph, placement, Load.of(load), cores, worker_threads).run()
     sc.hops = len(_cross_edges(graph, placement, set(table.nodes)))
     return sc

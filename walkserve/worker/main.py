@@ -14,7 +14,7 @@ import sys
 import threading
 import traceback
 
-from walkserve.core.proc import die_with_parent, name_thread, set_title, setup_logging
+from walkserve.core.proc import die_with_parent, name_thread, set_title, setup_logging, usable_cores
 from walkserve.protocol.run import RankLaunch, RankSite, RunSpec, load_run_spec
 
 log = logging.getLogger("walkserve.worker")
@@ -25,7 +25,7 @@ def _threads(spec: RunSpec, device: str) -> int:
     if spec.config.worker_threads > 0:
         return spec.config.worker_threads
     n_ranks = max(1, len(spec.placement.get("ranks", [])))
-    return max(1, (os.cpu_count() or 1) // n_ranks) if device == "cpu" else 1
+    return max(1, usable_cores() // n_ranks) if device == "cpu" else 1
 
 
 def _omp_wait() -> str:
