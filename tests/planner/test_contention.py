@@ -1,4 +1,5 @@
-"""The host's cores shared by the CPU ranks on it: processor sharing in the simulation's clock, and the bound.
+"""The host's cores shared by the CPU ranks on it (processor sharing in the simulation's clock, and the bound), and
+the replica each request's units land on.
 
 Every figure is arithmetic over the node costs the test sets: a step of ``a`` or
 ``b`` costs 4 ms an item at one thread (half that at two), nothing else is paid.
@@ -6,13 +7,15 @@ Every figure is arithmetic over the node costs the test sets: a step of ``a`` or
 
 import pytest
 
-from tests.planner.test_simulate import STEPS, cost, costs, null, pipeline, placement
+from tests.planner.test_simulate import STEPS, _start, cost, costs, null, pipeline, placement
 from walkserve.core.errors import ConfigError
+from walkserve.graph import Client, FunctionStateMachine, GraphEdge, GraphNode, Walk, WalkGraph
 from walkserve.placement.plan import parse_placement
 from walkserve.planner.costs import CostTable
 from walkserve.planner.devices import host_cores, parse_devices
+from walkserve.planner.flow import build_flow
 from walkserve.planner.score import rank_threads, score
-from walkserve.planner.simulate import Load, simulate
+from walkserve.planner.simulate import Load, Simulation, simulate
 
 LOAD = Load(8, requests=32)  # enough in flight that every replica is always stepping
 
@@ -113,3 +116,25 @@ def test_the_profile_keeps_its_core_count_and_worker_cpu(tmp_path):
     old = t.to_json()
     del old["cores"], old["worker_cpu"]
     assert (CostTable.from_json(old).cores, CostTable.from_json(old).worker_cpu) == (0, {})  # cached before them
+
+
+def prefill_then_decode() -> WalkGraph:
+    """Orpheus's walks: a prefill walk of ``a`` alone, then a decode walk that loops ``a`` and streams it to ``b``."""
+    pre = Walk("prefill", GraphNode("a", ["x"], ["x"]), [GraphEdge("input.x", "a.x"), GraphEdge("a.x", Client("text"))],
+               ["x"])
+    return WalkGraph("two", [pre, *pipeline().walks.values()], FunctionStateMachine(_start))
+
+
+def test_a_replica_is_chosen_as_the_conductor_chooses_it():
+    # one request at a time on [a, b] x2. The conductor places a walk's nodes at once on the least loaded replica,
+    # the request's earlier walks counted: one walk running a and b puts both on rank 0; a prefill walk placing a
+    # first (rank 0) and a decode walk placing b later finds rank 0 loaded by the request itself, so b goes to rank 1
+    # and every item of a crosses to it, as on [a] | [b]
+    t = costs({"a": cost(0.001), "b": cost(0.004)}, {"a": STEPS, "b": STEPS})
+    for graph, expected in ((pipeline(), [[0], [0]]), (prefill_then_decode(), [[0], [1]])):
+        sim = Simulation(t, build_flow(t, graph, {}), graph, placement([(["a", "b"], [0, 1])]), Load(1, requests=2))
+        sc = sim.run()
+        assert [sim.homes[r] for r in (0, 1)] == [expected, expected]
+    split = simulate(t, prefill_then_decode(), placement([(["a"], [0]), (["b"], [1])]), Load(1, requests=2), {})
+    assert sc.throughput == pytest.approx(split.throughput, rel=1e-9)
+    assert sc.rank_busy == pytest.approx(split.rank_busy, rel=1e-9)

@@ -17,8 +17,8 @@ conductor's process and the client's process spend per request). A profile
 cached before these were measured reads them as zero. For the host's
 cores, shared by its CPU ranks, it records how many cores the profiling
 process could run on (``cores``) and how many cores a worker at each
-thread count keeps busy while it works (``worker_cpu``: its process's CPU
-seconds, every thread, over its active seconds); a profile without them
+thread count wants while it works (``worker_cpu``: its process's seconds
+running or ready to run, every thread, over its active seconds); a profile without them
 reads the planning host's cores and a worker's threads. On a CPU host with a
 core for each node group, a second run puts every group on a rank of its own:
 its messages between ranks give ``hop_s``.
@@ -122,8 +122,8 @@ class CostTable:
     the ranks (0: not measured). ``cores``: the cores the profiling process
     could run on (its CPU affinity; 0: not recorded, the planning host's are
     taken). ``worker_cpu``: threads -> cores a CPU worker with that many torch
-    threads keeps busy while it is active (steps and its loop around them;
-    not measured: its threads).
+    threads wants while it is active (steps and its loop around them; not
+    measured: its threads).
     """
 
     key: str
@@ -140,7 +140,7 @@ class CostTable:
     worker_cpu: dict[int, float] = field(default_factory=dict)
 
     def demand(self, threads: int) -> float:
-        """Cores a CPU worker of ``threads`` torch threads keeps busy while active: measured at the nearest thread
+        """Cores a CPU worker of ``threads`` torch threads wants while active: measured at the nearest thread
         count (scaled by the ratio of threads), else ``threads``."""
         if not self.worker_cpu:
             return float(threads)

@@ -13,10 +13,11 @@ loop for as many frames as it speaks, a text answer does not run it). Each run
 also gives the rank's loop time outside its steps (the worker's active seconds
 less its steps' busy seconds, per step), the CPU seconds the conductor's
 process and this one (the client) spent per request (``/proc``; zero where
-there is none), and the cores the worker kept busy while active (its
-process's CPU seconds, every thread, over its active seconds: a one-thread
-worker's receiving and sending threads count, a two-thread one's idle
-OpenMP thread does not). The cores this process may run on (its CPU
+there is none), and the cores the worker wanted while active (its
+process's seconds running or ready to run, every thread, over its active
+seconds: a one-thread worker's receiving and sending threads count, a
+two-thread one's idle OpenMP thread does not, and another process's load
+on the host does not lower it). The cores this process may run on (its CPU
 affinity) are recorded with the costs. On a CPU host with a core for each node group, a last run puts
 every group on a rank of its own (the stage run) at the workload's
 concurrency: the seconds a message between ranks costs its sender. Node
@@ -183,7 +184,7 @@ class _Counters:
     nodes: dict[str, dict[str, float]]
     active_s: float  # rank 0's loop seconds not waiting for a message (its steps included)
     sent: tuple[float, float]  # messages every rank sent to another, and the seconds sending them took
-    cpu_s: float = 0.0  # rank 0's worker process's CPU seconds, every thread (0 where /proc has none)
+    cpu_s: float = 0.0  # rank 0's worker process's seconds running or ready to run, every thread (0: no /proc)
 
 
 async def _counters(engine: Any) -> _Counters:
@@ -195,7 +196,7 @@ async def _counters(engine: Any) -> _Counters:
     return _Counters({k: dict(v) for k, v in engine.stats().nodes.items()},
                      workers[0].active_s if 0 in workers else 0.0,
                      (sum(p.get("messages", 0.0) for p in peers), sum(p.get("seconds", 0.0) for p in peers)),
-                     _cpu_seconds(pid) if pid else 0.0)
+                     _cpu_seconds(pid, waiting=True) if pid else 0.0)
 
 
 def _frontend_cpu(engine: Any) -> float:
@@ -204,13 +205,15 @@ def _frontend_cpu(engine: Any) -> float:
     return time.process_time() + (_cpu_seconds(conductor) if conductor else 0.0)
 
 
-def _cpu_seconds(pid: int) -> float:
-    """CPU seconds every thread of process ``pid`` has run (``/proc/PID/task/*/schedstat``; 0 without /proc)."""
+def _cpu_seconds(pid: int, waiting: bool = False) -> float:
+    """CPU seconds every thread of process ``pid`` has run (``/proc/PID/task/*/schedstat``; 0 without /proc);
+    ``waiting``: and the seconds they were ready to run but waited for a core (what they wanted of the cores)."""
     total = 0.0
     try:
         for tid in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0]) / 1e9
+                ran, wait = f.read().split()[:2]
+                total += (int(ran) + (int(wait) if waiting else 0)) / 1e9
     except (OSError, ValueError, IndexError):
         pass
     return total

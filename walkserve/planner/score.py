@@ -20,9 +20,9 @@ The cost model (docs/placement.md, "How the planner scores"):
 - a rank's busy seconds per request are the sum of the above over what it
   hosts; the busiest rank bounds the throughput: requests/s = 1 / its busy
   seconds (ranks work in parallel, streamed edges overlap them);
-- the CPU ranks of one host share its cores: each keeps the cores its
-  worker occupies while active busy (``CostTable.demand``: measured, else
-  its threads) while it works, so requests/s is also at most cores / the sum
+- the CPU ranks of one host share its cores: each wants the cores its
+  worker wanted while active in the profile (``CostTable.demand``:
+  measured, else its threads) while it works, so requests/s is also at most cores / the sum
   over those ranks of busy seconds x that demand (three one-thread ranks on
   two cores do not run three times as fast as one); the frontend's CPU per
   request (``frontend_s``: the conductor and the client) counts on the local

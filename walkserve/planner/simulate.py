@@ -24,12 +24,12 @@ running it.
              worker's cohort), so requests that reach it apart step together
     host     CPU ranks of one host share its cores (``score.host_cores``: the
              devices' count for it, else the profile's, else this process's):
-             a running step keeps busy the cores its worker occupies while
-             active (``CostTable.demand``: measured per thread count, else its
-             threads), and while the running steps want more cores than the
-             host has, each runs slower in proportion (processor sharing: a
-             step's remaining work drains at cores / wanted); a GPU rank runs
-             alone
+             a running step wants the cores its worker wanted while active
+             in the profile (``CostTable.demand``: measured per thread count,
+             else its threads), and while the running steps want more cores
+             than the host has, each runs slower in proportion (processor
+             sharing: a step's remaining work drains at cores / wanted); a
+             GPU rank runs alone
     frontend the conductor and the client: one more server of one thread on
              the local host, sharing its cores with the CPU ranks, that takes
              the profiled ``frontend_s`` per request in pieces as the
@@ -37,10 +37,17 @@ running it.
     hop      an item for a unit on another rank arrives ``hop_latency_s``
              later; each message (one per step per destination) costs its
              sender and its receiver ``hop_s`` of busy time
-    replica  a request takes the least loaded replica of a unit when it
-             starts and keeps it (per-request state stays put); a unit placed
-             differently per walk runs its first items (prefill) on the first
-             placement and the rest on the last
+    replica  a request takes a replica of each unit as the conductor gives
+             it (``placement.choice``): when the unit is first needed (its
+             first input is sent to it, or it starts), the units of the first
+             walk that runs it take the least loaded replica each, by the
+             requests placed on each rank, this request's own earlier units
+             counted; then each keeps it (per-request state stays put). So a unit that a later walk first runs may land on another
+             replica than the request's earlier units (Orpheus's codec, first
+             run by the decode walk, beside the LM its prefill walk placed),
+             and its inputs cross. A unit placed differently per walk runs its
+             first items (prefill) on the first placement and the rest on the
+             last
     load     closed loop: ``concurrency`` clients, each sending its next
              request when the last one finishes; or open loop: Poisson
              arrivals at ``rate`` requests/s (seeded: the same every run)
@@ -99,7 +106,7 @@ class _Step:
 class _Rank:
     def __init__(self, rank: int, threads: int, host: tuple, demand: float):
         self.id, self.threads, self.host = rank, threads, host  # host: (name, "cpu"), or (rank, device) for a GPU
-        self.demand = demand  # cores it keeps busy while stepping (a CPU rank)
+        self.demand = demand  # cores it wants while stepping (a CPU rank)
         self.ready: dict[int, deque[int]] = {}  # unit -> requests with an item ready here
         self.waiting = 0  # items in ``ready``
         self.turn = 0  # round-robin position over ``ready``'s units
@@ -107,7 +114,7 @@ class _Rank:
         self.debt = 0.0  # message seconds the next step pays
         self.busy: dict[int, float] = {}  # unit -> seconds stepping it
         self.messages = 0.0
-        self.active = 0  # requests placed here (least loaded replica)
+        self.active = 0  # requests with a unit placed here (the conductor's load, for the least loaded replica)
 
 
 class Simulation:
@@ -129,6 +136,11 @@ class Simulation:
             for i, e in enumerate(u.inputs):
                 self.consumers[e.src].append((b, i))
         self.costs = [table.nodes.get(u.name) for u in flow.units]  # None: the frontend
+        self.first_walk = [[u] for u in range(len(flow.units))]  # unit -> the units of the first walk that runs it
+        for plan in reversed(graph.plans.values()):
+            units = sorted({v for n, node in plan.nodes.items() if (v := flow.unit_of(n, node.component)) is not None})
+            for v in units:
+                self.first_walk[v] = units
         self.profiled = self._profiled_items()
         self.held: dict[int, set[int]] = {h: set() for h in flow.heads}  # loop head -> requests waiting to join
         self.tails = {tail for tail, _ in flow.heads.values()}
@@ -141,7 +153,8 @@ class Simulation:
         self.done: list[list[int]] = []
         self.pending: list[list[bool]] = []
         self.got: list[list[list[int]]] = []  # request -> unit -> input -> source items arrived
-        self.homes: list[list[list[int]]] = []  # request -> unit -> rank per placement segment
+        self.homes: list[list[list[int] | None]] = []  # request -> unit -> rank per placement segment (None: not yet)
+        self.placed: list[set[int]] = []  # request -> the ranks it has a unit on
         self.left: list[int] = []  # request -> items still to run
         self.started: list[float] = []
         self.first: list[dict[int, float]] = []  # request -> client unit -> when its first item completed
@@ -172,17 +185,12 @@ class Simulation:
     def start_request(self) -> None:
         r = len(self.n)
         n = self._items(r)
-        homes = []
-        for sets in self.sets:
-            homes.append([min(s, key=lambda k: (self.ranks[k].active, k)) for s in sets])
-        placed = {h for u, hs in enumerate(homes) if n[u] for h in hs}  # the ranks it runs on
-        for h in placed:
-            self.ranks[h].active += 1
         self.n.append(n)
         self.done.append([0] * len(n))
         self.pending.append([False] * len(n))
         self.got.append([[0] * len(u.inputs) for u in self.flow.units])
-        self.homes.append(homes)
+        self.homes.append([None] * len(n))
+        self.placed.append(set())
         self.left.append(sum(n))
         self.started.append(self.now)
         self.live.add(r)
@@ -192,9 +200,24 @@ class Simulation:
         if self.left[r] == 0:
             self.finish(r)
 
+    def choose(self, r: int, u: int) -> None:
+        """Unit ``u`` is first needed by request ``r``: its walk starts (the first walk of the graph that runs it),
+        and the units of that walk not placed yet for ``r`` take the least loaded replica each, all by the same
+        load (the conductor chooses a walk's ranks at once)."""
+        units = [v for v in self.first_walk[u] if self.homes[r][v] is None and (self.n[r][v] or v == u)]
+        load = {k: rk.active for k, rk in self.ranks.items()}
+        for v in units:
+            self.homes[r][v] = [min(s, key=lambda x: (load[x], x)) for s in self.sets[v]]
+            for h in set(self.homes[r][v]) - self.placed[r]:
+                self.placed[r].add(h)
+                self.ranks[h].active += 1
+
     def home(self, r: int, u: int, k: int) -> int:
         """The rank of item ``k`` (1-based) of unit ``u`` for request ``r``."""
         hs = self.homes[r][u]
+        if hs is None:
+            self.choose(r, u)
+            hs = self.homes[r][u]
         return hs[min(k - 1, len(hs) - 1)]
 
     def check(self, r: int, u: int, force: bool = False) -> bool:
@@ -248,7 +271,7 @@ class Simulation:
         self.live.discard(r)
         self.finished.append(self.now)
         self.done_at[r] = self.now
-        for h in {h for u, hs in enumerate(self.homes[r]) if self.n[r][u] for h in hs}:
+        for h in self.placed[r]:
             self.ranks[h].active -= 1
         if self.load.rate is None and len(self.n) < self.load.count:
             self.start_request()
