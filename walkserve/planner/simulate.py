@@ -39,10 +39,12 @@ running it.
              sender and its receiver ``hop_s`` of busy time
     replica  a request takes a replica of each unit as the conductor gives
              it (``placement.choice``): when the unit is first needed (its
-             first input is sent to it, or it starts), the units of the first
-             walk that runs it take the least loaded replica each, by the
-             requests placed on each rank, this request's own earlier units
-             counted; then each keeps it (per-request state stays put). So a unit that a later walk first runs may land on another
+             first input is sent to it, or it starts), the graph's walks up to
+             the first that runs it place the request's units no earlier walk
+             placed, walk after walk, each unit on the least loaded replica by
+             the requests placed on each rank (this request's own earlier
+             units counted); then each keeps it (per-request state stays
+             put). The graph's order of walks stands for a request's. So a unit that a later walk first runs may land on another
              replica than the request's earlier units (Orpheus's codec, first
              run by the decode walk, beside the LM its prefill walk placed),
              and its inputs cross. A unit placed differently per walk runs its
@@ -136,11 +138,10 @@ class Simulation:
             for i, e in enumerate(u.inputs):
                 self.consumers[e.src].append((b, i))
         self.costs = [table.nodes.get(u.name) for u in flow.units]  # None: the frontend
-        self.first_walk = [[u] for u in range(len(flow.units))]  # unit -> the units of the first walk that runs it
-        for plan in reversed(graph.plans.values()):
-            units = sorted({v for n, node in plan.nodes.items() if (v := flow.unit_of(n, node.component)) is not None})
-            for v in units:
-                self.first_walk[v] = units
+        self.walks = [sorted({v for n, node in plan.nodes.items() if (v := flow.unit_of(n, node.component)) is not None})
+                      for plan in graph.plans.values()]  # each walk's units, in the graph's order
+        self.first_walk = [next((i for i, units in enumerate(self.walks) if u in units), None)
+                           for u in range(len(flow.units))]  # unit -> the first walk that runs it (None: the frontend)
         self.profiled = self._profiled_items()
         self.held: dict[int, set[int]] = {h: set() for h in flow.heads}  # loop head -> requests waiting to join
         self.tails = {tail for tail, _ in flow.heads.values()}
@@ -201,16 +202,19 @@ class Simulation:
             self.finish(r)
 
     def choose(self, r: int, u: int) -> None:
-        """Unit ``u`` is first needed by request ``r``: its walk starts (the first walk of the graph that runs it),
-        and the units of that walk not placed yet for ``r`` take the least loaded replica each, all by the same
-        load (the conductor chooses a walk's ranks at once)."""
-        units = [v for v in self.first_walk[u] if self.homes[r][v] is None and (self.n[r][v] or v == u)]
-        load = {k: rk.active for k, rk in self.ranks.items()}
-        for v in units:
-            self.homes[r][v] = [min(s, key=lambda x: (load[x], x)) for s in self.sets[v]]
-            for h in set(self.homes[r][v]) - self.placed[r]:
-                self.placed[r].add(h)
-                self.ranks[h].active += 1
+        """Unit ``u`` is first needed by request ``r``: the walks of the graph up to the first that runs it start,
+        one after another, and each places the units of ``r``'s that no earlier walk placed, all on the least
+        loaded replica by the same load (the conductor places a walk's nodes at once)."""
+        first = self.first_walk[u]
+        groups = [[u]] if first is None else self.walks[: first + 1]
+        for units in groups:
+            new = [v for v in units if self.homes[r][v] is None and (self.n[r][v] or v == u)]
+            load = {k: rk.active for k, rk in self.ranks.items()}
+            for v in new:
+                self.homes[r][v] = [min(s, key=lambda x: (load[x], x)) for s in self.sets[v]]
+                for h in set(self.homes[r][v]) - self.placed[r]:
+                    self.placed[r].add(h)
+                    self.ranks[h].active += 1
 
     def home(self, r: int, u: int, k: int) -> int:
         """The rank of item ``k`` (1-based) of unit ``u`` for request ``r``."""
