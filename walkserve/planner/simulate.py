@@ -44,12 +44,12 @@ running it.
              placed, walk after walk, each unit on the least loaded replica by
              the requests placed on each rank (this request's own earlier
              units counted); then each keeps it (per-request state stays
-             put). The graph's order of walks stands for a request's. So a unit that a later walk first runs may land on another
-             replica than the request's earlier units (Orpheus's codec, first
-             run by the decode walk, beside the LM its prefill walk placed),
-             and its inputs cross. A unit placed differently per walk runs its
-             first items (prefill) on the first placement and the rest on the
-             last
+             put). The graph's order of walks stands for a request's. So a
+             unit that a later walk first runs may land on another replica
+             than the request's earlier units (Orpheus's codec, first run by
+             the decode walk, beside the LM its prefill walk placed), and its
+             inputs cross. A unit placed differently per walk runs its first
+             items (prefill) on the first placement and the rest on the last
     load     closed loop: ``concurrency`` clients, each sending its next
              request when the last one finishes; or open loop: Poisson
              arrivals at ``rate`` requests/s (seeded: the same every run)
