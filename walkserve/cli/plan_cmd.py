@@ -94,7 +94,7 @@ def run_profile(args: argparse.Namespace) -> int:
     print(f"frontend (conductor and client): {table.frontend_s * 1e3:.2f} ms CPU/request; "
           f"a message between ranks: {table.hop_s * 1e3:.3f} ms")
     busy = ", ".join(f"{t} thread(s) {c:.2f}" for t, c in sorted(table.worker_cpu.items()))
-    print(f"host: {table.cores or 'unrecorded'} cores; cores a worker keeps busy while active: {busy or 'unmeasured'}")
+    print(f"host: {table.cores or 'unrecorded'} cores; cores a worker wants while active: {busy or 'unmeasured'}")
     return 0
 
 
