@@ -170,3 +170,29 @@ def test_a_placement_that_separates_kv_sharing_components_is_refused_naming_both
     apart = parse_placement({"ranks": ranks, "nodes": [{"nodes": ["vlm"], "ranks": [0]}, {"nodes": ["expert"], "ranks": [1]}]})
     with pytest.raises(PlacementError, match=r"components 'vlm' and 'expert' share KV contexts"):
         check_placement(apart, graph, {"vlm", "expert"}, {}, {}, kv_shares=shares)
+
+
+def test_a_request_stays_inside_one_replica_of_a_replicated_block():
+    """Two full replicas: the decode walk's codec goes where the request's LM already runs, even when the other
+    replica is less loaded (before, every codec window crossed to it); a component with no replica the request
+    uses, and the first one placed, take the least loaded rank."""
+    from types import SimpleNamespace
+
+    from walkserve.placement.choice import choose_rank
+
+    def plan(name, *nodes):
+        return SimpleNamespace(name=name, nodes={n: SimpleNamespace(component=n) for n in nodes})
+
+    p = parse_placement({"ranks": [{"id": 0, "device": "cpu"}, {"id": 1, "device": "cpu"}, {"id": 2, "device": "cpu"}],
+                         "nodes": [{"nodes": ["lm", "codec"], "ranks": [0, 1]}, {"nodes": ["vae"], "ranks": [2]},
+                                   {"nodes": ["tail"], "ranks": [1, 2]}]}, "two.yaml")
+    load = {0: 5, 1: 0, 2: 3}.__getitem__
+    sticky: dict[str, int] = {}
+    assert choose_rank(p, plan("prefill", "lm"), "lm", sticky, load) == 1  # the least loaded replica
+    assert choose_rank(p, plan("decode", "lm", "codec"), "codec", sticky, {0: 0, 1: 9, 2: 0}.__getitem__) == 1
+    assert sticky == {"lm": 1, "codec": 1}
+    assert choose_rank(p, plan("decode", "vae"), "vae", sticky, load) == 2  # one candidate: no choice
+    assert choose_rank(p, plan("decode", "tail"), "tail", sticky, load) == 1  # rank 1 is the request's already
+    other: dict[str, int] = {"lm": 0}
+    busy_one = {0: 0, 1: 4, 2: 3}.__getitem__
+    assert choose_rank(p, plan("decode", "tail"), "tail", other, busy_one) == 2  # none of its ranks: the least loaded

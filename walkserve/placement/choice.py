@@ -2,8 +2,11 @@
 
 A node placed on one rank runs there. Among replicas, a component keeps the
 rank it was given earlier in the request (its per-request state, e.g. a KV
-cache, stays put) while that rank is a candidate; otherwise the least loaded
-candidate is taken and remembered. A worker that picks a request's next walk
+cache, stays put) while that rank is a candidate; otherwise it goes where the
+request already runs a replicated component, if that rank is a candidate (a
+request stays inside one replica of a replicated block, so its LM's tokens do
+not cross to the other replica's codec), else to the least loaded candidate;
+either way the choice is remembered. A worker that picks a request's next walk
 itself (``walk_here``) may do so only when that rule gives its own rank for
 every node without asking for the load: one candidate, or a component already
 given this rank.
@@ -25,7 +28,8 @@ def choose_rank(placement: Placement, plan: WalkPlan, node: str, sticky: dict[st
     component = plan.nodes[node].component
     rank = sticky.get(component)
     if rank is None or rank not in candidates:
-        rank = sticky[component] = min(candidates, key=lambda r: (load(r), r))
+        held = [r for r in candidates if r in sticky.values()]  # ranks the request already runs on
+        rank = sticky[component] = min(held or candidates, key=lambda r: (load(r), r))
     return rank
 
 

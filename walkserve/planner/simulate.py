@@ -41,14 +41,13 @@ running it.
              it (``placement.choice``): when the unit is first needed (its
              first input is sent to it, or it starts), the graph's walks up to
              the first that runs it place the request's units no earlier walk
-             placed, walk after walk, each unit on the least loaded replica by
-             the requests placed on each rank (this request's own earlier
-             units counted); then each keeps it (per-request state stays
-             put). The graph's order of walks stands for a request's. So a
-             unit that a later walk first runs may land on another replica
-             than the request's earlier units (Orpheus's codec, first run by
-             the decode walk, beside the LM its prefill walk placed), and its
-             inputs cross. A unit placed differently per walk runs its first
+             placed, walk after walk, each unit on a replica the request
+             was given already when one is a candidate (it stays inside one
+             replica of a replicated block: Orpheus's codec, first run by the
+             decode walk, beside the LM its prefill walk placed), else on the
+             least loaded replica by the requests placed on each rank; then
+             each keeps it (per-request state stays put). The graph's order
+             of walks stands for a request's. A unit placed differently per walk runs its first
              items (prefill) on the first placement and the rest on the last
     load     closed loop: ``concurrency`` clients, each sending its next
              request when the last one finishes; or open loop: Poisson
@@ -156,6 +155,7 @@ class Simulation:
         self.got: list[list[list[int]]] = []  # request -> unit -> input -> source items arrived
         self.homes: list[list[list[int] | None]] = []  # request -> unit -> rank per placement segment (None: not yet)
         self.placed: list[set[int]] = []  # request -> the ranks it has a unit on
+        self.replicas: list[set[int]] = []  # request -> the ranks it was given among replicas (its later units go there)
         self.left: list[int] = []  # request -> items still to run
         self.started: list[float] = []
         self.first: list[dict[int, float]] = []  # request -> client unit -> when its first item completed
@@ -192,6 +192,7 @@ class Simulation:
         self.got.append([[0] * len(u.inputs) for u in self.flow.units])
         self.homes.append([None] * len(n))
         self.placed.append(set())
+        self.replicas.append(set())
         self.left.append(sum(n))
         self.started.append(self.now)
         self.live.add(r)
@@ -211,7 +212,9 @@ class Simulation:
             new = [v for v in units if self.homes[r][v] is None and (self.n[r][v] or v == u)]
             load = {k: rk.active for k, rk in self.ranks.items()}
             for v in new:
-                self.homes[r][v] = [min(s, key=lambda x: (load[x], x)) for s in self.sets[v]]
+                self.homes[r][v] = [min([x for x in s if x in self.replicas[r]] or s, key=lambda x: (load[x], x))
+                                    for s in self.sets[v]]
+                self.replicas[r].update(h for h, s in zip(self.homes[r][v], self.sets[v], strict=True) if len(s) > 1)
                 for h in set(self.homes[r][v]) - self.placed[r]:
                     self.placed[r].add(h)
                     self.ranks[h].active += 1
