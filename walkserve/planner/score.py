@@ -187,7 +187,7 @@ def _cross_edges(graph: WalkGraph, placement: Placement, units: set[str]) -> dic
                 if dst not in plan.nodes:
                     continue
                 a, b = placement.ranks_for(w, src), placement.ranks_for(w, dst)
-                if set(a) != set(b) or len(a) > 1:
+                if set(a) != set(b):  # the same replicas: a request's two ends share one (placement.choice)
                     unit = src if src in units else plan.nodes[src].component
                     for ra in a:
                         for rb in b:
