@@ -201,6 +201,20 @@ def test_a_late_member_joins_the_next_step():
     assert a.calls == [["early"], ["early", "late"], ["early", "late"]]
 
 
+def test_a_member_joining_while_the_last_one_ends_its_last_iteration_is_admitted():
+    """A member that joins while the cohort's only other member is inside its *last* iteration: that member ends
+    instead of starting a next step (no step boundary), and the joiner is admitted at the next pass (it waited
+    in ``joining`` for ever: a plan joining the CEM loop as another plan's last iteration ran hung)."""
+    ex, a, _ = _executor()
+    _start(ex, "ending", 0, 1, steps=1)
+    ex.advance()  # its loop instance is to join the loop's cohort: the next pass admits it and runs a, b waits
+    _start(ex, "late", 100, 1, steps=2)  # ... and, in the same pass, this one's instance joins behind it
+    client = _client(_drive(ex))
+    assert [v for _, v in client["ending"]] == [1]
+    assert [v for _, v in client["late"]] == [101, 102]
+    assert a.calls == [["ending"], ["late"], ["late"]]
+
+
 def test_release_while_a_firing_is_pending_lets_the_others_finish():
     ex, _, b = _executor()
     _start(ex, "r1", 0, 1, steps=3)

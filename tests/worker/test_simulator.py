@@ -57,6 +57,25 @@ def test_virtual_cluster_matches_reference(family, seed, batched):
         assert normalized(results[r.id], not local_walks) == normalized(ref.run(r), not local_walks), r.id
 
 
+
+@pytest.mark.parametrize("family", sorted(fixtures.FIXTURES))
+@pytest.mark.parametrize("seed", range(10))
+def test_requests_arriving_while_others_run_match_the_reference(family, seed):
+    """Half the requests arrive at random steps of the others' run, so their loop instances join cohorts whose
+    members are anywhere in an iteration, their last included (a joiner once waited for ever behind a member that
+    ended instead of starting a next step)."""
+    graph, comps, ref = setup(family)
+    rng = random.Random(seed)
+    n_ranks = 1 + seed % 3
+    placement = {n: rng.randrange(n_ranks) for n in graph.node_names()}
+    sim = Simulator(graph, comps, lambda walk, node: placement[node], seed=seed)
+    requests = [fixture_request(family, 100 + seed * 10 + i) for i in range(8)]
+    for i, r in enumerate(requests):
+        sim.submit(r) if i % 2 == 0 else sim.arrive(r)
+    results = sim.run()
+    for r in requests:
+        assert normalized(results[r.id], False) == normalized(ref.run(r), False), r.id
+
 def test_loop_that_stops_at_k_yields_exactly_k_outputs_after_k_plus_one_steps():
     graph, comps, _ref = setup("fixture-lm")
     for k in range(0, 9):

@@ -141,6 +141,7 @@ class Simulator:
         self.channels: dict[tuple, deque] = defaultdict(deque)  # (src, dst) -> messages in order
         self.runs: dict[str, RequestRun] = {}
         self.results: dict[str, ReferenceResult] = {}
+        self.arrivals: deque[RequestSpec] = deque()  # requests submitted while the others run (``arrive``)
         self.stats = SimStats()
 
     def firings(self) -> int:
@@ -167,10 +168,18 @@ class Simulator:
         self.results[spec.id] = ReferenceResult()
         self._start_walk(run, *safe_advance(run, run.begin))
 
+    def arrive(self, spec: RequestSpec) -> None:
+        """``spec`` is submitted during ``run``, at a random step, after the requests ``arrive`` was given before it:
+        it joins loops whose members are anywhere in their iterations."""
+        self.arrivals.append(spec)
+
     def run(self, max_steps: int = 2_000_000) -> dict[str, ReferenceResult]:
         for _ in range(max_steps):
             live = [k for k, q in self.channels.items() if q]
             busy = [r for r, ex in self.executors.items() if ex.dirty]
+            if self.arrivals and ((not live and not busy) or self.rng.random() < 0.02):
+                self.submit(self.arrivals.popleft())
+                continue
             if not live and not busy:
                 break
             if busy and (not live or self.rng.random() < 0.4):

@@ -93,8 +93,12 @@ class Cohort:
     def yielded(self) -> int:
         return sum(1 for b in self.buckets for m in b if m.phase is YIELDED)
 
+    def _admits(self) -> bool:
+        """New members may join now: members started an iteration in the last pass, or none is inside one."""
+        return self.boundary or not any(m.live for b in self.buckets[1:] for m in b)
+
     def _admit(self) -> bool:
-        if self.boundary or not any(m.live for b in self.buckets[1:] for m in b):
+        if self._admits():
             self.buckets[0].extend(self.joining)
             self.joining = []
             return True
@@ -154,11 +158,12 @@ class Cohort:
     @property
     def unfinished(self) -> bool:
         """The last pass left work that the next pass can do with no message: iterations started that may run their
-        first unit now, new members wait for the step boundary it made, or members answered LATER are offered
-        again. Any other member that stayed waits for something that touches the cohort when it comes (a row, a
-        decision, a chunk, a child's end, a gathering engine's answer, a deferred pick): a split loop's rank whose
-        members wait for the other rank's values is not passed again until they come."""
-        return self.ready or self.later or (self.boundary and bool(self.joining))
+        first unit now, new members may join (at the step boundary it made, or because the members inside an
+        iteration ended: an instance that ran its last iteration makes no boundary), or members answered LATER are
+        offered again. Any other member that stayed waits for something that touches the cohort when it comes (a
+        row, a decision, a chunk, a child's end, a gathering engine's answer, a deferred pick): a split loop's rank
+        whose members wait for the other rank's values is not passed again until they come."""
+        return self.ready or self.later or (bool(self.joining) and self._admits())
 
     def _has(self, m: Member, unit: NodeUnit | ChildUnit) -> bool:
         """Whether everything the unit waits for is here for this member."""
