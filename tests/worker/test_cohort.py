@@ -215,6 +215,90 @@ def test_a_member_joining_while_the_last_one_ends_its_last_iteration_is_admitted
     assert a.calls == [["ending"], ["late"], ["late"]]
 
 
+class GroupOnlyCopy(GroupOnlyEngine):
+    """b: x = y, a whole group at once."""
+
+    component = "b"
+
+    def run_group(self, group: Group) -> list:
+        return [{"x": inp["y"]} for inp in group.inputs]
+
+
+def _two_ranks() -> dict[int, Executor]:
+    """The loop split: a on rank 0, b (and the stop rule) on rank 1, which decides every iteration."""
+    graph = _graph()
+    return {r: Executor(r, graph, {"a": AddBias(), "b": GroupOnlyCopy()}, concat) for r in (0, 1)}
+
+
+def _start_split(exs: dict[int, Executor], rid: str, x: int, steps: int, **params: int) -> None:
+    inputs = {"x": torch.tensor([x]), "bias": torch.tensor([1])}
+    for ex in exs.values():
+        ex.receive(m.StartWalk(rid, "w", {"a": 0, "b": 1}, inputs, LoopParams(steps=steps, **params), SamplingParams()))
+
+
+def _route(exs: dict[int, Executor], hold=lambda msg: False) -> tuple[list, list]:
+    """Passes on both ranks, their messages to each other, until nothing moves: (what reached the conductor,
+    the messages ``hold`` kept back)."""
+    conductor, held = [], []
+    for _ in range(1000):
+        moved = [ex.advance() for ex in exs.values()]
+        sent = [(dest, msg) for ex in exs.values() for dest, msg in ex.out.take()]
+        for dest, msg in sent:
+            if dest == "conductor":
+                conductor.append(msg)
+            elif hold(msg):
+                held.append((dest[1], msg))
+            else:
+                exs[dest[1]].receive(msg)
+        if not any(moved) and not sent:
+            return conductor, held
+    raise AssertionError("the ranks did not settle")
+
+
+def _rows(sent: list) -> list[tuple]:
+    """(request, path, value) of every client row in ``sent`` (conductor messages), in order."""
+    return [(rid, tuple(p), int(v)) for msg in sent if isinstance(msg, m.ClientOuts)
+            for rid, p, v in zip(msg.request_ids, msg.paths, msg.values, strict=True)]
+
+
+def test_a_member_another_rank_ends_outside_a_pass_lets_the_members_that_joined_behind_it_in():
+    """Rank 1 decides that "ending"'s iteration 1 is not exposed while rank 0 waits for that decision at the end of
+    it, with "late" joining behind it: the decision ends the member outside a pass of rank 0's cohort, which still
+    passes again and admits "late" (nothing from rank 1 wakes it: its first step reads nothing from there)."""
+    exs = _two_ranks()
+    _start_split(exs, "ending", 0, steps=8, stop_at=1)
+    first, held = _route(exs, hold=lambda msg: isinstance(msg, m.LoopEvents) and msg.ends[0] >= 0)
+    assert [msg.ks for _, msg in held] == [[1]]  # rank 0 waits for it
+    _start_split(exs, "late", 100, steps=2)
+    _route(exs)
+    for rank, msg in held:
+        exs[rank].receive(msg)
+    sent = first + _route(exs)[0]
+    rows = _rows(sent)
+    assert [r for r in rows if r[0] == "ending"] == [("ending", (0,), 1)]
+    assert [r for r in rows if r[0] == "late"] == [("late", (0,), 101), ("late", (1,), 102)]
+    assert {(d.request_id, tuple(d.nodes)) for d in sent if isinstance(d, m.NodeDone)} == {
+        ("ending", ("a",)), ("ending", ("b",)), ("late", ("a",)), ("late", ("b",))}
+
+
+def test_a_request_failed_outside_a_pass_lets_the_members_that_joined_behind_it_in():
+    """As above, but "ending" fails on rank 0 from elsewhere (as a stream overflow or a context that could not move
+    fail it) and is released: its cohort still passes again and admits "late" (the release alone found no member
+    left to stop)."""
+    exs = _two_ranks()
+    _start_split(exs, "ending", 0, steps=8, stop_at=1)
+    _route(exs, hold=lambda msg: isinstance(msg, m.LoopEvents) and msg.ends[0] >= 0)  # rank 0 waits for the decision
+    _start_split(exs, "late", 100, steps=2)
+    _route(exs)
+    exs[0].fx.fail(exs[0].requests["ending"].walks["w"], "lost")
+    for ex in exs.values():
+        ex.receive(m.Release("ending"))
+    sent = _route(exs)[0]
+    rows = _rows(sent)
+    assert rows == [("late", (0,), 101), ("late", (1,), 102)]
+    assert [f.request_id for f in sent if isinstance(f, m.Failed)] == ["ending"]
+
+
 def test_release_while_a_firing_is_pending_lets_the_others_finish():
     ex, _, b = _executor()
     _start(ex, "r1", 0, 1, steps=3)

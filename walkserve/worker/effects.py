@@ -2,7 +2,7 @@
 
     out       messages leaving the rank, gathered per destination (``outgoing``)
     touch     a cohort may move: the next pass looks at it (``dirty``)
-    fail      a request cannot go on: reported once, its members stop
+    fail      a request cannot go on: reported once, its members stop (their cohorts look again)
     stash     a row for a level instance that has not joined here yet
     walk_done a walk whose last local instance ended: queued in ``done`` for the
               executor, which reports it or starts the next walk after the pass
@@ -57,7 +57,8 @@ class Effects:
         req = run.request
         if req.failed:
             return
-        req.fail()
+        for member in req.fail():  # a cohort whose members inside an iteration all ended admits its joiners
+            self.touch(member.cohort)
         self.out.conductor(m.Failed(req.id, error))
 
     def stash(self, run: WalkRun, key: tuple, row: Row) -> None:

@@ -191,6 +191,7 @@ def kill(fx: Effects, m: Member) -> None:
     m.stop()
     run = m.run
     run.remove(m)
+    fx.touch(m.cohort)  # it drops ``m``, and admits the members that waited for ``m``'s iteration to end
     path = m.path
     for unit in m.local.units:
         if type(unit) is ChildUnit:
@@ -200,7 +201,9 @@ def kill(fx: Effects, m: Member) -> None:
 
 
 def decision(fx: Effects, m: Member, k: int, end: int) -> None:
-    """Another rank decided iteration ``k`` of ``m``: it continues (``end`` < 0) or ``end`` are exposed."""
+    """Another rank decided iteration ``k`` of ``m``: it continues (``end`` < 0) or ``end`` are exposed. Either way
+    ``m``'s cohort looks again: ``m`` goes on, or it ended here, outside a pass of its cohort, which drops it and
+    admits the members that waited for its iteration to end."""
     if end < 0:
         m.continue_to(k)
     else:
@@ -211,5 +214,4 @@ def decision(fx: Effects, m: Member, k: int, end: int) -> None:
                 if type(unit) is ChildUnit and (child := m.run.members.get((unit.child.level.id, path))):
                     kill(fx, child)
             end_member(fx, m, end)
-            return
     fx.touch(m.cohort)

@@ -92,11 +92,15 @@ class RequestState:
         run = self.walks[program.walk] = WalkRun(self, program, ranks, rank)
         return run
 
-    def fail(self) -> None:
-        """The request cannot go on here: every member of every walk stops."""
+    def fail(self) -> list[Member]:
+        """The request cannot go on here: every member of every walk stops; returns them (their cohorts look once
+        more, to drop them: a release finds none left to stop)."""
         self.failed = True
+        stopped = []
         for run in self.walks.values():
+            stopped += run.members.values()
             run.stop()
+        return stopped
 
     def stop(self) -> list[Member]:
         """Released: every member stops; returns them (their cohorts look once more, to drop them)."""
