@@ -9,6 +9,7 @@ from walkserve.api.stream_metrics import stream_families
 from walkserve.entrypoint.interface import RuntimeStats
 from walkserve.entrypoint.stats import runtime_stats
 from walkserve.protocol import messages as m
+from walkserve.protocol.rank_stats import SLACK_EDGES_S
 
 
 class _Collector:
@@ -28,7 +29,7 @@ def scrape(stats: RuntimeStats) -> dict[tuple[str, tuple], float]:
 
 
 def test_slack_buckets_are_cumulative_per_node_and_rank_and_counters_per_rank():
-    counts = [0] * (len(m.SLACK_EDGES_S) + 1)
+    counts = [0] * (len(SLACK_EDGES_S) + 1)
     counts[0], counts[5], counts[-1] = 2, 3, 4  # below -1 s, in (0, 0.1], above 5 s
     rank = m.RankStats(slack={"codec": counts}, scheduling={"held_paced": 7, "gaps": 1}, gap_s=0.25)
     snapshot = m.RuntimeSnapshot(workers={1: rank}, counters={"streams_admitted": 5, "streams_rejected_capacity": 2},
