@@ -39,7 +39,8 @@ def floats(values: np.ndarray) -> ArrayData:
     return ArrayData("float32", tuple(values.shape), values.tobytes())
 
 
-def _chat(text: str, audio: bool) -> dict[str, Any]:
+def chat(text: str, audio: bool) -> dict[str, Any]:
+    """A one-message chat payload, answered in text (and speech with ``audio``)."""
     return {"messages": [{"role": "user", "content": text}], "modalities": ["text", "audio"] if audio else ["text"]}
 
 
@@ -60,9 +61,9 @@ def _defaults() -> dict[str, Workload]:
     return {
         "orpheus": Workload((RequestKind("speech", 1.0, "speech", {"input": "Hello number {i}, how are you today?"}, 64),), 4),
         "qwen3-omni": Workload((
-            RequestKind("spoken", 0.6, "chat", _chat("Tell me about the number {i} in a few words.", True), 16,
+            RequestKind("spoken", 0.6, "chat", chat("Tell me about the number {i} in a few words.", True), 16,
                         {"max_audio_frames": 16}),
-            RequestKind("text", 0.4, "chat", _chat("Say something about {i}.", False), 32),
+            RequestKind("text", 0.4, "chat", chat("Say something about {i}.", False), 32),
         ), 4),
         "bagel": Workload((
             RequestKind("generate", 0.6, "image", {"prompt": "A lighthouse at dawn, number {i}."}, 1),

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from walkserve.core.errors import ConfigError
 from walkserve.models.base import Model
 from walkserve.planner.costs import CostTable, NodeCost, RequestItems
+from walkserve.planner.family_workloads import chat as _chat
 from walkserve.planner.profile import REQUESTS_ALONE
 from walkserve.planner.workload import RequestKind, Workload
 
@@ -246,10 +247,6 @@ def bagel_shapes(model: Model, workload: Workload) -> tuple[list[UnitShape], dic
 
 
 DESCRIBERS = {"qwen3-omni": qwen3_omni_shapes, "bagel": bagel_shapes}
-
-
-def _chat(text: str, audio: bool) -> dict:
-    return {"messages": [{"role": "user", "content": text}], "modalities": ["text", "audio"] if audio else ["text"]}
 
 
 # what the released models serve: answers of realistic length, many at once

@@ -157,12 +157,10 @@ class Cohort:
 
     @property
     def unfinished(self) -> bool:
-        """The last pass left work that the next pass can do with no message: iterations started that may run their
-        first unit now, new members may join (at the step boundary it made, or because the members inside an
-        iteration ended: an instance that ran its last iteration makes no boundary), or members answered LATER are
-        offered again. Any other member that stayed waits for something that touches the cohort when it comes (a
-        row, a decision, a chunk, a child's end, a gathering engine's answer, a deferred pick): a split loop's rank
-        whose members wait for the other rank's values is not passed again until they come."""
+        """The last pass left work the next can do with no message: iterations started that may run their first unit,
+        new members that may join (at its step boundary, or because those inside an iteration ended: a last
+        iteration makes no boundary), members answered LATER. Any other member waits for what touches the cohort
+        when it comes (a row, a decision, a chunk, a child's end, an engine's answer, a deferred pick)."""
         return self.ready or self.later or (bool(self.joining) and self._admits())
 
     def _has(self, m: Member, unit: NodeUnit | ChildUnit) -> bool:
