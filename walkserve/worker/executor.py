@@ -112,13 +112,20 @@ class Executor:
     def on_values(self, msg: m.Values) -> None:
         """The rows of a step, usually all for members of one cohort: put in one loop into the members earlier rows
         of the same requests reached (``row_targets``); the others looked up one by one."""
-        key, rids = (msg.walk, msg.node, msg.output), msg.request_ids
+        self._apply_rows((msg.walk, msg.node, msg.output), msg.request_ids,
+                         lambda members: Member.put_rows(members, msg.paths, msg.node, msg.output, msg.values),
+                         lambda left, members: self._values_one_by_one(msg, left, members))
+
+    def _apply_rows(self, key: tuple, rids: list[str], in_one_loop, one_by_one) -> None:
+        """A message's rows: ``in_one_loop(members)`` applies those whose members earlier rows of the same requests
+        reached (``row_targets``) and returns (rows left, cohorts touched); ``one_by_one(left, members)`` the rest,
+        whose members are then kept for the next message."""
         members = self.row_targets.members(key, rids)
-        left, cohorts = Member.put_rows(members, msg.paths, msg.node, msg.output, msg.values)
+        left, cohorts = in_one_loop(members)
         for cohort in cohorts:
             self.fx.touch(cohort)
         if left:
-            self._values_one_by_one(msg, left, members)
+            one_by_one(left, members)
             self.row_targets.keep(key, rids, members, left)
 
     def _values_one_by_one(self, msg: m.Values, rows: list[int], members: list[Member | None]) -> None:
@@ -162,14 +169,9 @@ class Executor:
     def on_loops(self, msg: m.LoopEvents) -> None:
         """A level's decisions: "continues" applied in one loop to the members earlier rows of the same requests
         reached (``row_targets``); ends, and rows for members not known yet, one by one."""
-        key, rids = ("loops", msg.walk, msg.scope), msg.request_ids
-        members = self.row_targets.members(key, rids)
-        left, cohorts = Member.continue_rows(members, msg.outers, msg.ks, msg.ends)
-        for cohort in cohorts:
-            self.fx.touch(cohort)
-        if left:
-            self._loops_one_by_one(msg, left, members)
-            self.row_targets.keep(key, rids, members, left)
+        self._apply_rows(("loops", msg.walk, msg.scope), msg.request_ids,
+                         lambda members: Member.continue_rows(members, msg.outers, msg.ks, msg.ends),
+                         lambda left, members: self._loops_one_by_one(msg, left, members))
 
     def _loops_one_by_one(self, msg: m.LoopEvents, rows: list[int], members: list[Member | None]) -> None:
         walk, scope, requests, touched = msg.walk, msg.scope, self.requests, None
