@@ -128,3 +128,29 @@ def test_plan_bagel_from_its_shapes(tmp_path, capsys):
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "PREDICTED, NOT MEASURED" in text and "mostly lm" in text  # the LLM's denoising passes dominate
+
+
+@pytest.mark.slow  # spawns the scoring processes
+def test_a_search_scored_in_several_processes_gives_the_same_candidates_in_the_same_order(omni_dir, monkeypatch):
+    from walkserve.models.base import ModelRef
+    from walkserve.models.registry import load_model
+    from walkserve.planner import search
+    from walkserve.planner.devices import parse_devices
+    from walkserve.planner.shapes import costs_from_shapes
+    from walkserve.planner.workload import default_workload
+
+    model = load_model(ModelRef("qwen3-omni", str(omni_dir)))
+    workload = default_workload("qwen3-omni", model.processor())
+    table = costs_from_shapes(model, workload, H100)
+    devices = parse_devices("cuda:0-2@4GiB")
+    monkeypatch.setattr(search, "PARALLEL_AFTER_S", 0.0)  # the processes take over after the first split
+    spawned = []
+    real = search.in_processes
+    monkeypatch.setattr(search, "in_processes", lambda *a: spawned.append(len(a[5])) or real(*a))
+    runs = {}
+    for jobs in (1, 2):
+        rejected: list[str] = []
+        cands = search.enumerate_candidates(model, devices, table, workload.load, rejected, jobs=jobs)
+        runs[jobs] = ([(c.name, c.data, c.score) for c in cands], rejected)
+    assert len(spawned) == 1 and spawned[0] > 10  # jobs=2 handed the splits after the first to the processes
+    assert len(runs[1][0]) > 20 and runs[1] == runs[2]

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from walkserve.core.errors import ConfigError
+from walkserve.core.proc import usable_cores
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -42,6 +43,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "shapes, or the released model's (header-only weights, written once under the cache)")
     p.add_argument("--gpu", choices=["h100", "h200"], help="with --shapes: the GPU's peak rates (default: by "
                    "the devices' memory, over 100 GiB an H200)")
+    p.add_argument("--jobs", type=int, default=usable_cores(), metavar="N",
+                   help="processes that score the candidates of a long search (default: the cores this process may "
+                   "use, %(default)s)")
     p.add_argument("--scorer", choices=["simulate", "bound"], default="simulate",
                    help="simulate each candidate (default) or use the analytical bottleneck bound")
     p.set_defaults(func=run_plan)
@@ -150,7 +154,7 @@ def _report(args: argparse.Namespace, model, devices, table, workload, source: s
     from walkserve.planner import planning
 
     result = planning.plan(model, devices, table, workload, args.objective, planning.parse_slo(args.slo), args.scorer,
-                           _progress)
+                           _progress, args.jobs)
     print(f"{result.considered} placements fit {args.devices} (workload {workload.name}, {_load(workload)}); "
           f"predicted ({_how(args.scorer)}) from {source}, best for {args.objective} first:")
     for i, c in enumerate(result.ranked[: args.top]):

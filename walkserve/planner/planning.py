@@ -91,10 +91,12 @@ def rank_candidates(cands: list[Candidate], objective: str, slo: Slo) -> list[Ca
 
 
 def plan(model: Model, devices: list[Device], table: CostTable, workload: Workload, objective: str = "throughput",
-         slo: Slo | None = None, scorer: str = "simulate", progress: Progress | None = None) -> PlanResult:
-    """The best placement of ``model`` on ``devices``; PlacementError naming the smallest device set when none fits."""
+         slo: Slo | None = None, scorer: str = "simulate", progress: Progress | None = None, jobs: int = 1) -> PlanResult:
+    """The best placement of ``model`` on ``devices``; PlacementError naming the smallest device set when none fits.
+    ``jobs``: processes that score a long search's candidates."""
     rejected: list[str] = []
-    cands = enumerate_candidates(model, devices, table, workload.load, rejected, scorer=scorer, progress=progress)
+    cands = enumerate_candidates(model, devices, table, workload.load, rejected, scorer=scorer, progress=progress,
+                                 jobs=jobs)
     if not cands:
         raise _no_fit(model, devices, rejected)
     ranked = rank_candidates(cands, objective, slo or Slo())

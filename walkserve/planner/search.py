@@ -25,10 +25,12 @@ from walkserve.placement.plan import Placement, parse_placement
 from walkserve.placement.resolve import check_placement, rank_demands, walk_nodes
 from walkserve.planner.costs import CostTable
 from walkserve.planner.devices import Device, host_cores
+from walkserve.planner.parallel import in_processes
 from walkserve.planner.score import Cores, Score, score
 from walkserve.planner.simulate import Load, simulate
 
 MAX_CANDIDATES = 20000
+PARALLEL_AFTER_S = 20.0  # a search's time left past which ``jobs`` processes score the rest (each loads the model)
 PROGRESS_S = 10.0  # seconds between progress lines of a long search
 
 
@@ -157,43 +159,80 @@ def score_placement(model: Model, table: CostTable, parsed: Placement, load: int
 
 def enumerate_candidates(model: Model, devices: list[Device], table: CostTable | None, load: int | Load,
                          rejected: list[str] | None = None, limit: int = MAX_CANDIDATES,
-                         scorer: str = "simulate", progress: Callable[[str], None] | None = None) -> list[Candidate]:
+                         scorer: str = "simulate", progress: Callable[[str], None] | None = None,
+                         jobs: int = 1) -> list[Candidate]:
     """Every placement that fits (up to ``limit``), scored with ``table`` (unscored without one), best first;
-    ``progress`` hears how far the search is every ``PROGRESS_S`` seconds."""
-    groups = node_groups(model)
-    checker = Checker(model, devices)
-    comps, graph = model.components(), model.graph()
-    comp_of = {n: plan.nodes[n].component for plan in graph.plans.values() for n in plan.nodes}
-
-    def demand(block: list[str]) -> int:
-        return sum(comps[c].weight_bytes for c in {comp_of[n] for n in block} if c in comps)
-
-    busy, idle = _split_idle(groups, comp_of, table)
+    ``progress`` hears how far the search is every ``PROGRESS_S`` seconds. ``jobs`` > 1: a scored search that would
+    take more than ``PARALLEL_AFTER_S`` more goes on in that many processes (the same candidates, in the same order)."""
+    search = ChainSearch(model, devices, table, load, scorer)
+    chains = list(partitions(len(search.busy), len(devices)))
     out: list[Candidate] = []
     seen: set[str] = set()
     report = _Reporter(progress, len(devices))
-    for assign in partitions(len(busy), len(devices)):
-        blocks = [[n for g, b in zip(busy, assign, strict=True) if b == k for n in g] for k in range(max(assign) + 1)]
-        if idle:  # nodes the workload never runs go along with the lightest block
-            lightest = min(range(len(blocks)), key=lambda k: demand(blocks[k]))
-            blocks[lightest] += [n for g in idle for n in g]
-        homes = _order_by_demand(blocks, devices, demand)
-        replicas = [[h] for h in homes]
-        while True:
-            cand = _candidate(checker, blocks, replicas, devices, groups, table, load, rejected, scorer)
-            if cand is not None and cand.name not in seen:
+    for cands, why_not in _chains(search, model, chains, jobs):
+        if rejected is not None:
+            rejected.extend(why_not)
+        for cand in cands:
+            if cand.name not in seen:
                 seen.add(cand.name)
                 out.append(cand)
                 report(out)
-            spare = [i for i in range(len(devices)) if all(i not in rs for rs in replicas)]
-            if cand is None or cand.score is None or not spare or len(out) >= limit:
-                break
-            hot = _block_of_rank(replicas, cand.score.bottleneck)
-            replicas = [rs + [spare[0]] if i == hot else rs for i, rs in enumerate(replicas)]
         if len(out) >= limit:
+            del out[limit:]
             break
     out.sort(key=lambda c: (-c.score.throughput if c.score else 0.0, c.score.ttfa_s if c.score else 0.0, c.name))
     return out
+
+
+def _chains(search: ChainSearch, model: Model, chains: list[list[int]], jobs: int) -> Iterator[tuple[list, list[str]]]:
+    """Each chain's (candidates, rejections) in order: scored here, and once the chains scored so far say the rest
+    would take over ``PARALLEL_AFTER_S``, by ``jobs`` processes."""
+    t0 = time.monotonic()
+    for i, assign in enumerate(chains):
+        yield search.chain(assign)
+        left = len(chains) - i - 1
+        if jobs > 1 and left > 1 and search.table is not None and (time.monotonic() - t0) / (i + 1) * left > PARALLEL_AFTER_S:
+            yield from in_processes(model, search.devices, search.table, search.load, search.scorer, chains[i + 1:], jobs)
+            return
+
+
+class ChainSearch:
+    """One split of the node groups into blocks (a chain): the blocks on ranks of their own, then the busiest
+    block's rank given a replica on a spare device, one more at a time, while devices are left."""
+
+    def __init__(self, model: Model, devices: list[Device], table: CostTable | None, load: int | Load, scorer: str):
+        self.devices, self.table, self.load, self.scorer = devices, table, load, scorer
+        self.groups = node_groups(model)
+        self.checker = Checker(model, devices)
+        self.comps, graph = model.components(), model.graph()
+        self.comp_of = {n: plan.nodes[n].component for plan in graph.plans.values() for n in plan.nodes}
+        self.busy, self.idle = _split_idle(self.groups, self.comp_of, table)
+
+    def demand(self, block: list[str]) -> int:
+        comps = self.comps
+        return sum(comps[c].weight_bytes for c in {self.comp_of[n] for n in block} if c in comps)
+
+    def chain(self, assign: list[int]) -> tuple[list[Candidate], list[str]]:
+        """The candidates of the split ``assign`` (each busy group's block) in the order they come, and why the
+        placements that did not fit were dropped. Without a cost table, the first that fits ends the chain."""
+        busy, devices = self.busy, self.devices
+        blocks = [[n for g, b in zip(busy, assign, strict=True) if b == k for n in g] for k in range(max(assign) + 1)]
+        if self.idle:  # nodes the workload never runs go along with the lightest block
+            lightest = min(range(len(blocks)), key=lambda k: self.demand(blocks[k]))
+            blocks[lightest] += [n for g in self.idle for n in g]
+        replicas = [[h] for h in _order_by_demand(blocks, devices, self.demand)]
+        out: list[Candidate] = []
+        rejected: list[str] = []
+        while True:
+            cand = _candidate(self.checker, blocks, replicas, devices, self.groups, self.table, self.load, rejected,
+                              self.scorer)
+            if cand is not None:
+                out.append(cand)
+            spare = [i for i in range(len(devices)) if all(i not in rs for rs in replicas)]
+            if cand is None or cand.score is None or not spare:
+                return out, rejected
+            hot = _block_of_rank(replicas, cand.score.bottleneck)
+            replicas = [rs + [spare[0]] if i == hot else rs for i, rs in enumerate(replicas)]
 
 
 class _Reporter:
