@@ -330,3 +330,41 @@ def test_a_request_joins_a_loop_at_its_iteration_boundary():
     assert sim.done_at[0] == pytest.approx(0.170) and sim.started[2] == pytest.approx(0.002)
     assert sim.done_at[2] == pytest.approx(0.187)
     assert sc.rank_busy[0] == pytest.approx(0.187 / 3, rel=1e-6)  # every step of rank 0 after 17 ms is for both
+
+
+class _Recounted(Simulation):
+    """At every join, the kept count of requests inside each loop iteration per rank must equal a fresh scan."""
+
+    joins = 0
+
+    def joining_waits(self, r: int, head: int, k: int) -> bool:
+        for h in self.flow.heads:
+            scan = [self.inside(r2, h) for r2 in range(len(self.n))]
+            assert [w.get(h) for w in self.where] == scan
+            assert {x: c for x, c in self.inside_at[h].items() if c} == {x: scan.count(x) for x in scan if x is not None}
+        self.joins += 1
+        return super().joining_waits(r, head, k)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_kept_count_of_requests_inside_a_loop_equals_a_scan(seed):
+    import random
+
+    rng = random.Random(seed)
+    g = spoken_or_text()
+    reqs = []
+    for _ in range(rng.randint(2, 6)):
+        f = rng.randint(1, 12)
+        reqs.append(RequestItems("spoken", {"talker": f, "predictor": f * INNER, "frame": f}) if rng.random() < 0.7
+                    else RequestItems("text", {"lm": rng.randint(1, 40)}))
+    mean = {n: sum(r.items.get(n, 0) for r in reqs) / len(reqs) or 1.0 for n in ("talker", "predictor", "frame", "lm")}
+    t = costs({n: cost(rng.uniform(0.0005, 0.002), rng.uniform(0, 0.001)) for n in mean}, mean,
+              hop_latency_s=rng.choice([0.0, 0.0003]))
+    t.requests = reqs
+    blocks = rng.choice([[(["talker", "predictor", "frame", "lm"], [0])],
+                         [(["talker", "predictor", "frame"], [0, 1]), (["lm"], [2])],
+                         [(["talker", "frame"], [0]), (["predictor"], [1, 2]), (["lm"], [3])]])
+    load = rng.choice([Load(rng.randint(1, 6), requests=16), Load(rate=rng.uniform(5, 50), requests=16)])
+    sim = _Recounted(t, build_flow(t, g, {}), g, placement(blocks), load)
+    sim.run()
+    assert sim.joins > 0 and len(sim.finished) == 16

@@ -144,7 +144,11 @@ class Simulation:
         self.profiled = self._profiled_items()
         self.held: dict[int, set[int]] = {h: set() for h in flow.heads}  # loop head -> requests waiting to join
         self.tails = {tail for tail, _ in flow.heads.values()}
-        self.live: set[int] = set()  # requests started and not finished
+        self.loops_of: dict[int, list[int]] = {}  # unit -> the loop heads whose head or tail it is
+        for head, (tail, _) in flow.heads.items():
+            for v in {head, tail}:
+                self.loops_of.setdefault(v, []).append(head)
+        self.inside_at: dict[int, dict[int, int]] = {h: {} for h in flow.heads}  # head -> rank -> requests inside
         self.memo: dict[tuple[int, int, int], float] = {}  # (unit, batch, threads) -> step seconds
         self.now = 0.0
         self.events: list[tuple[float, int, str, tuple]] = []
@@ -156,6 +160,7 @@ class Simulation:
         self.homes: list[list[list[int] | None]] = []  # request -> unit -> rank per placement segment (None: not yet)
         self.placed: list[set[int]] = []  # request -> the ranks it has a unit on
         self.replicas: list[set[int]] = []  # request -> the ranks it was given among replicas (its later units go there)
+        self.where: list[dict[int, int]] = []  # request -> loop head -> the rank it is inside an iteration on
         self.left: list[int] = []  # request -> items still to run
         self.started: list[float] = []
         self.first: list[dict[int, float]] = []  # request -> client unit -> when its first item completed
@@ -193,9 +198,9 @@ class Simulation:
         self.homes.append([None] * len(n))
         self.placed.append(set())
         self.replicas.append(set())
+        self.where.append({})
         self.left.append(sum(n))
         self.started.append(self.now)
-        self.live.add(r)
         self.first.append({})
         for u in range(len(n)):
             self.check(r, u)
@@ -246,6 +251,8 @@ class Simulation:
         rank = self.ranks[self.home(r, u, k)]
         rank.ready.setdefault(u, deque()).append(r)
         rank.waiting += 1
+        if u in self.held:
+            self.touch(r, u)
         return True
 
     # ---- a loop's cohort ---------------------------------------------------------------------
@@ -254,19 +261,31 @@ class Simulation:
         worker's cohort lets a member start an iteration only with the others (or when none is inside one), so
         requests that reach a loop apart step its units together."""
         rank = self.home(r, head, k)
-        return any(self.inside(r2, head, rank) for r2 in self.live if r2 != r)
+        return self.inside_at[head].get(rank, 0) > (self.where[r].get(head) == rank)
 
-    def inside(self, r: int, head: int, rank: int) -> bool:
-        """Request ``r`` is inside an iteration of ``head``'s loop on ``rank``: started it, not at its end."""
+    def inside(self, r: int, head: int) -> int | None:
+        """The rank where request ``r`` is inside an iteration of ``head``'s loop (started it, not at its end), or
+        None."""
         n, done = self.n[r], self.done[r]
         tail, carry = self.flow.heads[head]
         d = done[head]
         if not n[head] or d == 0 or self.pending[r][head] or r in self.held[head] or done[tail] >= n[tail]:
-            return False
-        if self.home(r, head, d) != rank:
-            return False
+            return None
         edge = self.flow.units[head].inputs[carry]
-        return d >= n[head] or self.got[r][head][carry] < edge.needs(d + 1, n[tail], n[head])
+        if d >= n[head] or self.got[r][head][carry] < edge.needs(d + 1, n[tail], n[head]):
+            return self.home(r, head, d)
+        return None
+
+    def touch(self, r: int, u: int) -> None:
+        """Request ``r``'s state of unit ``u`` changed: recount it inside the loops ``u`` starts or ends (``inside_at``
+        is what a scan of every live request with ``inside`` would count, kept as it changes)."""
+        for head in self.loops_of.get(u, ()):
+            old, new = self.where[r].pop(head, None), self.inside(r, head)
+            if old is not None:
+                self.inside_at[head][old] -= 1
+            if new is not None:
+                self.where[r][head] = new
+                self.inside_at[head][new] = self.inside_at[head].get(new, 0) + 1
 
     def release_held(self) -> None:
         """Requests waiting to join a loop look again (a member reached an iteration's end, or left)."""
@@ -275,7 +294,6 @@ class Simulation:
                 self.check(r, head)
 
     def finish(self, r: int) -> None:
-        self.live.discard(r)
         self.finished.append(self.now)
         self.done_at[r] = self.now
         for h in self.placed[r]:
@@ -320,6 +338,7 @@ class Simulation:
             self.done[r][step.unit] += 1
             self.pending[r][step.unit] = False
             self.left[r] -= 1
+            self.touch(r, step.unit)
             if unit.client:
                 self.first[r].setdefault(step.unit, self.now)
             for b, i in self.consumers[step.unit]:
@@ -342,6 +361,7 @@ class Simulation:
 
     def arrive(self, r: int, u: int, i: int) -> None:
         self.got[r][u][i] += 1
+        self.touch(r, u)
         self.check(r, u)
         if u in self.held:
             self.release_held()
