@@ -157,6 +157,8 @@ class Simulation:
         self.done: list[list[int]] = []
         self.pending: list[list[bool]] = []
         self.got: list[list[list[int]]] = []  # request -> unit -> input -> source items arrived
+        self.need: list[list[list[list[int]]]] = []  # request -> unit -> input -> item k -> source items it waits for
+        self.needs_of: dict[tuple[int, ...], list[list[list[int]]]] = {}  # a request's items -> its ``need``
         self.homes: list[list[list[int] | None]] = []  # request -> unit -> rank per placement segment (None: not yet)
         self.placed: list[set[int]] = []  # request -> the ranks it has a unit on
         self.replicas: list[set[int]] = []  # request -> the ranks it was given among replicas (its later units go there)
@@ -188,6 +190,17 @@ class Simulation:
             return list(self.profiled[r % len(self.profiled)])
         return [math.floor((r + 1) * u.items + 1e-9) - math.floor(r * u.items + 1e-9) for u in self.flow.units]
 
+    def _needs(self, n: list[int]) -> list[list[list[int]]]:
+        """For a request making ``n`` items of each unit: per unit and input, the source items its item ``k`` waits
+        for (``Edge.needs``; index k, 1-based; 0 where the source makes none), worked out once per kind of request."""
+        key = tuple(n)
+        found = self.needs_of.get(key)
+        if found is None:
+            found = self.needs_of[key] = [
+                [[0] + [e.needs(k, n[e.src], n[u]) for k in range(1, n[u] + 1)] if n[e.src] else [0] * (n[u] + 1)
+                 for e in unit.inputs] for u, unit in enumerate(self.flow.units)]
+        return found
+
     def start_request(self) -> None:
         r = len(self.n)
         n = self._items(r)
@@ -195,6 +208,7 @@ class Simulation:
         self.done.append([0] * len(n))
         self.pending.append([False] * len(n))
         self.got.append([[0] * len(u.inputs) for u in self.flow.units])
+        self.need.append(self._needs(n))
         self.homes.append([None] * len(n))
         self.placed.append(set())
         self.replicas.append(set())
@@ -230,17 +244,18 @@ class Simulation:
         if hs is None:
             self.choose(r, u)
             hs = self.homes[r][u]
-        return hs[min(k - 1, len(hs) - 1)]
+        return hs[k - 1] if k <= len(hs) else hs[-1]
 
     def check(self, r: int, u: int, force: bool = False) -> bool:
         """Queue unit ``u``'s next item of request ``r`` on its rank if its inputs are in."""
         n, done = self.n[r], self.done[r]
         if self.pending[r][u] or done[u] >= n[u]:
             return False
-        unit, k = self.flow.units[u], done[u] + 1
+        k = done[u] + 1
         if not force:
-            for i, e in enumerate(unit.inputs):
-                if n[e.src] and self.got[r][u][i] < e.needs(k, n[e.src], n[u]):
+            got = self.got[r][u]
+            for i, need in enumerate(self.need[r][u]):
+                if got[i] < need[k]:
                     return False
             if u in self.held:
                 if self.joining_waits(r, u, k):
@@ -271,8 +286,7 @@ class Simulation:
         d = done[head]
         if not n[head] or d == 0 or self.pending[r][head] or r in self.held[head] or done[tail] >= n[tail]:
             return None
-        edge = self.flow.units[head].inputs[carry]
-        if d >= n[head] or self.got[r][head][carry] < edge.needs(d + 1, n[tail], n[head]):
+        if d >= n[head] or self.got[r][head][carry] < self.need[r][head][carry][d + 1]:
             return self.home(r, head, d)
         return None
 
@@ -332,28 +346,30 @@ class Simulation:
         rank = self.ranks[step.rank]
         rank.step = None
         rank.busy[step.unit] = rank.busy.get(step.unit, 0.0) + self.now - step.start
-        unit = self.flow.units[step.unit]
+        u, client, looped = step.unit, self.flow.units[step.unit].client, step.unit in self.loops_of
         sent: set[int] = set()
         for r in step.members:
-            self.done[r][step.unit] += 1
-            self.pending[r][step.unit] = False
+            n, done = self.n[r], self.done[r]
+            done[u] += 1
+            self.pending[r][u] = False
             self.left[r] -= 1
-            self.touch(r, step.unit)
-            if unit.client:
-                self.first[r].setdefault(step.unit, self.now)
-            for b, i in self.consumers[step.unit]:
-                if not self.n[r][b]:
+            if looped:
+                self.touch(r, u)
+            if client:
+                self.first[r].setdefault(u, self.now)
+            for b, i in self.consumers[u]:
+                if not n[b]:
                     continue
-                to = self.home(r, b, min(self.done[r][b] + 1, self.n[r][b]))
-                if to in (step.rank, FRONTEND_RANK):  # the frontend's receiving is in its measured CPU
+                to = self.home(r, b, done[b] + 1 if done[b] < n[b] else n[b])
+                if to == step.rank or to == FRONTEND_RANK:  # the frontend's receiving is in its measured CPU
                     self.arrive(r, b, i)
                 else:
                     sent.add(to)
                     self._at(self.now + self.table.hop_latency_s, "arrive", (r, b, i))
-            self.check(r, step.unit)
+            self.check(r, u)
             if self.left[r] == 0:
                 self.finish(r)
-        if step.unit in self.tails:
+        if u in self.tails:
             self.release_held()
         for to in sent:  # one message per step per destination
             rank.debt += self.table.hop_s
@@ -361,10 +377,12 @@ class Simulation:
 
     def arrive(self, r: int, u: int, i: int) -> None:
         self.got[r][u][i] += 1
-        self.touch(r, u)
-        self.check(r, u)
         if u in self.held:
+            self.touch(r, u)
+            self.check(r, u)
             self.release_held()
+        else:
+            self.check(r, u)
 
     def _at(self, t: float, kind: str, payload: tuple) -> None:
         self.seq += 1
@@ -394,7 +412,8 @@ class Simulation:
                 t += rng.expovariate(self.load.rate)
         while len(self.finished) < self.load.count:
             for rank in self.ranks.values():
-                self.dispatch(rank)
+                if rank.step is None and rank.waiting:
+                    self.dispatch(rank)
             if not self.advance():
                 break
         return self.score()
