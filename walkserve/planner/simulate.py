@@ -264,7 +264,10 @@ class Simulation:
                 self.held[u].discard(r)
         self.pending[r][u] = True
         rank = self.ranks[self.home(r, u, k)]
-        rank.ready.setdefault(u, deque()).append(r)
+        q = rank.ready.get(u)
+        if q is None:
+            q = rank.ready[u] = deque()
+        q.append(r)
         rank.waiting += 1
         if u in self.held:
             self.touch(r, u)
