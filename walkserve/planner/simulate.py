@@ -270,7 +270,7 @@ class Simulation:
         q.append(r)
         rank.waiting += 1
         if u in self.held:
-            self.touch(r, u)
+            self.touch(r, u)  # a queued item is not inside an iteration (an item forced out may have been)
         return True
 
     # ---- a loop's cohort ---------------------------------------------------------------------
@@ -380,12 +380,12 @@ class Simulation:
 
     def arrive(self, r: int, u: int, i: int) -> None:
         self.got[r][u][i] += 1
-        if u in self.held:
-            self.touch(r, u)
-            self.check(r, u)
+        looped = u in self.held
+        if looped:
+            self.touch(r, u)  # the carry's arrival ends ``r``'s iteration
+        self.check(r, u)
+        if looped:
             self.release_held()
-        else:
-            self.check(r, u)
 
     def _at(self, t: float, kind: str, payload: tuple) -> None:
         self.seq += 1
