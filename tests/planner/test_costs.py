@@ -15,6 +15,19 @@ def test_fit_recovers_a_line_and_scales_by_threads():
     assert cost.step_seconds(3.0, 1) == pytest.approx(0.014)  # one thread, never measured: twice the work time
 
 
+def test_fit_takes_the_fastest_repeat_of_each_concurrency():
+    # a step of 2 ms + 0.1 ms per item; one repeat at each of the two larger batches was slowed by other work on
+    # the host (1.5x): least squares over every sample tripled the per-item cost, so batching looked dear
+    cost = NodeCost()
+    for c in (1, 2, 4, 8):
+        cost.add(1, c, float(c), 0.002 + 0.0001 * c)
+        cost.add(1, c, float(c), (0.002 + 0.0001 * c) * (1.5 if c >= 4 else 1.0))
+    cost.add(1, 8, 4.0, 0.005)  # a repeat that batched less and took longer per item: not the fastest
+    fixed, per_item = cost.fit(1)
+    assert (fixed, per_item) == (pytest.approx(0.002), pytest.approx(0.0001))
+    assert cost.step_seconds(4.0, 1) / cost.step_seconds(2.0, 1) == pytest.approx(2.4 / 2.2)
+
+
 def test_batch_at_interpolates_between_concurrencies_and_grows_beyond():
     cost = NodeCost()
     cost.add(1, 1, 1.0, 0.01)

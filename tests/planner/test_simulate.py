@@ -227,6 +227,38 @@ def test_planner_keeps_a_latency_bound_nested_loop_together():
     assert split and all(c.score.throughput < 0.8 * together.score.throughput for c in split)
 
 
+def speech(tokens: int = 64, window: int = 16) -> WalkGraph:
+    """Loop(tokens)[ lm ] ~> FixedChunk(window) ~> codec -> client (Orpheus: an LM and its codec's windows)."""
+    loop = Loop(GraphNode("lm", ["x"], ["x"]), iterations=tokens, carry={"lm.x": "lm.x"}, name="gen")
+    edges = [GraphEdge("input.x", "lm.x"), StreamingGraphEdge("lm.x", "codec.x", FixedChunk(window)),
+             GraphEdge("codec.y", Client("audio"))]
+    return WalkGraph("speech", [Walk("w", Parallel(loop, GraphNode("codec", ["x"], ["y"])), edges, ["x"])],
+                     FunctionStateMachine(_start))
+
+
+def test_a_slow_repeat_in_the_profile_does_not_favour_replicas():
+    # tiny Orpheus's LM step barely grows with the batch (2.0 ms at 1, 2.3 ms at 4). A profile whose repeats at
+    # the larger batches were slowed by other work on the host (1.5x) fitted a steeper line: two full replicas
+    # (the LM at half the batch, beside its codec) then ranked above the LM alone on a rank, which batches all
+    # requests, as the bench measured the other way round (docs/placement.md, issue 31)
+    def profiled(fixed: float, per_item: float, slow: float) -> NodeCost:
+        c = NodeCost()
+        for threads in (1, 2):  # a tiny model's step is no faster at two threads
+            for conc in (1, 2, 4, 8):
+                c.add(threads, conc, float(conc), fixed + per_item * conc)
+                c.add(threads, conc, float(conc), (fixed + per_item * conc) * (slow if conc >= 4 else 1.0))
+        return c
+
+    model, devices = NullModel(speech(), null("lm", "codec")), parse_devices("cpu:0-1")
+    ranked = {}
+    for slow in (1.0, 1.5):
+        t = costs({"lm": profiled(0.0019, 0.0001, slow), "codec": profiled(0.0036, 0.0015, 1.0)}, {"lm": 64, "codec": 4})
+        t.cores = 2
+        ranked[slow] = [c.name for c in enumerate_candidates(model, devices, t, Load(4))]
+    assert ranked[1.0][0] == "[lm] | [codec]"
+    assert ranked[1.5] == ranked[1.0]
+
+
 def test_walks_that_feed_each_other_do_not_deadlock():
     # walk w: a prefill (a, outside any loop) feeds a loop of b; walk w2: b feeds a. Read naively, a waits for b
     # and b for a: the edge that closes the cycle is read as a carry, a setup edge needs only a first item

@@ -4,7 +4,9 @@ A profile (``planner.profile``) runs the model on one rank and reads the
 runtime's per-node counters (steps, items, busy seconds); each run at one
 concurrency and one thread count gives one sample per node: the mean batch
 size and the mean seconds per step. ``NodeCost`` fits ``seconds(batch) =
-fixed + per_item * batch`` through the samples of one thread count and, for a
+fixed + per_item * batch`` through the samples of one thread count (of the
+repeats at one concurrency, the fastest: on a shared host the noise is the
+time other processes took, which only ever adds) and, for a
 thread count never measured, scales the nearest measured one by the ratio of
 threads (a CPU step's compute divides over its threads; the fixed part too:
 on a tiny model it is mostly the same kernels' launch overhead).
@@ -70,9 +72,19 @@ class NodeCost:
                 return max(1.0, b0 + (b1 - b0) * (concurrency - c0) / (c1 - c0))
         return max(1.0, pts[-1][1] * concurrency / pts[-1][0])
 
+    def fastest(self, threads: int) -> list[tuple[float, float, float]]:
+        """``threads``' samples, of each concurrency only its fastest repeat (the fewest seconds per item: each
+        repeat ran the same requests). Another process's load on the host only ever adds time, so the fastest of
+        runs that did the same work is the truest; a slow repeat at a large batch would steepen the line."""
+        best: dict[float, tuple[float, float, float]] = {}
+        for c, b, s in self.samples[threads]:
+            if c not in best or s / max(b, 1e-9) < best[c][2] / max(best[c][1], 1e-9):
+                best[c] = (c, b, s)
+        return list(best.values())
+
     def fit(self, threads: int) -> tuple[float, float]:
-        """(fixed seconds, seconds per item) at ``threads``, least squares over that count's samples."""
-        pts = [(b, s) for _, b, s in self.samples[threads]]
+        """(fixed seconds, seconds per item) at ``threads``, least squares over that count's fastest repeats."""
+        pts = [(b, s) for _, b, s in self.fastest(threads)]
         if len({b for b, _ in pts}) < 2:
             return sum(s for _, s in pts) / len(pts), 0.0  # one batch size seen: the step cost does not depend on the batch as far as we know
         n = len(pts)
