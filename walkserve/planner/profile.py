@@ -5,7 +5,9 @@ device kind, so the costs include what the engines and the executor really do
 per step. For each thread count (a CPU rank's share of the host's cores) and
 each concurrency, the workload's requests run at once and the runtime's
 per-node counters (steps, items, busy seconds) give one sample per node: the
-mean batch and the seconds per step (``costs.NodeCost``). A lone request's
+mean batch and the seconds per step (``costs.NodeCost``, which keeps the fastest repeat
+of each concurrency; the repeats go round-robin over the concurrencies, so a burst of other work on the host
+slows one repeat of a level, not every one). A lone request's
 time until it has begun every output stream it makes (a spoken answer's first
 audio) is kept as the idle TTFA. Before those runs, the workload's first
 requests run alone, one after another: the items each one makes of each node (``CostTable.requests``; a spoken answer runs the talker's
@@ -28,6 +30,7 @@ engines (the runtime's own keys); the planner maps both onto the placement.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -127,20 +130,20 @@ async def _profile_threads(model: Model, workload: Workload, table: CostTable, d
         await _run(engine, workload.specs(engine.processor, 1))  # warm-up: first-call costs stay out of the samples
         if not table.requests:
             await _profile_requests(engine, workload, table, progress)
-        for level in levels:
-            for r in range(repeats):
-                if progress:
-                    progress(f"profile: {threads} thread(s), {level} request(s) at once, run {r + 1}/{repeats}")
-                before = await _counters(engine)
-                cpu = _frontend_cpu(engine)
-                first = await _run(engine, workload.specs(engine.processor, level))
-                frontend.append((max(0.0, _frontend_cpu(engine) - cpu), level))
-                after = await _counters(engine)
-                if level == 1:
-                    table.first_output_s[threads] = min(first, table.first_output_s.get(threads, first))
-                _add_samples(table, threads, level, before.nodes, after.nodes, items)
-                _add_outside(table, threads, level, before, after)
-                worker = [worker[0] + after.cpu_s - before.cpu_s, worker[1] + after.active_s - before.active_s]
+        for r, level in itertools.product(range(repeats), levels):  # round-robin: a burst of other work on the
+            # host slows one repeat of a level, not all of them (the fit keeps the fastest, ``NodeCost.fastest``)
+            if progress:
+                progress(f"profile: {threads} thread(s), {level} request(s) at once, run {r + 1}/{repeats}")
+            before = await _counters(engine)
+            cpu = _frontend_cpu(engine)
+            first = await _run(engine, workload.specs(engine.processor, level))
+            frontend.append((max(0.0, _frontend_cpu(engine) - cpu), level))
+            after = await _counters(engine)
+            if level == 1:
+                table.first_output_s[threads] = min(first, table.first_output_s.get(threads, first))
+            _add_samples(table, threads, level, before.nodes, after.nodes, items)
+            _add_outside(table, threads, level, before, after)
+            worker = [worker[0] + after.cpu_s - before.cpu_s, worker[1] + after.active_s - before.active_s]
     finally:
         await engine.shutdown(drain_s=0)
     if device == "cpu" and worker[0] > 0 and worker[1] > 0:
