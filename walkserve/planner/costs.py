@@ -49,9 +49,11 @@ class NodeCost:
     """One node's step cost samples: threads -> [(requests at once, mean batch, seconds per step)]."""
 
     samples: dict[int, list[tuple[float, float, float]]] = field(default_factory=dict)
+    _fits: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False, compare=False)  # threads -> fit
 
     def add(self, threads: int, concurrency: float, batch: float, seconds: float) -> None:
         self.samples.setdefault(threads, []).append((concurrency, batch, seconds))
+        self._fits.clear()
 
     def _nearest(self, threads: int) -> int:
         return min(self.samples, key=lambda t: (abs(t - threads), -t))
@@ -84,7 +86,13 @@ class NodeCost:
 
     def fit(self, threads: int) -> tuple[float, float]:
         """(fixed seconds, seconds per item) at ``threads``, least squares over that count's fastest repeats."""
-        pts = [(b, s) for _, b, s in self.fastest(threads)]
+        found = self._fits.get(threads)
+        if found is None:
+            found = self._fits[threads] = self._fit([(b, s) for _, b, s in self.fastest(threads)])
+        return found
+
+    @staticmethod
+    def _fit(pts: list[tuple[float, float]]) -> tuple[float, float]:
         if len({b for b, _ in pts}) < 2:
             return sum(s for _, s in pts) / len(pts), 0.0  # one batch size seen: the step cost does not depend on the batch as far as we know
         n = len(pts)
