@@ -28,6 +28,21 @@ def test_fit_takes_the_fastest_repeat_of_each_concurrency():
     assert cost.step_seconds(4.0, 1) / cost.step_seconds(2.0, 1) == pytest.approx(2.4 / 2.2)
 
 
+def test_a_step_at_a_measured_batch_is_what_it_measured():
+    # both repeats at 8 slowed (no fastest repeat is clean there): the batches the placements run at (up to 4)
+    # keep their measured steps, interpolated between them, and only a batch beyond 8 follows the line's slope
+    cost = NodeCost()
+    for c, seconds in ((1, 0.0020), (2, 0.0021), (4, 0.0023), (8, 0.0046), (8, 0.0050)):
+        cost.add(1, c, float(c), seconds)
+    cost.add(1, 2, 2.0, 0.0019)  # the fastest repeat at 2, below the step at 1: a larger batch is never cheaper
+    assert cost.step_seconds(1.0, 1) == pytest.approx(0.0020)
+    assert cost.step_seconds(2.0, 1) == pytest.approx(0.0020)
+    assert cost.step_seconds(3.0, 1) == pytest.approx(0.00215)
+    assert cost.step_seconds(4.0, 1) == pytest.approx(0.0023)
+    assert cost.step_seconds(4.0, 2) == pytest.approx(0.00115)  # two threads, never measured: half
+    assert cost.step_seconds(16.0, 1) == pytest.approx(0.0046 + 8 * cost.fit(1)[1])
+
+
 def test_batch_at_interpolates_between_concurrencies_and_grows_beyond():
     cost = NodeCost()
     cost.add(1, 1, 1.0, 0.01)

@@ -3,10 +3,12 @@
 A profile (``planner.profile``) runs the model on one rank and reads the
 runtime's per-node counters (steps, items, busy seconds); each run at one
 concurrency and one thread count gives one sample per node: the mean batch
-size and the mean seconds per step. ``NodeCost`` fits ``seconds(batch) =
-fixed + per_item * batch`` through the samples of one thread count (of the
-repeats at one concurrency, the fastest: on a shared host the noise is the
-time other processes took, which only ever adds) and, for a
+size and the mean seconds per step. ``NodeCost`` keeps, of the repeats at one
+concurrency, the fastest (on a shared host the noise is time taken by other
+work, which only ever adds), steps a batch the profile measured at what it
+measured, interpolates between those batches, and beyond the largest extends
+by the slope of ``seconds(batch) = fixed + per_item * batch`` fitted through
+them; for a
 thread count never measured, scales the nearest measured one by the ratio of
 threads (a CPU step's compute divides over its threads; the fixed part too:
 on a tiny model it is mostly the same kernels' launch overhead).
@@ -50,10 +52,12 @@ class NodeCost:
 
     samples: dict[int, list[tuple[float, float, float]]] = field(default_factory=dict)
     _fits: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False, compare=False)  # threads -> fit
+    _curves: dict[int, list[tuple[float, float]]] = field(default_factory=dict, repr=False, compare=False)
 
     def add(self, threads: int, concurrency: float, batch: float, seconds: float) -> None:
         self.samples.setdefault(threads, []).append((concurrency, batch, seconds))
         self._fits.clear()
+        self._curves.clear()
 
     def _nearest(self, threads: int) -> int:
         return min(self.samples, key=lambda t: (abs(t - threads), -t))
@@ -105,12 +109,28 @@ class NodeCost:
         return fixed, slope
 
     def step_seconds(self, batch: float, threads: int) -> float:
-        """Seconds one step of ``batch`` items takes on a rank with ``threads`` threads."""
+        """Seconds one step of ``batch`` items takes on a rank with ``threads`` threads: between the batches the
+        profile measured, interpolated between the fastest repeats' steps (never less than at a smaller batch);
+        beyond the largest, that step and the fitted line's seconds per item. The line alone was pulled by its
+        largest batch (the most leverage, and the repeat a burst of other work most often slowed) away from the
+        small batches the placements run at (docs/placement.md, "Orpheus's three best")."""
         if not self.samples:
             return 0.0
         measured = self._nearest(threads)
-        fixed, per_item = self.fit(measured)
-        return (fixed + per_item * batch) * measured / max(1, threads)
+        return self._measured_step(batch, measured) * measured / max(1, threads)
+
+    def _measured_step(self, batch: float, threads: int) -> float:
+        pts = self._curves.get(threads)
+        if pts is None:
+            pts = self._curves[threads] = sorted((b, s) for _, b, s in self.fastest(threads))
+            for i in range(1, len(pts)):  # a larger batch never steps faster (noise again)
+                pts[i] = (pts[i][0], max(pts[i][1], pts[i - 1][1]))
+        if batch <= pts[0][0]:
+            return pts[0][1]
+        for (b0, s0), (b1, s1) in itertools.pairwise(pts):
+            if batch <= b1:
+                return s0 + (s1 - s0) * (batch - b0) / (b1 - b0)
+        return pts[-1][1] + self.fit(threads)[1] * (batch - pts[-1][0])
 
 
 @dataclass
