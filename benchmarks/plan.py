@@ -7,7 +7,9 @@ one's throughput, then serve the workload on each candidate and on the
 hand-written placements shipped for the model, one after the other in this
 run, and measure requests/s. Reported: predicted vs measured per placement,
 the Spearman rank correlation over the candidates (of the simulation, which
-chooses, and of the analytical bound, side by side), and the planner's pick
+chooses, and of the analytical bound, side by side), the pairs of candidates
+every round measured in one order against the simulation's order (a pair whose
+rounds disagree is within the machine's noise and counts neither way), and the planner's pick
 against the best hand-written placement as a ratio. On a shared machine the
 measurements are noisy: the report carries the load average.
 """
@@ -48,6 +50,24 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
     vx, vy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
     return cov / (vx * vy) ** 0.5 if vx and vy else 0.0
+
+
+def pair_orders(predicted: list[float], rounds: list[list[float]]) -> tuple[int, int, int]:
+    """Over every pair of placements: (pairs every round measured in the predicted order, pairs every round
+    measured in the other order, pairs whose rounds disagree). The rounds go round-robin, so a pair's two
+    measurements in one round saw about the same machine; a pair only counts as ordered when every round agrees."""
+    agree = disagree = unresolved = 0
+    for i in range(len(predicted)):
+        for j in range(i + 1, len(predicted)):
+            signs = {(a > b) - (a < b) for a, b in zip(rounds[i], rounds[j], strict=True)}
+            want = (predicted[i] > predicted[j]) - (predicted[i] < predicted[j])
+            if len(signs) != 1 or 0 in signs or want == 0:
+                unresolved += 1
+            elif signs == {want}:
+                agree += 1
+            else:
+                disagree += 1
+    return agree, disagree, unresolved
 
 
 def checkpoint(family: str, root: Path) -> str:
@@ -127,9 +147,11 @@ def run(family: str, devices: str, requests: int, repeats: int, cache: Path | No
     hand = [r for r in rows if r[0] == "hand-written"]
     rho = {how: spearman([r[col] for r in cands], [r[4] for r in cands]) if len(cands) > 1 else float("nan")
            for how, col in (("simulated", 2), ("bound", 3))}
+    picked = [i for i, r in enumerate(rows) if r[0] == "candidate"]
+    pairs = pair_orders([rows[i][2] for i in picked], [seen[i] for i in picked])
     pick = cands[0][4]  # spread() keeps the planner's pick first
     best_hand = max((r[4] for r in hand), default=float("nan"))
-    return {"rows": rows, "spearman": rho, "pick_vs_best_hand": pick / best_hand if hand else float("nan"),
+    return {"rows": rows, "spearman": rho, "pairs": pairs, "pick_vs_best_hand": pick / best_hand if hand else float("nan"),
             "pick": result.winner.name, "why": result.why}
 
 
@@ -152,6 +174,9 @@ def main(argv: list[str]) -> int:
     n = sum(r[0] == "candidate" for r in out["rows"])
     print(f"Spearman(predicted, measured) over {n} candidates: simulated {out['spearman']['simulated']:.2f}, "
           f"analytical bound {out['spearman']['bound']:.2f}")
+    agree, disagree, unresolved = out["pairs"]
+    print(f"pairs of candidates every round measured in one order: {agree} as simulated, {disagree} the other way; "
+          f"{unresolved} pair(s) whose rounds disagree (within this machine's noise)")
     print(f"planner's pick {out['pick']}: {out['pick_vs_best_hand']:.2f}x the best hand-written placement (measured)")
     print(f"why: {out['why']}")
     return 0

@@ -1,8 +1,9 @@
-"""``./dev bench plan``'s arithmetic: Spearman's rank correlation and the spread of measured candidates."""
+"""``./dev bench plan``'s arithmetic: Spearman's rank correlation, the pairs every round ordered, the spread of
+measured candidates."""
 
 import pytest
 
-from benchmarks.plan import spearman, spread
+from benchmarks.plan import pair_orders, spearman, spread
 
 
 def test_spearman_orders_ties_and_reversals():
@@ -18,3 +19,13 @@ def test_spread_keeps_the_pick_first_and_the_worst_last():
     picked = spread(ranked, 6)
     assert picked[0] == 0 and picked[-1] == 19 and len(set(picked)) == 6
     assert spread(ranked[:4], 6) == [0, 1, 2, 3]
+
+
+def test_a_pair_counts_only_when_every_round_orders_it_the_same_way():
+    predicted = [3.0, 2.0, 1.0]
+    rounds = [[10, 11, 12],  # a: above b and c in every round
+              [9, 12, 8],    # b: against c the rounds agree (above), against a they disagree
+              [5, 6, 7]]
+    assert pair_orders(predicted, rounds) == (2, 0, 1)  # a>c and b>c as predicted; a-b within noise
+    assert pair_orders([1.0, 2.0, 3.0], rounds) == (0, 2, 1)  # the same measurements against the reverse order
+    assert pair_orders([1.0, 1.0], [[1, 2], [2, 1]]) == (0, 0, 1)  # a predicted tie orders nothing
