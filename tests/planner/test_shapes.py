@@ -154,3 +154,30 @@ def test_a_search_scored_in_several_processes_gives_the_same_candidates_in_the_s
         runs[jobs] = ([(c.name, c.data, c.score) for c in cands], rejected)
     assert len(spawned) == 1 and spawned[0] > 10  # jobs=2 handed the splits after the first to the processes
     assert len(runs[1][0]) > 20 and runs[1] == runs[2]
+
+
+def test_a_search_whose_processes_fail_goes_on_in_this_one_with_the_same_candidates(omni_dir, monkeypatch, caplog):
+    from walkserve.models.base import ModelRef
+    from walkserve.models.registry import load_model
+    from walkserve.planner import search
+    from walkserve.planner.devices import parse_devices
+    from walkserve.planner.shapes import costs_from_shapes
+    from walkserve.planner.workload import default_workload
+
+    model = load_model(ModelRef("qwen3-omni", str(omni_dir)))
+    workload = default_workload("qwen3-omni", model.processor())
+    table = costs_from_shapes(model, workload, H100)
+    devices = parse_devices("cuda:0-2@4GiB")
+    alone = search.enumerate_candidates(model, devices, table, workload.load)
+
+    def broken(model, devices, table, load, scorer, chains, jobs):  # gives two splits back, then its pool breaks
+        probe = search.ChainSearch(model, devices, table, load, scorer)
+        for assign in chains[:2]:
+            yield probe.chain(assign)
+        raise OSError("no processes here")
+
+    monkeypatch.setattr(search, "PARALLEL_AFTER_S", 0.0)
+    monkeypatch.setattr(search, "in_processes", broken)
+    cands = search.enumerate_candidates(model, devices, table, workload.load, jobs=2)
+    assert [(c.name, c.score) for c in cands] == [(c.name, c.score) for c in alone] and len(alone) > 20
+    assert "scoring in 2 processes failed (OSError: no processes here)" in caplog.text

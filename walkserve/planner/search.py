@@ -14,6 +14,7 @@ and the family's own memory report) or is dropped.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from walkserve.planner.devices import Device, host_cores
 from walkserve.planner.parallel import in_processes
 from walkserve.planner.score import Cores, Score, score
 from walkserve.planner.simulate import Load, simulate
+
+log = logging.getLogger(__name__)
 
 MAX_CANDIDATES = 20000
 PARALLEL_AFTER_S = 20.0  # a search's time left past which ``jobs`` processes score the rest (each loads the model)
@@ -186,14 +189,23 @@ def enumerate_candidates(model: Model, devices: list[Device], table: CostTable |
 
 def _chains(search: ChainSearch, model: Model, chains: list[list[int]], jobs: int) -> Iterator[tuple[list, list[str]]]:
     """Each chain's (candidates, rejections) in order: scored here, and once the chains scored so far say the rest
-    would take over ``PARALLEL_AFTER_S``, by ``jobs`` processes."""
-    t0 = time.monotonic()
-    for i, assign in enumerate(chains):
-        yield search.chain(assign)
-        left = len(chains) - i - 1
-        if jobs > 1 and left > 1 and search.table is not None and (time.monotonic() - t0) / (i + 1) * left > PARALLEL_AFTER_S:
-            yield from in_processes(model, search.devices, search.table, search.load, search.scorer, chains[i + 1:], jobs)
-            return
+    would take over ``PARALLEL_AFTER_S``, by ``jobs`` processes (when those fail, by this one again, from the
+    first chain they did not give back)."""
+    t0, done = time.monotonic(), 0
+    while done < len(chains):
+        yield search.chain(chains[done])
+        done += 1
+        left = len(chains) - done
+        if jobs > 1 and left > 1 and search.table is not None and (time.monotonic() - t0) / done * left > PARALLEL_AFTER_S:
+            try:
+                for result in in_processes(model, search.devices, search.table, search.load, search.scorer,
+                                           chains[done:], jobs):
+                    yield result
+                    done += 1
+            except Exception as e:  # a process that could not start, load the model or answer: go on here
+                log.warning("plan: scoring in %d processes failed (%s: %s); the %d split(s) left are scored here",
+                            jobs, type(e).__name__, e, len(chains) - done)
+            jobs = 1
 
 
 class ChainSearch:
