@@ -209,8 +209,9 @@ def _chains(search: ChainSearch, model: Model, chains: list[list[int]], jobs: in
 
 
 class ChainSearch:
-    """One split of the node groups into blocks (a chain): the blocks on ranks of their own, then the busiest
-    block's rank given a replica on a spare device, one more at a time, while devices are left."""
+    """What a search scores its splits with (the model's node groups, its start-up checker, the costs and the load).
+    A chain is one split of the node groups into blocks: the blocks on ranks of their own, then the busiest block's
+    rank given a replica on a spare device, one more at a time, while devices are left (``chain``)."""
 
     def __init__(self, model: Model, devices: list[Device], table: CostTable | None, load: int | Load, scorer: str):
         self.devices, self.table, self.load, self.scorer = devices, table, load, scorer
