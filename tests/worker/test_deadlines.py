@@ -36,7 +36,9 @@ class Clock:
 
 
 def member(rid: str, k: int = 0, program=PROGRAM, stream: bool = False):
-    return SimpleNamespace(rid=rid, k=k, run=SimpleNamespace(program=program, request=SimpleNamespace(stream=stream)))
+    streamed = stream or bool(program.plan.walk.playback)  # as ``WalkRun`` works it out
+    return SimpleNamespace(rid=rid, k=k, run=SimpleNamespace(program=program, request=SimpleNamespace(stream=stream),
+                                                             streamed=streamed))
 
 
 def scheduler(**config) -> tuple[Deadlines, Clock, StepCosts]:

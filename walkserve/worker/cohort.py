@@ -40,7 +40,7 @@ from walkserve.worker.engine_set import EngineSet
 from walkserve.worker.gathered import Call, pick_gathered
 from walkserve.worker.group import build_group
 from walkserve.worker.local import ChildUnit, LocalLevel, NodeUnit
-from walkserve.worker.program import CARRY, CUR, LevelKind, NodeProgram
+from walkserve.worker.program import CUR, LevelKind, NodeProgram
 from walkserve.worker.rows import DecisionRow, EndRow, ItemRow, Row, ValueRow
 from walkserve.worker.state import (
     ANSWERED,
@@ -52,18 +52,20 @@ from walkserve.worker.state import (
     Member,
     WalkRun,
 )
+from walkserve.worker.waits import has_check
 
 _MISSING = object()
 
 
 class Cohort:
-    __slots__ = ("again", "boundary", "buckets", "engines", "fx", "joining", "later", "local", "ready", "registry",
-                 "start_waits", "units")
+    __slots__ = ("again", "boundary", "buckets", "engines", "fx", "has", "joining", "later", "local", "ready",
+                 "registry", "start_waits", "units")
 
     def __init__(self, registry: Cohorts, local: LocalLevel):
         self.registry, self.fx, self.engines = registry, registry.fx, registry.engines
         self.local, self.units = local, local.units
         self.buckets: list[list[Member]] = [[] for _ in range(len(local.units) + 1)]
+        self.has = [has_check(unit) for unit in local.units]  # per unit: whether a member has what it waits for
         self.joining: list[Member] = []
         self.boundary = False  # members started an iteration in the last pass
         self.again = False  # the last pass only ended iterations: pass again now
@@ -121,17 +123,17 @@ class Cohort:
             if not bucket:
                 continue
             ready, stay, nxt = [], [], buckets[i + 1]
-            waits = unit.waits
+            has = self.has[i]
             for m in bucket:
                 phase = m.phase
                 if phase is RUNNING or phase is YIELDED:
-                    (stay if waits and not self._has(m, unit) else ready).append(m)
+                    (stay if has is not None and not has(m) else ready).append(m)
                 elif phase is GATED:  # at the first unit of a gated level
                     if not iteration.gate(fx, m):
                         if m.live:
                             stay.append(m)
                         continue
-                    (stay if waits and not self._has(m, unit) else ready).append(m)
+                    (stay if has is not None and not has(m) else ready).append(m)
                 elif phase is ANSWERED:
                     m.move_to(i + 1)
                     nxt.append(m)
@@ -162,27 +164,6 @@ class Cohort:
         iteration makes no boundary), members answered LATER. Any other member waits for what touches the cohort
         when it comes (a row, a decision, a chunk, a child's end, an engine's answer, a deferred pick)."""
         return self.ready or self.later or (bool(self.joining) and self._admits())
-
-    def _has(self, m: Member, unit: NodeUnit | ChildUnit) -> bool:
-        """Whether everything the unit waits for is here for this member."""
-        if type(unit) is ChildUnit:
-            cur = m.cur
-            return all(k[0] in cur and k[1] in cur[k[0]] for k in unit.waits)
-        for r in unit.waits:
-            kind = r.kind
-            if kind is CUR:
-                values = m.cur.get(r.node)
-            elif kind is CARRY:
-                if not m.k:
-                    continue
-                values = m.prev.get(r.node)
-            else:
-                if m.run.stream_in(r.stream, m.outer).buffer.chunk(m.k) is None:
-                    return False
-                continue
-            if values is None or r.output not in values:
-                return False
-        return True
 
     # ---- node units ----------------------------------------------------------------------------
     def _run(self, unit: NodeUnit, ready: list[Member], stay: list[Member], nxt: list[Member], i: int) -> None:
@@ -259,7 +240,19 @@ class Cohort:
         out, name = self.fx.out, unit.node.name
         walk = self.local.program.walk
         for output, readers in unit.sends:
-            key, rows, ranks, into = (name, output), {}, None, ()
+            key = (name, output)
+            values = [v for m in done if (v := m.cur[name].get(output, _MISSING)) is not _MISSING]
+            ranks = done[0].run.remote_readers(key, readers) if done else ()
+            if len(values) == len(done) and [m.run.targets.get(key) for m in done].count(ranks) == len(done):
+                # the common case: every member's value goes to the same ranks (``remote_readers`` cached them alike)
+                rids, paths = [m.rid for m in done], [m.path for m in done]
+                for rank in ranks:
+                    into = out.value_rows(rank, walk, name, output)
+                    into[0].extend(rids)
+                    into[1].extend(paths)
+                    into[2].extend(values)
+                continue
+            rows, ranks, into = {}, None, ()
             for m in done:
                 value = m.cur[name].get(output, _MISSING)
                 if value is _MISSING:
@@ -307,13 +300,20 @@ class Cohort:
         fx, local = self.fx, self.local
         decided, stay = [], []
         told = local.awaits  # another rank decides: wait here until its decision came
+        decide = iteration.decide
         for m in self.buckets[-1]:
             if m.phase is ENDED:
                 continue
-            if m.children or (told and m.end is None and m.decided < m.k):
+            if m.children:
                 stay.append(m)
                 continue
-            end = iteration.decide(fx, m)
+            if told and m.end is None:  # another rank decides: iteration k goes on once its decision came
+                if m.decided < m.k:
+                    stay.append(m)
+                else:
+                    decided.append((m, None))
+                continue
+            end = decide(fx, m)
             if end is iteration.WAIT:
                 stay.append(m)
             elif m.phase is not ENDED:
@@ -321,8 +321,8 @@ class Cohort:
         self.buckets[-1] = stay
         if not decided:
             return False
-        exposed = [m for m, end in decided if end is None or m.k < end]
         if local.at_finish:
+            exposed = [m for m, end in decided if end is None or m.k < end]
             for node in local.leaving:
                 self.leave(node, exposed)
         if local.exits or any(m.held for m, _ in decided):
@@ -331,7 +331,8 @@ class Cohort:
                     iteration.expose(fx, m)
                 else:
                     m.take_held()  # not exposed: what waited for it is dropped
-        first = self.buckets[0]
+        first, ready, waits = self.buckets[0], self.ready, self.start_waits
+        n_first = len(first)
         for m, end in decided:
             if m.phase is ENDED:
                 continue
@@ -340,9 +341,11 @@ class Cohort:
             else:
                 m.next_iteration()
                 first.append(m)
-                self.boundary = True
-                if not self.start_waits or m.cur:  # its first unit's values from elsewhere may be here (ahead)
-                    self.ready = True
+                if not ready and (not waits or m.cur):  # its first unit's values from elsewhere may be here (ahead)
+                    ready = True
+        self.ready = ready
+        if len(first) > n_first:
+            self.boundary = True
         return True
 
     # ---- child units ---------------------------------------------------------------------------

@@ -94,7 +94,7 @@ class Deadlines:
         """``pick`` for one engine call whose members come from several units (a gathering engine's call over
         every cohort): member i is at ``nodes[i]``; ``capacity`` bounds them all together."""
         cap = capacity or len(ready)
-        if len(ready) <= cap and not any(streamed(m) for m in ready):  # no deadline, and it all fits
+        if len(ready) <= cap and not any(m.run.streamed for m in ready):  # no deadline, and it all fits
             self.waiting += len(ready)
             return ready, []
         now, batch = self.now(), min(len(ready), cap)
@@ -196,7 +196,7 @@ class Deadlines:
 
 def streamed(m: Member) -> bool:
     """The member's request streams audio (``StartWalk.stream``), or its walk declares playback."""
-    return m.run.request.stream or bool(m.run.program.plan.walk.playback)
+    return m.run.streamed
 
 
 def slack_bucket(slack: float) -> int:

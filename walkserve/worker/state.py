@@ -117,12 +117,14 @@ class WalkRun:
 
     __slots__ = (
         "done", "early", "firings", "hit_bound", "keep", "level_ranks", "local", "local_sets", "members", "outputs",
-        "program", "rank", "ranks", "request", "streams", "targets",
+        "program", "rank", "ranks", "request", "streamed", "streams", "targets",
     )
 
     def __init__(self, request: RequestState, program: WalkProgram, ranks: Mapping[str, int], rank: int):
         self.request, self.program, self.rank = request, program, rank
         self.ranks = dict(ranks)
+        # its audio plays as it streams (the request asked so, or the walk declares playback): deadline-scheduled
+        self.streamed = request.stream or bool(program.plan.walk.playback)
         self.local = frozenset(n for n in program.nodes if self.ranks.get(n) == rank)
         self.local_sets = {lid: lv.subtree & self.local for lid, lv in program.levels.items()}
         self.members: dict[tuple[str, Path], Member] = {}
