@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import os
 import statistics
+import sys
 import time
 from dataclasses import replace
 
@@ -245,13 +246,9 @@ def _split_rows(args: argparse.Namespace, steps: int) -> list[tuple]:
     return rows
 
 
-def wire_floor(batch: int, steps: int, rounds: int) -> tuple[float, float, float]:
-    """(colocated, split CPU µs per step, split / colocated) of the loop with both ranks in one process.
-
-    The executors stepped in lockstep, every frame between them through the real wire path
-    (``WireSimulator``): what the split costs before any process, socket or wake-up. Thread CPU
-    time, so the machine's load does not enter; the minimum over ``rounds`` alternating runs.
-    """
+def _wire_sim_run(batch: int, steps: int, ranks: dict[str, int], measure):
+    """Run the Null loop for ``batch`` requests of ``steps`` steps in a ``WireSimulator`` with ``ranks``; returns
+    what ``measure(run)`` returns, ``run`` being the simulation's ``run`` (every request's outputs are checked)."""
     import gc
 
     from walkserve.engines.registry import build_engines
@@ -266,25 +263,67 @@ def wire_floor(batch: int, steps: int, rounds: int) -> tuple[float, float, float
     def engines(rank: int) -> dict:
         return build_engines(specs, BuildContext(rank=rank, device="cpu", dtype=""))
 
-    def cpu_per_step(ranks: dict[str, int]) -> float:
-        sim = WireSimulator(model.graph(), ranks, engines)
-        for rank in set(ranks.values()):
-            sim.executor(rank)
-        for request in _requests(batch, steps):
-            sim.submit(request)
-        gc.collect()
+    sim = WireSimulator(model.graph(), ranks, engines)
+    for rank in set(ranks.values()):
+        sim.executor(rank)
+    for request in _requests(batch, steps):
+        sim.submit(request)
+    gc.collect()
+    out, results = measure(sim.run)
+    assert [len(r.outputs) for r in results.values()] == [steps] * batch, "a request lost outputs"
+    return out
+
+
+_PLACES = ({"a": 0, "b": 0}, {"a": 0, "b": 1})  # colocated, split
+
+
+def wire_floor(batch: int, steps: int, rounds: int) -> tuple[float, float, float]:
+    """(colocated, split CPU µs per step, split / colocated) of the loop with both ranks in one process.
+
+    The executors stepped in lockstep, every frame between them through the real wire path
+    (``WireSimulator``): what the split costs before any process, socket or wake-up. Thread CPU
+    time, so the machine's load does not enter; the minimum over ``rounds`` alternating runs.
+    """
+    def cpu(run) -> tuple[float, dict]:
         t0 = time.thread_time()
-        results = sim.run()
-        cpu = (time.thread_time() - t0) / steps * 1e6
-        assert [len(r.outputs) for r in results.values()] == [steps] * batch, "a request lost outputs"
-        return cpu
+        results = run()
+        return (time.thread_time() - t0) / steps * 1e6, results
 
     times: tuple[list[float], list[float]] = ([], [])
     for _ in range(rounds):
-        for ranks, runs in zip(({"a": 0, "b": 0}, {"a": 0, "b": 1}), times):
-            runs.append(cpu_per_step(ranks))
+        for ranks, runs in zip(_PLACES, times):
+            runs.append(_wire_sim_run(batch, steps, ranks, cpu))
     colocated, split = min(times[0]), min(times[1])
     return colocated, split, split / colocated
+
+
+def wire_opcodes(batch: int, steps: int) -> tuple[float, float, float]:
+    """(colocated, split Python opcodes per step, split / colocated) of the same in-process loop.
+
+    Counted with ``sys.settrace`` opcode events over a run of ``steps`` and one of ``3 * steps``, and
+    differenced, so the requests' start and end drop out: a count that neither the machine's load nor
+    its noise moves (on a shared machine, what to compare two trees by). Bytecode only: what torch,
+    msgspec and the sockets do in C is not counted.
+    """
+    def opcodes(run) -> tuple[int, dict]:
+        count = 0
+
+        def trace(frame, event, arg):
+            nonlocal count
+            frame.f_trace_opcodes = True
+            if event == "opcode":
+                count += 1
+            return trace
+        sys.settrace(trace)
+        try:
+            results = run()
+        finally:
+            sys.settrace(None)
+        return count, results
+
+    per_step = [(_wire_sim_run(batch, 3 * steps, ranks, opcodes) - _wire_sim_run(batch, steps, ranks, opcodes))
+                / (2 * steps) for ranks in _PLACES]
+    return per_step[0], per_step[1], per_step[1] / per_step[0]
 
 
 def main(argv: list[str]) -> int:
@@ -327,14 +366,18 @@ def main(argv: list[str]) -> int:
           f"RuntimeConfig(split_steps={HALVES}); over ZeroMQ: RuntimeConfig(direct_peers=False), the workers' "
           f"frames through ZeroMQ rather than datagram sockets; streamed loop: lm on rank 0, codec on rank 1.")
     floor_steps, floor_rounds = (30, 2) if args.quick else (100, 5)
-    floor = [(b, *wire_floor(b, floor_steps, floor_rounds)) for b in ((1, 16) if args.quick else (1, 16, 64))]
+    floor = [(b, *wire_floor(b, floor_steps, floor_rounds), *wire_opcodes(b, 5 if args.quick else 20))
+             for b in ((1, 16) if args.quick else (1, 16, 64))]
     print("\n## The same loop with both ranks in one process (the split's floor)\n")
-    print(table(["batch", "colocated CPU µs per step", "split CPU µs per step", "split / colocated"], floor))
+    print(table(["batch", "colocated CPU µs per step", "split CPU µs per step", "split / colocated",
+                 "colocated opcodes per step", "split opcodes per step", "split / colocated"], floor))
     print(f"\nThe executors stepped in lockstep, every frame between the ranks through the real wire path "
           f"(wire.pack, the codec, wire.unpack_message, Executor.receive), no processes or sockets; thread CPU time "
           f"(the load does not enter), the minimum of {floor_rounds} alternating runs of {floor_steps} steps; the "
           f"simulated conductor's side included in both. The ranks take turns (the carry and the decision go back "
-          f"every step), so a real split step takes at least its two ranks' share of this CPU, one after the other.")
+          f"every step), so a real split step takes at least its two ranks' share of this CPU, one after the other. "
+          f"Opcodes: Python bytecode executed per step (sys.settrace, a run of n steps subtracted from one of 3n), "
+          f"counted, so the load does not move it; what torch and the codec do in C is not in it.")
     c_steps = 20 if args.quick else 100
     n_steps = 4 if args.quick else 20
     busy = [("flat loop", c_steps, *compute_ratio(16, c_steps, 5.0, args.threads, repeat=repeat)),

@@ -17,6 +17,7 @@ from benchmarks.runtime import (
     pair_rounds,
     start,
     wire_floor,
+    wire_opcodes,
 )
 
 
@@ -126,3 +127,11 @@ def test_split_pair_runs_both_placements_in_alternating_rounds(null_one, stream_
 def test_the_wire_floor_runs_the_loop_on_one_rank_and_on_two_in_one_process():
     colocated, split, ratio = wire_floor(batch=4, steps=10, rounds=1)  # every request's outputs checked inside
     assert colocated > 0 and split > 0 and ratio == split / colocated
+
+
+def test_the_wire_opcodes_count_more_python_for_the_split_than_for_colocated():
+    colocated, split, ratio = wire_opcodes(batch=4, steps=3)
+    # the split packs, sends, unpacks and applies the rows of two messages a step that colocated never makes
+    assert 0 < colocated < split and ratio == split / colocated
+    again = wire_opcodes(batch=4, steps=3)  # a count, not a timing: within 1% run to run (clock-read branches vary)
+    assert again[0] == pytest.approx(colocated, rel=0.01) and again[1] == pytest.approx(split, rel=0.01)
