@@ -38,7 +38,6 @@ def _header_only(path: Path, tensors: dict[str, tuple[int, ...]], dtype: str) ->
 
 def _shapes() -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
     """(ema tensors, ae tensors) of the release, by checkpoint name."""
-    import torch
 
     from walkserve.models.bagel.config import BagelConfig, FluxAEConfig
     from walkserve.models.bagel.flux_ae import FluxDecoder, FluxEncoder
@@ -46,7 +45,7 @@ def _shapes() -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
     from walkserve.models.bagel.mot import MoTLM
     from walkserve.models.bagel.tiny import _llm_config
     from walkserve.models.bagel.vit import BagelViT
-    from walkserve.models.common.checkpoint import checkpoint_targets
+    from walkserve.models.common.checkpoint import checkpoint_targets, on_meta
     from walkserve.models.siglip.config import SiglipVisionConfig
 
     vit = SiglipVisionConfig.from_dict({**RELEASED_VIT, "num_hidden_layers": 26})
@@ -57,7 +56,7 @@ def _shapes() -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
         params = dict(module.named_parameters())
         return {name: tuple(params[t.param][t.index].shape) for name, t in checkpoint_targets(module, prefix).items()}
 
-    with torch.device("meta"):
+    with on_meta():
         ema = shapes(MoTLM(config.llm), "language_model.")
         v = BagelViT(config)
         ema.update(shapes(v.vit_model, "vit_model.vision_model."))

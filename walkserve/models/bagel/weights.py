@@ -28,7 +28,12 @@ from walkserve.models.bagel.latents import LatentEmbedder
 from walkserve.models.bagel.mot import MoTLM
 from walkserve.models.bagel.vae import VaeDecoder, VaeEncoder
 from walkserve.models.bagel.vit import BagelViT, linear_to_conv_patch_weight
-from walkserve.models.common.checkpoint import SafetensorsCheckpoint, load_into, materialize
+from walkserve.models.common.checkpoint import (
+    SafetensorsCheckpoint,
+    load_into,
+    materialize,
+    on_meta,
+)
 from walkserve.models.common.dtypes import resolve_dtype
 
 LM_PREFIX = "language_model."
@@ -60,7 +65,7 @@ class ConvertedCheckpoint:
 
 
 def _build(make: Callable[[], nn.Module], device: torch.device | str, dtype: torch.dtype) -> nn.Module:
-    with torch.device("meta"):
+    with on_meta():
         module = make()
     return materialize(module, device, dtype).eval()
 

@@ -13,6 +13,8 @@ Missing, unexpected and mis-shaped tensors raise ConfigError naming them.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import math
 from collections.abc import Iterable, Iterator
@@ -176,6 +178,28 @@ def load_into(
         for name, tensor in checkpoint.tensors(present, progress):
             target = targets[name]
             params[target.param][target.index].copy_(tensor)
+
+
+@contextlib.contextmanager
+def on_meta() -> Iterator[None]:
+    """``torch.device("meta")`` for modules whose weights come next (from a checkpoint, or only their shapes are read).
+
+    Their initialisers are skipped where they would only cost time: ``normal_`` on a meta tensor (an embedding's
+    init) runs through torch's Python references, whose first call imports torch._dynamo, a second or more of every
+    process that builds such a model (each worker's start-up). Other tensors still get the real ``normal_``.
+    """
+    real = torch.nn.init.normal_
+
+    @functools.wraps(real)
+    def normal_(tensor: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        return tensor if tensor.is_meta else real(tensor, *args, **kwargs)
+
+    torch.nn.init.normal_ = normal_
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        torch.nn.init.normal_ = real
 
 
 def materialize(module: nn.Module, device: torch.device | str, dtype: torch.dtype) -> nn.Module:

@@ -23,7 +23,7 @@ import torch
 
 from walkserve.core.errors import ConfigError
 from walkserve.layers.rope_config import RopeConfig
-from walkserve.models.common.checkpoint import INDEX_FILE, SINGLE_FILE, expected_shapes
+from walkserve.models.common.checkpoint import INDEX_FILE, SINGLE_FILE, expected_shapes, on_meta
 from walkserve.models.common.decoder import CausalLM
 from walkserve.models.common.dtypes import TORCH_DTYPES
 from walkserve.models.common.lm_config import RANDOM_WEIGHTS_KEY, LMConfig
@@ -125,7 +125,7 @@ def _random_tensors(config: LMConfig, o: dict[str, Any]) -> dict[str, torch.Tens
     """Checkpoint name -> random tensor; norms near 1, everything else N(0, init_std), by sorted name."""
     if o["dtype"] not in TORCH_DTYPES:
         raise ConfigError(f"unsupported dtype {o['dtype']!r}")
-    with torch.device("meta"):
+    with on_meta():
         shapes = expected_shapes(CausalLM(config))
     gen = torch.Generator().manual_seed(int(o["seed"]))
     tensors = {}

@@ -6,7 +6,12 @@ from pathlib import Path
 
 import torch
 
-from walkserve.models.common.checkpoint import SafetensorsCheckpoint, load_into, materialize
+from walkserve.models.common.checkpoint import (
+    SafetensorsCheckpoint,
+    load_into,
+    materialize,
+    on_meta,
+)
 from walkserve.models.common.decoder import CausalLM
 from walkserve.models.common.dtypes import resolve_dtype
 from walkserve.models.common.lm_config import LMConfig
@@ -27,7 +32,7 @@ def load_causal_lm(
     path = Path(path)
     config = LMConfig.from_file(path)
     checkpoint = SafetensorsCheckpoint(path)
-    with torch.device("meta"):
+    with on_meta():
         model = CausalLM(config)
     materialize(model, device, resolve_dtype(dtype, config))
     load_into(model, checkpoint, ignored=model.checkpoint_ignored(), progress=progress)

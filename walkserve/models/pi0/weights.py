@@ -16,6 +16,7 @@ from walkserve.models.common.checkpoint import (
     SafetensorsCheckpoint,
     checkpoint_targets,
     materialize,
+    on_meta,
 )
 from walkserve.models.common.dtypes import TORCH_DTYPES
 from walkserve.models.pi0.config import PolicyConfig
@@ -32,7 +33,7 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu", dtype: str
     """
     path = Path(path)
     config = PolicyConfig.from_file(path)
-    with torch.device("meta"):
+    with on_meta():
         policy = Pi0Policy(config)
     materialize(policy, device, _dtype(dtype, config))
     load_policy_weights(policy, SafetensorsCheckpoint(path), progress)
@@ -75,7 +76,7 @@ def load_component(path: str | Path, name: str, build: Callable[[PolicyConfig], 
     ``Pi0Policy.<name>`` (``vision``, ``lm``, ``expert``; the flow head reads the expert's root projections)."""
     path = Path(path)
     config = PolicyConfig.from_file(path)
-    with torch.device("meta"):
+    with on_meta():
         module = build(config)
     holder = nn.Module()
     holder.add_module(name, module)

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import save_file
 
 from walkserve.core.errors import ConfigError
+from walkserve.models.common.checkpoint import on_meta
 from walkserve.models.snac.attention import ROPE_BASE
 from walkserve.models.snac.config import ATTN_HEAD_DIM, PRESETS, SnacConfig
 from walkserve.models.snac.decoder import SnacDecoder
@@ -91,7 +92,7 @@ def _gain(ours: str, cfg: SnacConfig) -> float:
 
 def _decoder_specs(cfg: SnacConfig) -> Iterator[Spec]:
     slots = decoder_slots(cfg)
-    with torch.device("meta"):
+    with on_meta():
         params = list(SnacDecoder(cfg).named_parameters())
     for name, p in params:
         prefix, _, leaf = name.rpartition(".")

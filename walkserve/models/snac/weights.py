@@ -19,6 +19,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from walkserve.core.errors import ConfigError
+from walkserve.models.common.checkpoint import on_meta
 from walkserve.models.snac.config import SnacConfig
 from walkserve.models.snac.decoder import SnacDecoder
 from walkserve.models.snac.layout import WEIGHT_NORM_SUFFIXES, Slot, decoder_slots
@@ -79,7 +80,7 @@ def decoder_state_dict(
     cfg: SnacConfig, tensors: Mapping[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
     """Our SnacDecoder's state dict (float32, weight norm folded) from an official-layout tensor map."""
-    with torch.device("meta"):
+    with on_meta():
         shapes = {name: p.shape for name, p in SnacDecoder(cfg).named_parameters()}
     slots = decoder_slots(cfg)
     state: dict[str, torch.Tensor] = {}
@@ -110,7 +111,7 @@ def build_decoder(
             raise ConfigError(f"SNAC: unsupported dtype {dtype!r} (known: {', '.join(DTYPES)})")
         dtype = DTYPES[dtype]
     state = decoder_state_dict(cfg, tensors)
-    with torch.device("meta"):
+    with on_meta():
         model = SnacDecoder(cfg)
     model.load_state_dict(state, strict=True, assign=True)
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)

@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import save_file
 
 from walkserve.core.errors import ConfigError
-from walkserve.models.common.checkpoint import expected_shapes
+from walkserve.models.common.checkpoint import expected_shapes, on_meta
 from walkserve.models.vjepa2.ac_predictor import IGNORED, ACPredictor
 from walkserve.models.vjepa2.config import (
     ACTION_DIM,
@@ -75,7 +75,7 @@ def _preset(presets: dict, preset: str, family: str):
 def write_tiny_vjepa2(out_dir: str | Path, preset: str = "tiny", seed: int = 0) -> Path:
     """An HF-layout V-JEPA 2 checkpoint (encoder + masked predictor) with random weights."""
     config = _preset(VJEPA2_PRESETS, preset, "vjepa2")
-    with torch.device("meta"):
+    with on_meta():
         shapes = {**expected_shapes(VisionEncoder(config.encoder), "encoder."),
                   **expected_shapes(MaskedPredictor(config.predictor, config.encoder), "predictor.")}
     out = Path(out_dir)
@@ -89,7 +89,7 @@ def write_tiny_vjepa2_ac(out_dir: str | Path, preset: str = "tiny", seed: int = 
     """A converted-layout V-JEPA 2-AC checkpoint (encoder + AC predictor) with random weights."""
     config = _preset(AC_PRESETS, preset, "vjepa2-ac")
     d = config.predictor.hidden_size
-    with torch.device("meta"):
+    with on_meta():
         shapes = {**expected_shapes(VisionEncoder(config.encoder), "encoder."),
                   **expected_shapes(ACPredictor(config.predictor), "predictor.")}
     shapes["predictor." + IGNORED[0]] = (d, ACTION_DIM - 1)  # the unused extrinsics encoder, as released

@@ -18,7 +18,12 @@ import torch
 from torch import nn
 
 from walkserve.core.errors import ConfigError
-from walkserve.models.common.checkpoint import SafetensorsCheckpoint, load_into, materialize
+from walkserve.models.common.checkpoint import (
+    SafetensorsCheckpoint,
+    load_into,
+    materialize,
+    on_meta,
+)
 from walkserve.models.vjepa2.ac_predictor import ACPredictor
 from walkserve.models.vjepa2.config import VJEPA2ACConfig, VJEPA2Config, read_config
 from walkserve.models.vjepa2.encoder import VisionEncoder
@@ -49,7 +54,7 @@ def load_encoder(path: str | Path, device: str | torch.device = "cpu", dtype: st
                  progress: bool = False) -> VisionEncoder:
     """The video encoder of an HF V-JEPA 2 checkpoint or of a converted V-JEPA 2-AC one."""
     config = read_config(path)
-    with torch.device("meta"):
+    with on_meta():
         module = VisionEncoder(config.encoder)
     return _load(module, Path(path), ENCODER_PREFIX, device, dtype, progress)
 
@@ -60,7 +65,7 @@ def load_masked_predictor(path: str | Path, device: str | torch.device = "cpu",
     config = read_config(path)
     if not isinstance(config, VJEPA2Config):
         raise ConfigError(f"{path}: a V-JEPA 2-AC checkpoint has no masked predictor")
-    with torch.device("meta"):
+    with on_meta():
         module = MaskedPredictor(config.predictor, config.encoder)
     return _load(module, Path(path), PREDICTOR_PREFIX, device, dtype, progress)
 
@@ -71,6 +76,6 @@ def load_ac_predictor(path: str | Path, device: str | torch.device = "cpu", dtyp
     config = read_config(path)
     if not isinstance(config, VJEPA2ACConfig):
         raise ConfigError(f"{path}: not a converted V-JEPA 2-AC checkpoint (run `walkserve convert vjepa2-ac`)")
-    with torch.device("meta"):
+    with on_meta():
         module = ACPredictor(config.predictor)
     return _load(module, Path(path), PREDICTOR_PREFIX, device, dtype, progress)

@@ -45,8 +45,7 @@ def build_glue(ctx: BuildContext, path: str | Path) -> TalkerGlue:
     files = SafetensorsCheckpoint(path).files
     with safe_open(files[CODEC_TABLE], framework="pt", device="cpu") as f:
         table = f.get_tensor(CODEC_TABLE)
-    embed = nn.Embedding(*table.shape, device="meta")
-    embed.weight = nn.Parameter(table.to(ctx.device, _dtype(ctx, path)), requires_grad=False)
+    embed = nn.Embedding.from_pretrained(table.to(ctx.device, _dtype(ctx, path)))  # frozen, and no random init first
     return TalkerGlue(SpeechConfig.from_file(path), embed).eval()
 
 

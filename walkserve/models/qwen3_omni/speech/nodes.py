@@ -126,6 +126,4 @@ def thinker_embedding(path: str | Path, device, dtype: torch.dtype) -> nn.Embedd
     files = SafetensorsCheckpoint(path).files
     with safe_open(files[THINKER_EMBED], framework="pt", device="cpu") as f:
         table = f.get_tensor(THINKER_EMBED)
-    embed = nn.Embedding(*table.shape, device="meta")
-    embed.weight = nn.Parameter(table.to(device, dtype), requires_grad=False)
-    return embed
+    return nn.Embedding.from_pretrained(table.to(device, dtype))  # frozen, and no random init first

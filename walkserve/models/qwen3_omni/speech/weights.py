@@ -20,7 +20,12 @@ import torch
 from torch import nn
 
 from walkserve.core.errors import ConfigError
-from walkserve.models.common.checkpoint import SafetensorsCheckpoint, load_into, materialize
+from walkserve.models.common.checkpoint import (
+    SafetensorsCheckpoint,
+    load_into,
+    materialize,
+    on_meta,
+)
 from walkserve.models.common.dtypes import torch_dtype
 from walkserve.models.common.safetensors_files import ITEMSIZE
 from walkserve.models.qwen3_omni.speech.code2wav import Code2Wav
@@ -43,7 +48,7 @@ def load_talker(path: str | Path, device: str | torch.device = "cpu", dtype: str
                 progress: bool = True, checkpoint: SafetensorsCheckpoint | None = None) -> Talker:
     """The talker MoE LM with its head and projections (``dtype`` default: the checkpoint's)."""
     config = SpeechConfig.from_file(path)
-    with torch.device("meta"):
+    with on_meta():
         talker = Talker(config.talker)
     return _load(talker, checkpoint or SafetensorsCheckpoint(path), TALKER, device,
                  torch_dtype(dtype, config.dtype), skip=PREDICTOR, progress=progress)
@@ -53,7 +58,7 @@ def load_code_predictor(path: str | Path, device: str | torch.device = "cpu", dt
                         progress: bool = True, checkpoint: SafetensorsCheckpoint | None = None) -> CodePredictor:
     """The code predictor, its 15 embeddings and heads stacked (``dtype`` default: the checkpoint's)."""
     config = SpeechConfig.from_file(path)
-    with torch.device("meta"):
+    with on_meta():
         predictor = CodePredictor(config.code_predictor)
     return _load(predictor, checkpoint or SafetensorsCheckpoint(path), PREDICTOR, device,
                  torch_dtype(dtype, config.dtype), progress=progress)
@@ -63,7 +68,7 @@ def load_code2wav(path: str | Path, device: str | torch.device = "cpu", dtype: s
                   progress: bool = True, checkpoint: SafetensorsCheckpoint | None = None) -> Code2Wav:
     """The vocoder (``dtype`` default float32: it is small and its output is what users hear)."""
     config = SpeechConfig.from_file(path)
-    with torch.device("meta"):
+    with on_meta():
         vocoder = Code2Wav(config.code2wav)
     return _load(vocoder, checkpoint or SafetensorsCheckpoint(path), CODE2WAV, device,
                  torch_dtype(dtype, config.dtype), progress=progress)

@@ -23,6 +23,7 @@ from walkserve.models.common.checkpoint import (
     expected_shapes,
     load_into,
     materialize,
+    on_meta,
 )
 from walkserve.models.common.dtypes import resolve_dtype
 from walkserve.models.qwen3_omni.config import Qwen3OmniConfig
@@ -50,7 +51,7 @@ class ThinkerComponents:
 
 def thinker_tensor_shapes(config: Qwen3OmniConfig) -> dict[str, tuple[int, ...]]:
     """Checkpoint name -> shape of every ``thinker.*`` tensor the modules read (no weights allocated)."""
-    with torch.device("meta"):
+    with on_meta():
         out = expected_shapes(ThinkerLM(config.text), THINKER_PREFIX)
         if config.audio is not None:
             out.update(expected_shapes(AudioEncoder(config.audio), AUDIO_PREFIX))
@@ -65,7 +66,7 @@ def load_thinker(path: str | Path, device: str | torch.device = "cpu", dtype: st
     config = config or Qwen3OmniConfig.from_file(path)
     checkpoint = SafetensorsCheckpoint(path)
     encoders = [n[len(THINKER_PREFIX):] for n in checkpoint.names() if n.startswith((AUDIO_PREFIX, VISION_PREFIX))]
-    with torch.device("meta"):
+    with on_meta():
         lm = ThinkerLM(config.text)
     return _load(lm, checkpoint, THINKER_PREFIX, config, device, dtype, progress, ignored=encoders)
 
@@ -76,7 +77,7 @@ def load_audio_encoder(path: str | Path, device: str | torch.device = "cpu", dty
     config = config or Qwen3OmniConfig.from_file(path)
     if config.audio is None:
         raise ConfigError(f"{path}: this checkpoint has no audio encoder")
-    with torch.device("meta"):
+    with on_meta():
         module = AudioEncoder(config.audio)
     return _load(module, SafetensorsCheckpoint(path), AUDIO_PREFIX, config, device, dtype, progress)
 
@@ -87,7 +88,7 @@ def load_vision_encoder(path: str | Path, device: str | torch.device = "cpu", dt
     config = config or Qwen3OmniConfig.from_file(path)
     if config.vision is None:
         raise ConfigError(f"{path}: this checkpoint has no vision encoder")
-    with torch.device("meta"):
+    with on_meta():
         module = VisionEncoder(config.vision)
     return _load(module, SafetensorsCheckpoint(path), VISION_PREFIX, config, device, dtype, progress)
 
