@@ -36,10 +36,13 @@ def _warm(spec) -> None:
     load_model(ModelRef(spec.model_family, spec.model_path, spec.model_options)).graph()
 
 
-def _child(spec, rank: int) -> None:
+def _child(spec, rank: int, wake: tuple[int, int]) -> None:
     os.dup2(2, 1)  # the command pipe is the zygote's; worker output goes to stderr
     os.close(0)
+    signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for fd in wake:
+        os.close(fd)
     code = 0
     try:
         from walkserve.worker.main import worker_main
@@ -80,11 +83,19 @@ def main(argv: list[str]) -> int:
     out.write(encode_line(Ready()))
     out.flush()
     stdin = sys.stdin.buffer
+    # A worker's exit wakes the select at once (a SIGCHLD handler makes Python write to the wake-up pipe), so the
+    # conductor hears of it without waiting out the select's timeout.
+    wake = os.pipe()
+    os.set_blocking(wake[1], False)
+    signal.set_wakeup_fd(wake[1])
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     buf = b""
     while True:
-        ready, _, _ = select.select([stdin], [], [], 0.2)
+        ready, _, _ = select.select([stdin, wake[0]], [], [], 0.2)
+        if wake[0] in ready:
+            os.read(wake[0], 4096)
         _reap(out)
-        if not ready:
+        if stdin not in ready:
             continue
         chunk = os.read(stdin.fileno(), 4096)
         if not chunk:  # the conductor closed the pipe
@@ -99,7 +110,7 @@ def main(argv: list[str]) -> int:
             if isinstance(msg, Fork):
                 pid = os.fork()
                 if pid == 0:
-                    _child(spec, msg.rank)
+                    _child(spec, msg.rank, wake)
                 out.write(encode_line(Forked(msg.rank, pid)))
                 out.flush()
 
