@@ -300,7 +300,6 @@ class Cohort:
         fx, local = self.fx, self.local
         decided, stay = [], []
         told = local.awaits  # another rank decides: wait here until its decision came
-        decide = iteration.decide
         for m in self.buckets[-1]:
             if m.phase is ENDED:
                 continue
@@ -313,7 +312,7 @@ class Cohort:
                 else:
                     decided.append((m, None))
                 continue
-            end = decide(fx, m)
+            end = iteration.decide(fx, m)
             if end is iteration.WAIT:
                 stay.append(m)
             elif m.phase is not ENDED:

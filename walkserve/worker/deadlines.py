@@ -118,7 +118,7 @@ class Deadlines:
 
     def priority(self, node: NodeProgram, m: Member, batch: int, now: float) -> Priority:
         clock = self._clock(m, now)
-        if not streamed(m):
+        if not m.run.streamed:
             slack = self.config.aging_s - (now - clock.last_ran)  # against the aging bound
             return Priority(Tier.URGENT if slack < 0 else Tier.FREE, slack, None, False)
         if clock.start is None:
@@ -159,7 +159,7 @@ class Deadlines:
             if clock is None:
                 continue
             clock.last_ran = now
-            if p is None or not streamed(m):
+            if p is None or not m.run.streamed:
                 continue
             fired = m.k + 1
             if clock.start is None and p.chunks(fired):
@@ -192,11 +192,6 @@ class Deadlines:
     def streams(self) -> int:
         """Requests whose playback clock runs here."""
         return sum(1 for c in self.clocks.values() if c.start is not None)
-
-
-def streamed(m: Member) -> bool:
-    """The member's request streams audio (``StartWalk.stream``), or its walk declares playback."""
-    return m.run.streamed
 
 
 def slack_bucket(slack: float) -> int:
