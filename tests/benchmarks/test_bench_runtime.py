@@ -136,5 +136,5 @@ def test_the_wire_opcodes_count_more_python_for_the_split_than_for_colocated():
     colocated, split, ratio = wire_opcodes(batch=4, steps=3)
     # the split packs, sends, unpacks and applies the rows of two messages a step that colocated never makes
     assert 0 < colocated < split and ratio == split / colocated
-    again = wire_opcodes(batch=4, steps=3)  # a count, not a timing: within 1% run to run (clock-read branches vary)
+    again = wire_opcodes(batch=4, steps=3)  # a count, not a timing: within 1% run to run (a small spread, not traced)
     assert again[0] == pytest.approx(colocated, rel=0.01) and again[1] == pytest.approx(split, rel=0.01)
