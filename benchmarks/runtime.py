@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 from dataclasses import replace
+from typing import NamedTuple
 
 from benchmarks.common import conditions, table
 from walkserve.core.config import RuntimeConfig
@@ -207,28 +208,61 @@ def _overhead_rows(args: argparse.Namespace, steps: int, repeat: int) -> list[tu
 HALVES = 16  # split_steps of the row whose split loop sends each step in two halves
 
 
-def pair_rounds(engines: tuple[Engine, Engine], family: str, batch: int, steps: int, rounds: int) -> tuple[float, float, float]:
-    """(colocated µs per step, split µs per step, split / colocated): medians over ``rounds``.
+class Pair(NamedTuple):
+    """One batch of ``pair_rounds``: medians of wall µs per step, and CPU µs per step of each process over the rounds."""
+
+    colocated: float
+    split: float
+    ratio: float  # the median of the rounds' split / colocated
+    colocated_cpu: dict[str, float]  # "rank 0", "conductor", "frontend" -> CPU µs per step ({} off Linux)
+    split_cpu: dict[str, float]  # "rank 0", "rank 1", "conductor", "frontend"
+
+
+def _processes(engine: Engine) -> dict[str, int]:
+    """The runtime's processes by role: its workers ("rank N"), its conductor, and this one (the frontend)."""
+    ranks = {f"rank {r}": pid for r, pid in sorted(engine.status.stats.pids.items())}
+    return {**ranks, "conductor": engine.engine.process.pid, "frontend": os.getpid()}
+
+
+def pair_rounds(engines: tuple[Engine, Engine], family: str, batch: int, steps: int, rounds: int) -> Pair:
+    """Colocated against split wall µs per step (medians over ``rounds``), with each process's CPU per step.
 
     ``engines``: the fixture's two nodes on one worker, and on two (``start``). Both runtimes
     are up at once and their rounds alternate, so both see the same machine; the ratio is the
-    median of each round's split time over the colocated round just before it.
+    median of each round's split time over the colocated round just before it. Each round's
+    CPU is read before and after it, so a runtime's figures cover its own rounds only (the
+    frontend, this process, serves both, one round at a time).
     """
     want = _outputs_per_request(family, steps)
     times: tuple[list[float], list[float]] = ([], [])
+    procs = [_processes(engine) for engine in engines]
+    cpu: list[dict[str, float | None]] = [dict.fromkeys(p, 0.0) for p in procs]
     for engine in engines:
         engine.run(_requests(batch, steps))  # warm up
     for _ in range(rounds):
-        for engine, runs in zip(engines, times):
+        for engine, runs, pids, used in zip(engines, times, procs, cpu):
+            before = {role: cpu_seconds(pid) for role, pid in pids.items()}
             t0 = time.perf_counter()
             counts = [len(r.events) for r in engine.run(_requests(batch, steps))]
             runs.append((time.perf_counter() - t0) / steps * 1e6)
+            for role, pid in pids.items():
+                now, then = cpu_seconds(pid), before[role]
+                used[role] = None if now is None or then is None or used[role] is None else used[role] + now - then
             assert counts == [want] * batch, "a request lost outputs"
     ratio = statistics.median(s / c for c, s in zip(*times))
-    return statistics.median(times[0]), statistics.median(times[1]), ratio
+    per_step = [{role: secs / (rounds * steps) * 1e6 for role, secs in used.items() if secs is not None}
+                if None not in used.values() else {} for used in cpu]
+    return Pair(statistics.median(times[0]), statistics.median(times[1]), ratio, *per_step)
 
 
-def _split_rows(args: argparse.Namespace, steps: int) -> list[tuple]:
+def cpu_bound(split_cpu: dict[str, float], cores: int) -> float:
+    """The least wall µs per step any schedule of this much CPU work can take on ``cores`` cores: every process's
+    CPU per step over the cores, or the busiest process's alone when that is more (a process runs its
+    heartbeat on one thread)."""
+    return max(sum(split_cpu.values()) / cores, max(split_cpu.values()))
+
+
+def _split_rows(args: argparse.Namespace, steps: int) -> list[tuple[str, int, Pair]]:
     """Each fixture's colocated runtime stays up while its split runtimes (one per config) come and go."""
     batches = (1, 16) if args.quick else (1, 16, 64)
     rounds = 2 if args.quick else 5
@@ -242,8 +276,31 @@ def _split_rows(args: argparse.Namespace, steps: int) -> list[tuple]:
         with start(family, 1, args.threads) as colocated:
             for what, overrides, bs in splits:
                 with start(family, 2, args.threads, **overrides) as split:
-                    rows += [(what, b, *pair_rounds((colocated, split), family, b, steps, rounds)) for b in bs]
+                    rows += [(what, b, pair_rounds((colocated, split), family, b, steps, rounds)) for b in bs]
     return rows
+
+
+def _cpu_table(split: list[tuple[str, int, Pair]]) -> str:
+    """The split rows' CPU per step by process, and the least step time that much CPU allows on this machine."""
+    cores = os.cpu_count() or 1
+    rows = []
+    for what, b, p in split:
+        if not p.split_cpu or not p.colocated_cpu:
+            continue
+        c, s = p.colocated_cpu, p.split_cpu
+        bound = cpu_bound(s, cores)
+        rows.append((what, b, c["rank 0"], c["conductor"], c["frontend"], s["rank 0"], s["rank 1"], s["conductor"],
+                     s["frontend"], bound, bound / p.colocated))
+    if not rows:
+        return "\n(CPU by process is read from /proc: not on this system.)"
+    head = ["fixture", "batch", "colocated: worker", "conductor", "frontend", "split: rank 0", "rank 1", "conductor",
+            "frontend", f"split's CPU bound on {cores} cores, µs per step", "bound / colocated µs per step"]
+    return (f"\n## Where the split's step goes: CPU µs per step by process, the same rounds\n\n{table(head, rows)}\n\n"
+            f"User + system time of each process over its runtime's rounds, per loop step (clock-tick resolution). "
+            f"The bound: no schedule of the split's work can take less wall time per step than all its processes' "
+            f"CPU over the {cores} cores, nor less than its busiest process's; the ranks of a loop that hands its carry "
+            f"back every step also take turns, so a whole step takes about rank 0 + rank 1. A bound / colocated "
+            f"above 2 says the split does too much CPU work per step for 2x on this machine, however it is scheduled.")
 
 
 def _wire_sim_run(batch: int, steps: int, ranks: dict[str, int], measure):
@@ -359,12 +416,14 @@ def main(argv: list[str]) -> int:
     split = _split_rows(args, steps)
     print(f"\n## Split over two workers against colocated (load average {split_load} at the start, "
           f"{'/'.join(f'{x:.2f}' for x in os.getloadavg())} at the end)\n")
-    print(table(["fixture", "batch", "colocated µs per step", "split µs per step", "split / colocated"], split))
+    print(table(["fixture", "batch", "colocated µs per step", "split µs per step", "split / colocated"],
+                [(what, b, p.colocated, p.split, p.ratio) for what, b, p in split]))
     print(f"\nBoth runtimes up at once, {2 if args.quick else 5} alternating rounds of {steps} steps each "
           f"after a warm-up; medians; the ratio is the median of the rounds' ratios. Loop: a on rank 0, b on "
           f"rank 1 (the carry and the stop rule's decision go back each step); in halves: "
           f"RuntimeConfig(split_steps={HALVES}); over ZeroMQ: RuntimeConfig(direct_peers=False), the workers' "
           f"frames through ZeroMQ rather than datagram sockets; streamed loop: lm on rank 0, codec on rank 1.")
+    print(_cpu_table(split))
     floor_steps, floor_rounds = (30, 2) if args.quick else (100, 5)
     floor = [(b, *wire_floor(b, floor_steps, floor_rounds), *wire_opcodes(b, 5 if args.quick else 20))
              for b in ((1, 16) if args.quick else (1, 16, 64))]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.runtime import (
+    cpu_bound,
     cpu_seconds,
     null_overhead,
     overhead_on,
@@ -105,6 +106,14 @@ def test_quick_runtime_benchmark_prints_every_target_row():
     assert [(what, int(b)) for what, b, _ in split] == [("loop", 1), ("loop", 16), ("loop, in halves", 16),
                                                         ("loop, over ZeroMQ", 16), ("streamed loop", 16)], out
     assert all(float(ratio.replace(",", "")) > 0 for _, _, ratio in split), out
+    if sys.platform == "linux":  # CPU by process, read from /proc
+        cpu_table = out[out.index("## Where the split's step goes"):out.index("## The same loop with both ranks")]
+        cpu = re.findall(rf"^\| ([a-zA-Z ,]+) \| (\d+)((?: \| {number}){{9}}) \|$", cpu_table, re.MULTILINE)
+        assert [(what, int(b)) for what, b, _ in cpu] == [(what, int(b)) for what, b, _ in split], out
+        for _, _, cols in cpu:
+            figures = [float(x.replace(",", "")) for x in cols.split(" | ")[1:]]
+            split_cpu, bound = figures[3:7], figures[7]
+            assert min(figures) >= 0 and bound >= 0.99 * max(split_cpu), out  # never below the busiest process
     floor_table = out[out.index("## The same loop with both ranks in one process"):out.index("## Busy component")]
     floor = re.findall(rf"^\| (\d+) \| {number} \| {number} \| {number} \| ({number}) \| ({number}) \| {number} \|$",
                        floor_table, re.MULTILINE)
@@ -120,11 +129,21 @@ def test_split_pair_runs_both_placements_in_alternating_rounds(null_one, stream_
     # split_steps 2: the split runtime sends each step of the 4 requests in two halves; every output still
     # arrives (pair_rounds asserts each request's count in every round)
     with start("fixture-bench-null", 2, threads=1, split_steps=2) as split:
-        colocated, split_us, ratio = pair_rounds((null_one, split), "fixture-bench-null", batch=4, steps=30, rounds=2)
-    assert colocated > 0 and split_us > 0 and ratio > 0
+        pair = pair_rounds((null_one, split), "fixture-bench-null", batch=4, steps=100, rounds=2)
+    assert pair.colocated > 0 and pair.split > 0 and pair.ratio > 0
+    if sys.platform == "linux":  # CPU by process, read from /proc, for each runtime's own rounds
+        assert set(pair.colocated_cpu) == {"rank 0", "conductor", "frontend"}
+        assert set(pair.split_cpu) == {"rank 0", "rank 1", "conductor", "frontend"}
+        # 2 rounds x 100 steps x 4 requests went through four processes: not without any CPU at all
+        assert min(pair.split_cpu.values()) >= 0 and sum(pair.split_cpu.values()) > 0
     with start("fixture-bench-stream", 2, threads=1) as split:
-        _, _, ratio = pair_rounds((stream_one, split), "fixture-bench-stream", batch=2, steps=30, rounds=1)
-    assert ratio > 0
+        assert pair_rounds((stream_one, split), "fixture-bench-stream", batch=2, steps=30, rounds=1).ratio > 0
+
+
+def test_the_cpu_bound_is_the_cores_share_or_the_busiest_process():
+    assert cpu_bound({"rank 0": 300.0, "rank 1": 100.0}, cores=2) == 300.0  # one process cannot use two cores
+    assert cpu_bound({"rank 0": 300.0, "rank 1": 300.0, "conductor": 300.0}, cores=2) == 450.0
+    assert cpu_bound({"rank 0": 300.0, "rank 1": 300.0, "conductor": 300.0}, cores=4) == 300.0
 
 
 def test_the_wire_floor_runs_the_loop_on_one_rank_and_on_two_in_one_process():
