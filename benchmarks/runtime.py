@@ -236,22 +236,26 @@ def pair_rounds(engines: tuple[Engine, Engine], family: str, batch: int, steps: 
     want = _outputs_per_request(family, steps)
     times: tuple[list[float], list[float]] = ([], [])
     procs = [_processes(engine) for engine in engines]
-    cpu: list[dict[str, float | None]] = [dict.fromkeys(p, 0.0) for p in procs]
+    used = [dict.fromkeys(p, 0.0) for p in procs]  # CPU seconds by role, over the runtime's rounds
+    readable = [True, True]  # /proc could be read around every round
     for engine in engines:
         engine.run(_requests(batch, steps))  # warm up
     for _ in range(rounds):
-        for engine, runs, pids, used in zip(engines, times, procs, cpu):
-            before = {role: cpu_seconds(pid) for role, pid in pids.items()}
+        for i, (engine, runs) in enumerate(zip(engines, times)):
+            before = [cpu_seconds(pid) for pid in procs[i].values()]
             t0 = time.perf_counter()
             counts = [len(r.events) for r in engine.run(_requests(batch, steps))]
             runs.append((time.perf_counter() - t0) / steps * 1e6)
-            for role, pid in pids.items():
-                now, then = cpu_seconds(pid), before[role]
-                used[role] = None if now is None or then is None or used[role] is None else used[role] + now - then
+            after = [cpu_seconds(pid) for pid in procs[i].values()]
+            if None in before or None in after:
+                readable[i] = False
+            else:
+                for role, b, a in zip(procs[i], before, after):
+                    used[i][role] += a - b
             assert counts == [want] * batch, "a request lost outputs"
     ratio = statistics.median(s / c for c, s in zip(*times))
-    per_step = [{role: secs / (rounds * steps) * 1e6 for role, secs in used.items() if secs is not None}
-                if None not in used.values() else {} for used in cpu]
+    per_step = [{role: secs / (rounds * steps) * 1e6 for role, secs in u.items()} if ok else {}
+                for u, ok in zip(used, readable)]
     return Pair(statistics.median(times[0]), statistics.median(times[1]), ratio, *per_step)
 
 
