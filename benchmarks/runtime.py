@@ -53,6 +53,18 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _processes(engine: Engine) -> dict[str, int]:
+    """The runtime's processes by role: its workers ("rank N"), its conductor, and this one (the frontend)."""
+    ranks = {f"rank {r}": pid for r, pid in sorted(engine.status.stats.pids.items())}
+    return {**ranks, "conductor": engine.engine.process.pid, "frontend": os.getpid()}
+
+
+def _cpu_now(procs: dict[str, int]) -> dict[str, float] | None:
+    """CPU seconds each process of ``procs`` has used so far; None when one cannot be read (off Linux, or gone)."""
+    secs = {role: cpu_seconds(pid) for role, pid in procs.items()}
+    return None if None in secs.values() else secs
+
+
 async def _streamed(engine, requests: list[RequestSpec]) -> list[int]:
     """Consume every request through its own ``generate`` stream (as the HTTP server does); events per request."""
     from walkserve.core.outputs import OutputEvent
@@ -107,18 +119,7 @@ def overhead_on(
     """
     want = _outputs_per_request(family, steps)
     runs = []
-    pids = {
-        "workers": list(engine.status.stats.pids.values()),
-        "conductor": [engine.engine.process.pid],
-        "frontend": [os.getpid()],
-    }
-
-    def cpu() -> dict[str, float | None]:
-        out: dict[str, float | None] = {}
-        for role, ps in pids.items():
-            secs = [cpu_seconds(p) for p in ps]
-            out[role] = None if None in secs else sum(secs)
-        return out
+    procs = _processes(engine)
 
     def run_once() -> list[int]:
         requests = _requests(batch, steps)
@@ -127,19 +128,18 @@ def overhead_on(
         return [len(r.events) for r in engine.run(requests)]
 
     run_once()  # warm up
-    before = cpu()
+    before = _cpu_now(procs)
     for _ in range(repeat):
         t0 = time.perf_counter()
         counts = run_once()
         runs.append((time.perf_counter() - t0) / steps * 1e6)
         assert counts == [want] * batch, "a request lost outputs"
-    after = cpu()
-    per_step = {
-        role: (after[role] - before[role]) / (repeat * steps) * 1e6
-        for role in pids
-        if after[role] is not None and before[role] is not None
-    }
-    return runs, per_step
+    after = _cpu_now(procs)
+    if before is None or after is None:
+        return runs, {}
+    used = {role: (after[role] - before[role]) / (repeat * steps) * 1e6 for role in procs}
+    workers = sum(v for role, v in used.items() if role.startswith("rank "))
+    return runs, {"workers": workers, "conductor": used["conductor"], "frontend": used["frontend"]}
 
 
 def compute_ratio(batch: int, steps: int, ms: float, threads: int, repeat: int = 3, nested: bool = False) -> tuple[float, float, float]:
@@ -218,12 +218,6 @@ class Pair(NamedTuple):
     split_cpu: dict[str, float]  # "rank 0", "rank 1", "conductor", "frontend"
 
 
-def _processes(engine: Engine) -> dict[str, int]:
-    """The runtime's processes by role: its workers ("rank N"), its conductor, and this one (the frontend)."""
-    ranks = {f"rank {r}": pid for r, pid in sorted(engine.status.stats.pids.items())}
-    return {**ranks, "conductor": engine.engine.process.pid, "frontend": os.getpid()}
-
-
 def pair_rounds(engines: tuple[Engine, Engine], family: str, batch: int, steps: int, rounds: int) -> Pair:
     """Colocated against split wall µs per step (medians over ``rounds``), with each process's CPU per step.
 
@@ -242,16 +236,16 @@ def pair_rounds(engines: tuple[Engine, Engine], family: str, batch: int, steps: 
         engine.run(_requests(batch, steps))  # warm up
     for _ in range(rounds):
         for i, (engine, runs) in enumerate(zip(engines, times)):
-            before = [cpu_seconds(pid) for pid in procs[i].values()]
+            before = _cpu_now(procs[i])
             t0 = time.perf_counter()
             counts = [len(r.events) for r in engine.run(_requests(batch, steps))]
             runs.append((time.perf_counter() - t0) / steps * 1e6)
-            after = [cpu_seconds(pid) for pid in procs[i].values()]
-            if None in before or None in after:
+            after = _cpu_now(procs[i])
+            if before is None or after is None:
                 readable[i] = False
             else:
-                for role, b, a in zip(procs[i], before, after):
-                    used[i][role] += a - b
+                for role in procs[i]:
+                    used[i][role] += after[role] - before[role]
             assert counts == [want] * batch, "a request lost outputs"
     ratio = statistics.median(s / c for c, s in zip(*times))
     per_step = [{role: secs / (rounds * steps) * 1e6 for role, secs in u.items()} if ok else {}
