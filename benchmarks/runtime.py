@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import time
 from dataclasses import replace
 from typing import NamedTuple
@@ -301,84 +300,25 @@ def _cpu_table(split: list[tuple[str, int, Pair]]) -> str:
             f"above 2 says the split does too much CPU work per step for 2x on this machine, however it is scheduled.")
 
 
-def _wire_sim_run(batch: int, steps: int, ranks: dict[str, int], measure):
-    """Run the Null loop for ``batch`` requests of ``steps`` steps in a ``WireSimulator`` with ``ranks``; returns
-    what ``measure(run)`` returns, ``run`` being the simulation's ``run`` (every request's outputs are checked)."""
-    import gc
+def _transport_table(split: list[tuple[str, int, Pair]], quick: bool) -> str:
+    """The split loop's step against the colocated step plus only the hand-over and back, per batch."""
+    from benchmarks.runtime_floor import core_pairs, transport_rows  # it imports this module
 
-    from walkserve.engines.registry import build_engines
-    from walkserve.engines.spec import BuildContext
-    from walkserve.models.base import ModelRef
-    from walkserve.models.registry import load_model
-    from walkserve.testing.wire_sim import WireSimulator
-
-    model = load_model(ModelRef("fixture-bench-null", None, {}))
-    specs = [model.components()[c] for c in ("a", "b")]
-
-    def engines(rank: int) -> dict:
-        return build_engines(specs, BuildContext(rank=rank, device="cpu", dtype=""))
-
-    sim = WireSimulator(model.graph(), ranks, engines)
-    for rank in set(ranks.values()):
-        sim.executor(rank)
-    for request in _requests(batch, steps):
-        sim.submit(request)
-    gc.collect()
-    out, results = measure(sim.run)
-    assert [len(r.outputs) for r in results.values()] == [steps] * batch, "a request lost outputs"
-    return out
-
-
-_PLACES = ({"a": 0, "b": 0}, {"a": 0, "b": 1})  # colocated, split
-
-
-def wire_floor(batch: int, steps: int, rounds: int) -> tuple[float, float, float]:
-    """(colocated, split CPU µs per step, split / colocated) of the loop with both ranks in one process.
-
-    The executors stepped in lockstep, every frame between them through the real wire path
-    (``WireSimulator``): what the split costs before any process, socket or wake-up. Thread CPU
-    time, so the machine's load does not enter; the minimum over ``rounds`` alternating runs.
-    """
-    def cpu(run) -> tuple[float, dict]:
-        t0 = time.thread_time()
-        results = run()
-        return (time.thread_time() - t0) / steps * 1e6, results
-
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(rounds):
-        for ranks, runs in zip(_PLACES, times):
-            runs.append(_wire_sim_run(batch, steps, ranks, cpu))
-    colocated, split = min(times[0]), min(times[1])
-    return colocated, split, split / colocated
-
-
-def wire_opcodes(batch: int, steps: int) -> tuple[float, float, float]:
-    """(colocated, split Python opcodes per step, split / colocated) of the same in-process loop.
-
-    Counted with ``sys.settrace`` opcode events over a run of ``steps`` and one of ``3 * steps``, and
-    differenced, so the requests' start and end drop out: a count that neither the machine's load nor
-    its noise moves (on a shared machine, what to compare two trees by). Bytecode only: what torch,
-    msgspec and the sockets do in C is not counted.
-    """
-    def opcodes(run) -> tuple[int, dict]:
-        count = 0
-
-        def trace(frame, event, arg):
-            nonlocal count
-            frame.f_trace_opcodes = True
-            if event == "opcode":
-                count += 1
-            return trace
-        sys.settrace(trace)
-        try:
-            results = run()
-        finally:
-            sys.settrace(None)
-        return count, results
-
-    per_step = [(_wire_sim_run(batch, 3 * steps, ranks, opcodes) - _wire_sim_run(batch, steps, ranks, opcodes))
-                / (2 * steps) for ranks in _PLACES]
-    return per_step[0], per_step[1], per_step[1] / per_step[0]
+    loop = {b: (p.colocated, p.ratio) for what, b, p in split if what == "loop"}
+    trips, rounds = (300, 2) if quick else (2000, 5)
+    rows = transport_rows(loop, trips, rounds)
+    places = ["one core" if c is not None and c[0] == c[1] else "two cores" if c is not None else "unpinned"
+              for c in core_pairs()]
+    head = ["batch", "frame to rank 1, bytes", "frame back, bytes", *[f"round trip, {p}, µs" for p in places],
+            "colocated µs per step", f"(colocated + round trip, {places[-1]}) / colocated", "split / colocated, measured"]
+    return (f"\n## The split's floor on the wire: the colocated step plus one step handed over and back\n\n"
+            f"{table(head, rows)}\n\nThe frames of one mid-run step of the split loop each way, as the executors "
+            f"encode them (``step_frames``), sent between two processes through the workers' inboxes and datagram "
+            f"links, decoded on arrival (``round_trip``: the minimum of {rounds} runs' means of {trips} round trips, "
+            f"each side pinned where the column says). A split in whole steps does the colocated step's node work "
+            f"one rank after the other and hands the step over and back: with nothing else added it would take the "
+            f"colocated step plus the round trip. What the measured split takes beyond that is the executors' work "
+            f"of the hand-off (the in-process floor below).")
 
 
 def main(argv: list[str]) -> int:
@@ -422,6 +362,9 @@ def main(argv: list[str]) -> int:
           f"RuntimeConfig(split_steps={HALVES}); over ZeroMQ: RuntimeConfig(direct_peers=False), the workers' "
           f"frames through ZeroMQ rather than datagram sockets; streamed loop: lm on rank 0, codec on rank 1.")
     print(_cpu_table(split))
+    print(_transport_table(split, args.quick))
+    from benchmarks.runtime_floor import wire_floor, wire_opcodes
+
     floor_steps, floor_rounds = (30, 2) if args.quick else (100, 5)
     floor = [(b, *wire_floor(b, floor_steps, floor_rounds), *wire_opcodes(b, 5 if args.quick else 20))
              for b in ((1, 16) if args.quick else (1, 16, 64))]

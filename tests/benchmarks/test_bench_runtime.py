@@ -17,9 +17,18 @@ from benchmarks.runtime import (
     overhead_on,
     pair_rounds,
     start,
+)
+from benchmarks.runtime_floor import (
+    core_pairs,
+    round_trip,
+    step_frames,
+    transport_rows,
     wire_floor,
     wire_opcodes,
 )
+from walkserve.protocol import codec
+from walkserve.protocol import messages as m
+from walkserve.testing.wire_sim import TOKEN
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +123,14 @@ def test_quick_runtime_benchmark_prints_every_target_row():
             figures = [float(x.replace(",", "")) for x in cols.split(" | ")[1:]]
             split_cpu, bound = figures[3:7], figures[7]
             assert min(figures) >= 0 and bound >= 0.99 * max(split_cpu), out  # never below the busiest process
+    wire_table = out[out.index("## The split's floor on the wire"):out.index("## The same loop with both ranks")]
+    wire = re.findall(rf"^\| (\d+)((?: \| {number}){{{5 + len(core_pairs())}}}) \|$", wire_table, re.MULTILINE)
+    assert [int(b) for b, _ in wire] == [1, 16], out  # the loop's batches
+    for b, cols in wire:
+        *_, trip, colocated, floor, measured = [float(x.replace(",", "")) for x in cols.split(" | ")[1:]]
+        assert floor == pytest.approx((colocated + trip) / colocated, rel=0.02), out
+        loop_ratio = next(float(r.replace(",", "")) for what, bb, r in split if what == "loop" and bb == b)
+        assert measured == pytest.approx(loop_ratio, rel=0.01), out  # the split table's ratio beside it
     floor_table = out[out.index("## The same loop with both ranks in one process"):out.index("## Busy component")]
     floor = re.findall(rf"^\| (\d+) \| {number} \| {number} \| {number} \| ({number}) \| ({number}) \| {number} \|$",
                        floor_table, re.MULTILINE)
@@ -157,3 +174,34 @@ def test_the_wire_opcodes_count_more_python_for_the_split_than_for_colocated():
     assert 0 < colocated < split and ratio == split / colocated
     again = wire_opcodes(batch=4, steps=3)  # a count, not a timing: within 1% run to run (a small spread, not traced)
     assert again[0] == pytest.approx(colocated, rel=0.01) and again[1] == pytest.approx(split, rel=0.01)
+
+
+def test_a_split_step_hands_a_s_rows_over_and_b_s_carry_and_decisions_back():
+    there, back = step_frames(batch=4)
+    to_b, to_a = codec.decode(there, TOKEN), codec.decode(back, TOKEN)
+    assert {type(msg) for msg in to_b} == {m.Values}  # a's output for b, the step's 4 rows in one message
+    assert sum(len(msg.request_ids) for msg in to_b) == 4
+    # the carry for a's next step, and the stop rule's decision for each member
+    assert {type(msg) for msg in to_a} == {m.Values, m.LoopEvents}
+    assert sum(len(msg.request_ids) for msg in to_a if isinstance(msg, m.Values)) == 4
+    assert len(step_frames(batch=16)[0]) > len(there)  # rows per member: a larger batch, a larger frame
+
+
+@pytest.mark.slow  # forks the other side
+def test_a_round_trip_moves_both_frames_and_takes_time():
+    frames = step_frames(batch=2)
+    for cores in core_pairs():
+        assert 0 < round_trip(frames, trips=20, rounds=2, cores=cores) < 1e6
+    before = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    round_trip(frames, trips=5, rounds=1, cores=core_pairs()[-1])
+    if before is not None:
+        assert os.sched_getaffinity(0) == before  # this process's cores given back
+
+
+@pytest.mark.slow  # forks the other side
+def test_the_transport_rows_put_the_round_trip_on_the_colocated_step():
+    rows = transport_rows({2: (300.0, 2.5)}, trips=10, rounds=1)
+    (b, there, back, *trips, colocated, floor, measured), = rows
+    assert (b, colocated, measured) == (2, 300.0, 2.5) and there > 0 and back > 0
+    assert len(trips) == len(core_pairs()) and min(trips) > 0
+    assert floor == pytest.approx((300.0 + trips[-1]) / 300.0)
