@@ -363,7 +363,7 @@ def main(argv: list[str]) -> int:
           f"frames through ZeroMQ rather than datagram sockets; streamed loop: lm on rank 0, codec on rank 1.")
     print(_cpu_table(split))
     print(_transport_table(split, args.quick))
-    from benchmarks.runtime_floor import wire_floor, wire_opcodes
+    from benchmarks.runtime_floor import wire_floor, wire_opcode_sites, wire_opcodes
 
     floor_steps, floor_rounds = (30, 2) if args.quick else (100, 5)
     floor = [(b, *wire_floor(b, floor_steps, floor_rounds), *wire_opcodes(b, 5 if args.quick else 20))
@@ -378,6 +378,12 @@ def main(argv: list[str]) -> int:
           f"every step), so a real split step takes at least its two ranks' share of this CPU, one after the other. "
           f"Opcodes: Python bytecode executed per step (sys.settrace, a run of n steps subtracted from one of 3n), "
           f"counted, so the load does not move it; what torch and the codec do in C is not in it.")
+    site_batch = 16 if args.quick else 64
+    sites = wire_opcode_sites(site_batch, 5 if args.quick else 20, 12)
+    print(f"\n## Where the split's extra Python goes: opcodes per step by function, batch {site_batch}\n")
+    print(table(["function (file:line name)", "colocated", "split", "split - colocated"], sites))
+    print("\nThe same count as above, by the function that ran each opcode: the twelve the split raises most. "
+          "Per-member loops of the hand-off show as about batch x their per-member opcodes.")
     c_steps = 20 if args.quick else 100
     n_steps = 4 if args.quick else 20
     busy = [("flat loop", c_steps, *compute_ratio(16, c_steps, 5.0, args.threads, repeat=repeat)),

@@ -82,26 +82,41 @@ def wire_opcodes(batch: int, steps: int) -> tuple[float, float, float]:
     its noise moves (on a shared machine, what to compare two trees by). Bytecode only: what torch,
     msgspec and the sockets do in C is not counted.
     """
-    def opcodes(run) -> tuple[int, dict]:
-        count = 0
+    colocated, split = (sum(_opcodes_per_step(batch, steps, ranks).values()) for ranks in _PLACES)
+    return colocated, split, split / colocated
+
+
+def wire_opcode_sites(batch: int, steps: int, most: int) -> list[tuple[str, float, float, float]]:
+    """Where the split's extra opcodes go: (function, colocated, split opcodes per step, split - colocated) of the
+    ``most`` functions whose count the split raises most, counted as ``wire_opcodes`` counts."""
+    colocated, split = (_opcodes_per_step(batch, steps, ranks) for ranks in _PLACES)
+    rows = [(site, colocated.get(site, 0.0), n, n - colocated.get(site, 0.0)) for site, n in split.items()]
+    return sorted(rows, key=lambda row: -row[3])[:most]
+
+
+def _opcodes_per_step(batch: int, steps: int, ranks: dict[str, int]) -> dict[str, float]:
+    """Opcodes per loop step by function ("module.py:line name"), a run of ``steps`` subtracted from one of 3x."""
+    def opcodes(run) -> tuple[dict, dict]:
+        counts: dict = defaultdict(int)
 
         def trace(frame, event, arg):
-            nonlocal count
             frame.f_trace_opcodes = True
             if event == "opcode":
-                count += 1
+                counts[frame.f_code] += 1
             return trace
         sys.settrace(trace)
         try:
             results = run()
         finally:
             sys.settrace(None)
-        return count, results
+        return counts, results
 
-    per_step = [(_wire_sim_run(batch, 3 * steps, ranks, opcodes) - _wire_sim_run(batch, steps, ranks, opcodes))
-                / (2 * steps) for ranks in _PLACES]
-    return per_step[0], per_step[1], per_step[1] / per_step[0]
-
+    short, long = (_wire_sim_run(batch, n, ranks, opcodes) for n in (steps, 3 * steps))
+    per_site: dict[str, float] = defaultdict(float)  # two functions may share a file name and a line
+    for code, n in long.items():
+        per_site[f"{os.path.basename(code.co_filename)}:{code.co_firstlineno} {code.co_name}"] += (
+            (n - short.get(code, 0)) / (2 * steps))
+    return dict(per_site)
 
 
 def step_frames(batch: int, steps: int = 12) -> tuple[bytes, bytes]:

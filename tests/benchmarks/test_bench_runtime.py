@@ -24,6 +24,7 @@ from benchmarks.runtime_floor import (
     step_frames,
     transport_rows,
     wire_floor,
+    wire_opcode_sites,
     wire_opcodes,
 )
 from walkserve.protocol import codec
@@ -131,7 +132,10 @@ def test_quick_runtime_benchmark_prints_every_target_row():
         assert floor == pytest.approx((colocated + trip) / colocated, rel=0.02), out
         loop_ratio = next(float(r.replace(",", "")) for what, bb, r in split if what == "loop" and bb == b)
         assert measured == pytest.approx(loop_ratio, rel=0.01), out  # the split table's ratio beside it
-    floor_table = out[out.index("## The same loop with both ranks in one process"):out.index("## Busy component")]
+    floor_table = out[out.index("## The same loop with both ranks in one process"):out.index("## Where the split's extra")]
+    sites_table = out[out.index("## Where the split's extra"):out.index("## Busy component")]
+    sites = re.findall(rf"^\| ([\w.]+:\d+ [<>\w]+) \| {number} \| {number} \| {number} \|$", sites_table, re.MULTILINE)
+    assert len(sites) == 12 and any(site.endswith(" put_rows") for site in sites), out
     floor = re.findall(rf"^\| (\d+) \| {number} \| {number} \| {number} \| ({number}) \| ({number}) \| {number} \|$",
                        floor_table, re.MULTILINE)
     assert [b for b, _, _ in floor] == ["1", "16"], out
@@ -174,6 +178,16 @@ def test_the_wire_opcodes_count_more_python_for_the_split_than_for_colocated():
     assert 0 < colocated < split and ratio == split / colocated
     again = wire_opcodes(batch=4, steps=3)  # a count, not a timing: within 1% run to run (a small spread, not traced)
     assert again[0] == pytest.approx(colocated, rel=0.01) and again[1] == pytest.approx(split, rel=0.01)
+
+
+def test_the_opcode_sites_say_which_functions_the_split_runs_more():
+    sites = wire_opcode_sites(batch=4, steps=3, most=40)
+    raised = [extra for *_, extra in sites]
+    assert raised == sorted(raised, reverse=True) and len(sites) == 40
+    assert all(extra == pytest.approx(split - colocated) for _, colocated, split, extra in sites)
+    by_name = {site.split(" ")[1]: (colocated, split) for site, colocated, split, _ in sites}
+    colocated, split = by_name["put_rows"]  # rows that came from another rank: only the split has them
+    assert colocated == 0 < split
 
 
 def test_a_split_step_hands_a_s_rows_over_and_b_s_carry_and_decisions_back():
