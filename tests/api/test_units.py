@@ -94,6 +94,29 @@ def test_audio_format_probe() -> None:
     assert "opus" not in AudioFormats(22050).names  # Opus takes 8/12/16/24/48 kHz only
 
 
+def test_an_answer_without_audio_is_a_file_every_format_reads() -> None:
+    """Speech can end before its first frame (end-of-speech at once, max_tokens under one frame): each format, whole
+    and streamed, is still a file its decoder opens, and silent. A /v1/audio/speech client with ``max_tokens`` 6 got
+    empty FLAC and MP3 bodies, an Ogg/Opus no reader opened, and a 500 for AAC."""
+    formats = AudioFormats(24000)
+    for name in formats.names:
+        fmt = formats.get(name)
+        for data in (fmt.encode(np.zeros(0, np.float32), 24000), fmt.stream(24000).finish()):
+            samples = _decode(data, name)
+            assert np.abs(samples).max(initial=0) < 1e-3, name
+
+
+def _decode(data: bytes, name: str) -> np.ndarray:
+    if name == "pcm":
+        return np.frombuffer(data, "<i2")
+    if name == "aac":
+        import av
+
+        with av.open(io.BytesIO(data)) as container:
+            return np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(audio=0)])
+    return sf.read(io.BytesIO(data), dtype="float32")[0]
+
+
 def test_server_config_validation() -> None:
     assert ServerConfig().host == "127.0.0.1"
     for bad in ({"max_n": 0}, {"port": 70000}, {"api_key": " "}, {"media_allowlist": ("example.com",)}, {"max_body_bytes": -1},

@@ -6,6 +6,8 @@ import io
 
 import numpy as np
 
+from walkserve.api.audio.sndfile import not_empty
+
 
 def pyav_available() -> bool:
     try:
@@ -21,7 +23,7 @@ def encode_aac(samples: np.ndarray, sample_rate: int) -> bytes:
     buffer = io.BytesIO()
     with av.open(buffer, mode="w", format="adts") as container:
         stream = container.add_stream("aac", rate=sample_rate, layout="mono")
-        planar = np.asarray(samples, dtype=np.float32)[None, :]  # planar: [1, N]
+        planar = not_empty(samples)[None, :]  # planar: [1, N]
         frame = av.AudioFrame.from_ndarray(planar, format="fltp", layout="mono")
         frame.sample_rate = sample_rate
         for packet in stream.encode(frame):

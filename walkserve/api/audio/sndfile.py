@@ -11,12 +11,20 @@ from walkserve.api.audio.stream_encoder import StreamEncoder
 
 # format name -> (libsndfile major format, subtype)
 SNDFILE_FORMATS = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"), "opus": ("OGG", "OPUS")}
+SILENT_SAMPLE = np.zeros(1, np.float32)
+
+
+def not_empty(samples: np.ndarray) -> np.ndarray:
+    """An answer without audio (speech that ended at once) as one silent sample: of no samples, libsndfile writes
+    no FLAC or MP3 at all and an Ogg/Opus no reader opens, and PyAV's AAC encoder fails."""
+    samples = np.asarray(samples, dtype=np.float32)
+    return samples if len(samples) else SILENT_SAMPLE
 
 
 def encode_sndfile(name: str, samples: np.ndarray, sample_rate: int) -> bytes:
     major, subtype = SNDFILE_FORMATS[name]
     buffer = io.BytesIO()
-    sf.write(buffer, np.asarray(samples, dtype=np.float32), sample_rate, format=major, subtype=subtype)
+    sf.write(buffer, not_empty(samples), sample_rate, format=major, subtype=subtype)
     return buffer.getvalue()
 
 
@@ -89,6 +97,7 @@ class Mp3Stream(StreamEncoder):
         # soundfile applies bitrate_mode only together with a compression level (0.5: 80 kbit/s at 24 kHz)
         self._pending = b""
         self._skipped = False
+        self._pushed = False
         self._sink = _Sink()
         self._file = sf.SoundFile(
             self._sink, mode="w", samplerate=sample_rate, channels=1, format="MP3",
@@ -97,9 +106,12 @@ class Mp3Stream(StreamEncoder):
 
     def push(self, samples: np.ndarray) -> bytes:
         self._file.write(np.asarray(samples, dtype=np.float32))
+        self._pushed = self._pushed or len(samples) > 0
         return self._without_blank_frame(self._sink.take())
 
     def finish(self) -> bytes:
+        if not self._pushed:
+            self._file.write(SILENT_SAMPLE)
         self._file.close()
         return self._without_blank_frame(self._sink.take(), final=True)
 
