@@ -1,12 +1,21 @@
-"""Server VAD (api/realtime/vad.py) on synthetic audio: where speech starts and stops, whatever the append sizes."""
+"""Server VAD (api/realtime/vad.py) on synthetic audio: where speech starts and stops, and what a session commits,
+whatever the append sizes."""
 
 from __future__ import annotations
+
+import asyncio
+import base64
+import json
 
 import numpy as np
 import pytest
 
+from walkserve.api.config import ServerConfig
+from walkserve.api.realtime.session import RealtimeSession
 from walkserve.api.realtime.session_config import TurnDetection
 from walkserve.api.realtime.vad import ServerVad
+from walkserve.api.state import AppState
+from walkserve.testing.fake_engine import FakeEngine, FakeEngineConfig
 
 RATE = 24000
 
@@ -53,3 +62,29 @@ def test_a_short_pause_does_not_end_the_turn() -> None:
     assert kinds == ["speech_started", "speech_stopped"]
     kinds = [kind for kind, _ in run(audio, 2 * 4800, silence_duration_ms=100)]
     assert kinds == ["speech_started", "speech_stopped"] * 2
+
+
+@pytest.mark.parametrize("piece_s", [0.02, 1.0, 10.0])  # a live microphone's pieces, a second, the whole file at once
+def test_server_vad_commits_each_turn_its_own_audio_whatever_the_append_sizes(piece_s: float) -> None:
+    """Two turns: each committed item holds its own speech, from the padding before it to where the VAD stopped it.
+    Appends of a second or more used to commit the audio after a turn's end (the next turn's start included) to
+    that turn, and the next turn got the rest or nothing (an empty item, whose answer failed)."""
+    turn = np.concatenate([np.zeros(RATE // 2), voiced(1.0), np.zeros(RATE)])
+    items = asyncio.run(_committed(pcm(np.concatenate([turn, turn])), int(RATE * piece_s) * 2))
+    seconds = [len(item) / 2 / RATE for item in items]
+    assert len(items) == 2 and all(1.6 <= s <= 1.8 for s in seconds), seconds  # 0.3 s padding, 1 s speech, 0.4 s hangover
+    assert items[0] == items[1]
+
+
+async def _committed(audio: bytes, piece: int) -> list[bytes]:
+    """The user items a session with server VAD (no answers) commits from ``audio`` appended in ``piece`` bytes."""
+    state = AppState(FakeEngine(FakeEngineConfig(audio=True)), ServerConfig(realtime_prefill_while_speaking=False))
+    session = RealtimeSession(state, "fake-tiny")
+    detection = {"type": "server_vad", "silence_duration_ms": 400, "prefix_padding_ms": 300, "create_response": False}
+    await session.handle(json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": detection}}}}))
+    for start in range(0, len(audio), piece):
+        await session.handle(json.dumps({"type": "input_audio_buffer.append",
+                                         "audio": base64.b64encode(audio[start:start + piece]).decode()}))
+    errors = [e for e in session.outbox._queue if e["type"] == "error"]
+    assert not errors, errors
+    return [item.parts[0].pcm for item in session.conversation.items]

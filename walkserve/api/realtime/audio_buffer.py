@@ -33,12 +33,14 @@ class AudioBuffer:
         del self.pcm[: cut * 2]
         self.start += cut
 
-    def take(self, position: int | None = None) -> bytes:
-        """The audio from ``position`` (default: all of it) to the end; the buffer is then empty."""
+    def take(self, position: int | None = None, end: int | None = None) -> bytes:
+        """The audio from ``position`` (default: all of it) to ``end`` (default: the end); the buffer then holds
+        only what lies after ``end``."""
         if position is not None:
             self.keep_from(position)
-        pcm = bytes(self.pcm)
-        self.clear()
+        stop = self.end if end is None else max(self.start, min(end, self.end))
+        pcm = bytes(self.pcm[: (stop - self.start) * 2])
+        self.keep_from(stop)
         return pcm
 
     def clear(self) -> None:

@@ -147,7 +147,8 @@ class RealtimeSession:
     async def _speech_stopped(self, position: int) -> None:
         item_id = self.speech_item or new_id("item")
         await self.send(event("input_audio_buffer.speech_stopped", audio_end_ms=ms(position), item_id=item_id))
-        await self._commit_audio(self.buffer.take(self.speech_start - self._padding()), item_id)
+        # up to the stop: what follows, in this append or the next, is the next turn's (the VAD goes on over it)
+        await self._commit_audio(self.buffer.take(self.speech_start - self._padding(), position), item_id)
         if self.config.turn_detection.create_response:
             if self.responding:
                 await self.response.cancel("turn_detected")
@@ -158,14 +159,14 @@ class RealtimeSession:
             raise ApiError(400, "the input audio buffer holds less than 100 ms of audio; append more before a commit",
                            None, "input_audio_buffer_commit_empty")
         await self._commit_audio(self.buffer.take(), self.speech_item or new_id("item"))
+        if self.vad is not None:
+            self.vad = self._new_vad()
 
     async def _commit_audio(self, pcm: bytes, item_id: str) -> None:
         item = Item("user", [Part("input_audio", pcm=pcm)], id=item_id)
         previous = self.conversation.add(item)
         self.speech_item = None
         self.prefill.next_turn()
-        if self.vad is not None:
-            self.vad = self._new_vad()
         await self.send(event("input_audio_buffer.committed", previous_item_id=previous, item_id=item.id))
         await self._announce(item, previous)
         if self.config.transcription is not None:
