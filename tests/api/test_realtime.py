@@ -127,6 +127,9 @@ BAD = [
     (json.dumps({"type": "session.update", "session": {"type": "realtime", "audio": {"output": {"voice": [1]}}}}),
      "invalid_value", "session.audio.output.voice"),
     (json.dumps({"type": "conversation.item.delete", "item_id": "item_nope"}), "item_not_found", "item_id"),
+    (json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "hi"}, {"type": "input_audio", "audio": ""}]}}), "invalid_audio",
+     "item.content[1].audio"),  # as the chat route's empty audio; once accepted, every later response failed
     (json.dumps({"type": "input_audio_buffer.append", "event_id": "mine", "audio": "A" * (MIB + 10)}),
      "event_too_large", None),
     (json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(silence(3.5)).decode()}),

@@ -112,7 +112,10 @@ def _part(value: Any, role: str, param: str, max_pcm_bytes: int) -> Part:
         raise ApiError(400, f"a {role} message takes parts of type {', '.join(ROLES[role])}", f"{param}.type",
                        "unsupported_parameter")
     if kind == "input_audio":
-        return Part(kind, pcm=decode_pcm(value.get("audio"), f"{param}.audio", max_pcm_bytes))
+        pcm = decode_pcm(value.get("audio"), f"{param}.audio", max_pcm_bytes)
+        if not pcm:  # as the chat route's: no model answers an empty clip, so every later response would fail
+            raise ApiError(400, "the audio is empty", f"{param}.audio", "invalid_audio")
+        return Part(kind, pcm=pcm)
     text = value.get("transcript") if kind == "output_audio" else value.get("text")
     if not isinstance(text, str):
         raise invalid(f"{param} needs its text as a string", param)
