@@ -95,6 +95,10 @@ def test_session_created_and_update(url) -> None:
             assert session.audio.output.model_extra["max_frames"] is None  # the chat route's audio.max_frames
             assert updated.audio.output.model_extra["max_frames"] == 8
             assert updated.output_modalities == ["text"] and updated.model_extra["temperature"] == 0
+        async with browser(url, "realtime", "openai-beta.realtime-v1") as ws:
+            assert ws.subprotocol == "realtime" and json.loads(await ws.recv())["type"] == "session.created"
+        async with browser(url) as ws:  # none offered (the openai package's client), none chosen
+            assert ws.subprotocol is None and json.loads(await ws.recv())["type"] == "session.created"
     asyncio.run(run())
 
 
@@ -252,11 +256,23 @@ def test_session_cap_and_unknown_model(url) -> None:
     asyncio.run(run())
 
 
+def browser(url: str, *subprotocols: str):
+    """A socket as a browser's ``new WebSocket(url, protocols)`` opens it: no headers, the key among the protocols."""
+    return websockets.connect(url.replace("http", "ws", 1) + f"/v1/realtime?model={MODEL}", subprotocols=subprotocols or None)
+
+
 def test_api_key_idle_timeout_and_session_length() -> None:
     async def run(url):
         with pytest.raises(websockets.InvalidStatus):
             async with connect(url, api_key="wrong") as conn:
                 await conn.recv()
+        for wrong in (("realtime",), ("realtime", "openai-insecure-api-key.wrong", "openai-beta.realtime-v1")):
+            with pytest.raises(websockets.InvalidStatus):
+                async with browser(url, *wrong) as ws:
+                    await ws.recv()
+        async with browser(url, "realtime", "openai-insecure-api-key.k", "openai-beta.realtime-v1") as ws:
+            assert ws.subprotocol == "realtime"  # a browser fails a handshake that offered protocols and got none
+            assert json.loads(await ws.recv())["type"] == "session.created"
         async with connect(url, api_key="k") as conn:
             assert (await conn.recv()).type == "session.created"
             error = await conn.recv()  # nothing sent for 0.5 s

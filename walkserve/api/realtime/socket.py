@@ -1,6 +1,7 @@
 """The ``/v1/realtime`` WebSocket: handshake checks, the receive loop with its limits, and teardown.
 
-    connect ?model=ID  (Bearer key when the server has one: else refused, 403)
+    connect ?model=ID  (the key when the server has one, Bearer or a browser's subprotocol: else refused, 403;
+                       subprotocol ``realtime`` chosen when offered)
        over the session cap, draining, engine down, unknown model, no chat:  error event, then close
     receive loop     text frame -> session.handle (an error event for anything wrong; the session goes on)
                      event over realtime_max_event_bytes -> error event (not a close); uvicorn reads frames up to
@@ -32,12 +33,27 @@ CLOSE_WAIT_S = 5.0  # how long a shutdown waits for its sessions' sockets to clo
 SHUTTING_DOWN = ApiError(503, "the server is shutting down; this session is closed", None, "server_shutting_down")
 
 
-def bearer_ok(websocket: WebSocket, api_key: str | None) -> bool:
+SUBPROTOCOL = "realtime"
+KEY_SUBPROTOCOL = "openai-insecure-api-key."  # a browser cannot set headers: it offers the key as a subprotocol
+
+
+def key_ok(websocket: WebSocket, api_key: str | None) -> bool:
+    """The server's key, as ``Authorization: Bearer KEY`` or, from a browser, as the offered subprotocol
+    ``openai-insecure-api-key.KEY`` (the OpenAI Realtime API's convention)."""
     if api_key is None:
         return True
     scheme, _, token = websocket.headers.get("authorization", "").partition(" ")
     given = token.strip() if scheme.lower() == "bearer" else ""
+    if not given:
+        offered = websocket.scope.get("subprotocols") or ()
+        given = next((p.removeprefix(KEY_SUBPROTOCOL) for p in offered if p.startswith(KEY_SUBPROTOCOL)), "")
     return hmac.compare_digest(given.encode(), api_key.encode())
+
+
+def chosen_subprotocol(websocket: WebSocket) -> str | None:
+    """``realtime`` when the client offers it (browsers fail a handshake that offered subprotocols and got none
+    back); else none, as for a client that offers none."""
+    return SUBPROTOCOL if SUBPROTOCOL in (websocket.scope.get("subprotocols") or ()) else None
 
 
 def admission_error(state: AppState, model: str | None) -> ApiError | None:
@@ -55,10 +71,10 @@ def admission_error(state: AppState, model: str | None) -> ApiError | None:
 
 
 async def serve_realtime(websocket: WebSocket, state: AppState) -> None:
-    if not bearer_ok(websocket, state.config.api_key):
+    if not key_ok(websocket, state.config.api_key):
         await websocket.close(code=POLICY_VIOLATION)
         return
-    await websocket.accept()
+    await websocket.accept(subprotocol=chosen_subprotocol(websocket))
     model = websocket.query_params.get("model")
     refused = admission_error(state, model)
     if refused is not None:
