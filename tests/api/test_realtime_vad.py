@@ -88,3 +88,20 @@ async def _committed(audio: bytes, piece: int) -> list[bytes]:
     errors = [e for e in session.outbox._queue if e["type"] == "error"]
     assert not errors, errors
     return [item.parts[0].pcm for item in session.conversation.items]
+
+
+def test_realtime_input_audio_is_no_longer_than_the_server_s_clip_limit() -> None:
+    """``max_audio_seconds`` bounds every input clip: the realtime buffer (a committed turn) and an item's audio too."""
+    async def run() -> list[dict]:
+        state = AppState(FakeEngine(FakeEngineConfig(audio=True)), ServerConfig(max_audio_seconds=2.0))
+        session = RealtimeSession(state, "fake-tiny")
+        await session.handle(json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}))
+        two_s = base64.b64encode(bytes(2 * 2 * RATE)).decode()
+        for _ in range(2):  # 2 s fit; 2 s more do not
+            await session.handle(json.dumps({"type": "input_audio_buffer.append", "audio": two_s}))
+        item = {"type": "message", "role": "user", "content": [
+            {"type": "input_audio", "audio": base64.b64encode(bytes(3 * 2 * RATE)).decode()}]}
+        await session.handle(json.dumps({"type": "conversation.item.create", "item": item}))
+        return [e["error"] for e in session.outbox._queue if e["type"] == "error"]
+    errors = asyncio.run(run())
+    assert [e["code"] for e in errors] == ["input_audio_buffer_full", "audio_too_long"], errors

@@ -38,7 +38,8 @@ class RealtimeSession:
         voice = state.check_voice(None, "voice") if speaks else None
         self.config = SessionConfig(model, voice, ["audio"] if speaks else ["text"])
         self.conversation = Conversation()
-        self.buffer = AudioBuffer(state.config.realtime_max_buffer_s)
+        # a committed turn is one input clip: no longer than the server's max_audio_seconds
+        self.buffer = AudioBuffer(min(state.config.realtime_max_buffer_s, state.config.max_audio_seconds))
         self.vad = self._new_vad()
         self.prefill = SpeechPrefill(state, state.config.realtime_prefill_while_speaking)
         self.speech_item: str | None = None  # the id the committed speech will get
