@@ -228,6 +228,17 @@ async def test_capabilities_and_limits() -> None:
         assert result["usage"]["prompt_tokens"] + result["usage"]["completion_tokens"] <= 64
 
 
+async def test_min_tokens_above_max_tokens_is_refused() -> None:
+    async with asgi_client() as client:
+        for route, body in (("/v1/completions", {"prompt": "x"}), ("/v1/chat/completions", CHAT),
+                            ("/v1/audio/speech", {"input": "x"}),
+                            ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 4})):
+            crossed = {**body, "min_tokens": 9} | ({} if "max_completion_tokens" in body else {"max_tokens": 4})
+            assert_envelope(await client.post(route, json=crossed), 400, param="min_tokens")
+        equal = await client.post("/v1/completions", json={"prompt": "x", "min_tokens": 4, "max_tokens": 4})
+        assert equal.status_code == 200, equal.text
+
+
 async def test_api_key() -> None:
     async with asgi_client(api_key="s3cret") as client:
         assert_envelope(await client.post("/v1/chat/completions", json=CHAT), 401, code="invalid_api_key")

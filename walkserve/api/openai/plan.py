@@ -25,6 +25,9 @@ def build_sampling(card: ModelCard, overrides: dict[str, Any], stops: tuple[str,
     ``max_tokens`` is the client's or None: the processor fits it to the context (None: the room
     left) and ``apply_default_max_tokens`` then lowers it to the card's default.
     """
+    low, high = overrides.get("min_tokens"), overrides.get("max_tokens")
+    if low is not None and high is not None and low > high:  # the client's own bounds cross
+        raise bad_request(f"min_tokens ({low}) must not exceed max_tokens ({high})", "min_tokens")
     values = {k: v for k, v in card.default_sampling.items() if k in _SAMPLING_FIELDS and k != "max_tokens"}
     values["max_tokens"] = None
     values.update(overrides)
