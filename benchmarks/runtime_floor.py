@@ -195,11 +195,12 @@ def _side(run_dir: str, paths: list[str], me: int):
     return inbox, DirectLink(paths[1 - me], me), ctx
 
 
-def _wait(inbox) -> None:
-    """Wait in the inbox's poll for the next frame, and decode it."""
-    while True:
-        if inbox.poll(1000) and inbox.receive():
-            return
+def _wait(inbox, timeout_s: float = 30.0) -> None:
+    """Wait in the inbox's poll for the next frame, and decode it (an error when none comes: the other side died)."""
+    deadline = time.monotonic() + timeout_s
+    while not (inbox.poll(1000) and inbox.receive()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no frame came back in {timeout_s:g} s")
 
 
 def _echo(run_dir: str, paths: list[str], frame: bytes, trips: int, core: int | None, ready) -> None:
