@@ -104,6 +104,17 @@ def test_chat_n_choices_and_stop_string(client: openai.OpenAI) -> None:
     assert result.choices[0].finish_reason == "stop"
 
 
+def test_explicit_none_takes_the_default(client: openai.OpenAI) -> None:
+    """The client types n, stream and echo as Optional and sends ``null`` for None; OpenAI reads that as unset."""
+    messages = [{"role": "user", "content": "Hi there"}]
+    chat = client.chat.completions.create(model=MODEL, messages=messages, seed=3, n=None, stream=None)
+    assert len(chat.choices) == 1
+    assert chat.choices[0].message.content == client.chat.completions.create(
+        model=MODEL, messages=messages, seed=3).choices[0].message.content
+    completion = client.completions.create(model=MODEL, prompt="Once upon", max_tokens=3, n=None, echo=None, stream=None)
+    assert len(completion.choices) == 1 and not completion.choices[0].text.startswith("Once upon")
+
+
 @pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "opus", "pcm"])
 def test_speech_formats_decode(client: openai.OpenAI, fmt: str) -> None:
     text = "Hello from the speech route, with enough words for several chunks."

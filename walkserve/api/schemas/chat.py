@@ -6,7 +6,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from walkserve.api.schemas.common import ApiModel, Count, SamplingFields, StreamOptions, model_field
+from walkserve.api.schemas.common import (
+    ApiModel,
+    Count,
+    Flag,
+    SamplingFields,
+    StreamOptions,
+    model_field,
+)
 
 
 class TextPart(ApiModel):
@@ -72,7 +79,7 @@ class ChatCompletionRequest(SamplingFields):
     modalities: Annotated[list[Literal["text", "audio"]], Field(min_length=1, max_length=2)] | None = None
     audio: ChatAudio | None = None
     think: bool | None = None  # extension: a model's think mode (BAGEL), passed to its parameters when set
-    stream: bool = False
+    stream: Flag = False
     stream_options: StreamOptions | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(strict=True, ge=0, le=20)] | None = None

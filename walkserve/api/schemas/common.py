@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from walkserve.core.sampling import MAX_SEED
 
@@ -19,6 +19,14 @@ Seed = Annotated[int, Field(strict=True, ge=0, le=MAX_SEED)]
 FormSeed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 Float = Annotated[float, Field(strict=True)]
 JsonInt = Annotated[int, Field(strict=True, ge=-(2**53), le=2**53)]
+
+
+def null_is(default: Any) -> AfterValidator:
+    """For a field OpenAI declares nullable: null (what the openai client sends for ``n=None``) means ``default``."""
+    return AfterValidator(lambda value: default if value is None else value)
+
+
+Flag = Annotated[bool | None, null_is(False)]  # stream, echo: null is false
 
 
 class ApiModel(BaseModel):
@@ -57,7 +65,7 @@ class SamplingFields(ApiModel):
     frequency_penalty: Annotated[Float, Field(ge=-2.0, le=2.0)] | None = None
     min_tokens: NonNegInt | None = None
     seed: Seed | None = None
-    n: Annotated[int, Field(strict=True, ge=1, le=128)] = 1
+    n: Annotated[Annotated[int, Field(strict=True, ge=1, le=128)] | None, null_is(1)] = 1
     stop: str | Annotated[list[str], Field(max_length=64)] | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=64)] | None = None
     ignore_eos: bool = False
