@@ -86,6 +86,30 @@ def test_streamed_echo_logprobs_equal_the_collected_ones(server):
     assert values[0] is None and values[1:] == pytest.approx(whole["token_logprobs"][1:], abs=1e-6)
 
 
+def test_text_offsets_point_into_the_text_past_special_tokens(server, oracle):
+    """A special token the text does not show (the prompt's BOS; generated ones, with skip_special_tokens) takes
+    no room: every text_offset is where its token's text starts in the choice's text, streamed or not."""
+    _, tokenizer = oracle
+    header = "<|start_header_id|>"
+    body = {"echo": True, "logprobs": 0, "max_tokens": 3, "ignore_eos": True,
+            "logit_bias": {str(tokenizer.convert_tokens_to_ids(header)): 100}}
+    choice = _completion(server, **body)["choices"][0]
+    lp = choice["logprobs"]
+    assert lp["tokens"][0] == tokenizer.bos_token and lp["tokens"][-3:] == [header] * 3
+    assert choice["text"] == PROMPT  # neither shows in the text
+    assert [choice["text"][o:].startswith(t) for t, o in zip(lp["tokens"][1:-3], lp["text_offset"][1:-3])] == [True] * (
+        len(lp["tokens"]) - 4)
+    assert lp["text_offset"][0] == 0 and lp["text_offset"][-3:] == [len(PROMPT)] * 3
+    offsets = []
+    with httpx.stream("POST", f"{server.url}/v1/completions", timeout=60,
+                      json={"model": "tiny-llama", "prompt": PROMPT, "temperature": 0, "stream": True, **body}) as r:
+        for line in r.iter_lines():
+            chunk = json.loads(line[6:]) if line.startswith("data: {") else None
+            if chunk and chunk["choices"] and chunk["choices"][0]["logprobs"]:
+                offsets += chunk["choices"][0]["logprobs"]["text_offset"]
+    assert offsets == lp["text_offset"]
+
+
 def _oracle_logprobs(oracle, text: str) -> tuple[list[int], torch.Tensor]:
     model, tokenizer = oracle
     ids = tokenizer(text).input_ids

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import functools
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from walkserve.api.openai.choices import (
@@ -42,6 +43,13 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
     return list(prompt)
 
 
+def _shown_tokens(processor, skip_special_tokens: bool) -> Callable[[int], bool]:
+    """Whether a token's text is in the choice's text: not a special token the detokenizer skips."""
+    if not skip_special_tokens:
+        return lambda token_id: True
+    return functools.cache(lambda token_id: processor.decode([token_id]) != "")
+
+
 def _reject_unsupported(body: CompletionRequest) -> None:
     if body.suffix:
         raise unsupported("suffix", "suffix")
@@ -64,7 +72,9 @@ async def plan_completion(state: AppState, body: CompletionRequest) -> TextPlan:
     specs, trackers, prefixes = [], [], []
     for p, prompt in enumerate(prompts):
         payload = {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
-        echo = (prompt if isinstance(prompt, str) else state.processor.decode(prompt)) if body.echo else ""
+        echo = ""
+        if body.echo:
+            echo = prompt if isinstance(prompt, str) else state.processor.decode(prompt, body.skip_special_tokens)
         for i in range(body.n):
             spec = await state.build_request("completion", payload, with_seed_offset(sampling, i), {})
             apply_default_max_tokens(spec, state.card, body.max_tokens is not None)
@@ -76,7 +86,8 @@ async def plan_completion(state: AppState, body: CompletionRequest) -> TextPlan:
                                           prompt=prompt_lps))
             prefixes.append(echo)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return TextPlan(body.model or state.card.id, specs, trackers, include_usage, prefixes=prefixes)
+    return TextPlan(body.model or state.card.id, specs, trackers, include_usage, prefixes=prefixes,
+                    shows=_shown_tokens(state.processor, body.skip_special_tokens))
 
 
 def _chunk(plan: TextPlan, choices: list[dict[str, Any]], usage_value: Any = None) -> dict[str, Any]:
@@ -97,13 +108,15 @@ def _choice(index: int, text: str, finish_reason: str | None = None, logprobs: d
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def _logprobs(entries: list[TokenLogprob], start: int, seen: bytearray) -> dict[str, Any]:
+def _logprobs(entries: list[TokenLogprob], start: int, seen: bytearray, shows: Callable[[int], bool]) -> dict[str, Any]:
     """The legacy completions ``logprobs`` object.
 
     ``text_offset`` is where each token's text starts in the choice's text:
     ``start`` (the echoed prompt) plus the characters completed by the tokens
     before it (``seen``, their bytes so far, which this extends); a token that
-    continues a split character starts where that character does.
+    continues a split character starts where that character does, and one the
+    text does not show (``shows``: a skipped special token, e.g. the prompt's
+    BOS) takes no room.
     """
     out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for e in entries:
@@ -111,7 +124,8 @@ def _logprobs(entries: list[TokenLogprob], start: int, seen: bytearray) -> dict[
         out["token_logprobs"].append(e.logprob)
         out["top_logprobs"].append(None if e.top is None else {text: lp for _, text, _, lp in e.top})
         out["text_offset"].append(start + len(seen.decode("utf-8", errors="ignore")))
-        seen += e.bytes
+        if shows(e.token_id):
+            seen += e.bytes
     return out
 
 
@@ -137,9 +151,9 @@ async def completion_stream(state: AppState, plan: TextPlan) -> AsyncIterator[by
                 text = plan.prefixes[update.index] + text
             logprobs = None
             if update.prompt_logprobs:  # the echoed prompt's tokens: offsets from 0
-                logprobs = _logprobs(update.prompt_logprobs, 0, bytearray())
+                logprobs = _logprobs(update.prompt_logprobs, 0, bytearray(), plan.shows)
             if update.logprobs:
-                generated = _logprobs(update.logprobs, len(plan.prefixes[update.index]), seen[update.index])
+                generated = _logprobs(update.logprobs, len(plan.prefixes[update.index]), seen[update.index], plan.shows)
                 logprobs = _merged(logprobs, generated)
             if text or logprobs:
                 yield sse(_chunk(plan, [_choice(update.index, text, logprobs=logprobs)]))
@@ -163,7 +177,8 @@ async def completion_collect(state: AppState, plan: TextPlan) -> dict[str, Any]:
     for t in plan.trackers:
         logprobs = None
         if t.joiner is not None:
-            generated = _logprobs(entries[t.index], len(plan.prefixes[t.index]), bytearray())
-            logprobs = _merged(_logprobs(prompts[t.index], 0, bytearray()) if t.prompt else None, generated)
+            generated = _logprobs(entries[t.index], len(plan.prefixes[t.index]), bytearray(), plan.shows)
+            prompt = _logprobs(prompts[t.index], 0, bytearray(), plan.shows) if t.prompt else None
+            logprobs = _merged(prompt, generated)
         choices.append(_choice(t.index, "".join(texts[t.index]), t.finish_reason, logprobs))
     return {**_chunk(plan, choices), "usage": usage(plan.trackers)}

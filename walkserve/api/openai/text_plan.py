@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from walkserve.api.audio.formats import AudioFormat
@@ -28,5 +29,6 @@ class TextPlan:
     include_usage: bool = False
     audio: AudioOut | None = None
     prefixes: list[str] = field(default_factory=list)  # completions' echo: text before each choice
+    shows: Callable[[int], bool] = lambda token_id: True  # completions' text_offset: is a token's text in the text?
     id: str = field(default_factory=lambda: secrets.token_hex(12))
     created: int = field(default_factory=lambda: int(time.time()))
