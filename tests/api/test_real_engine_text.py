@@ -99,6 +99,15 @@ def test_chat_greedy_equals_engine(server, client):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
 
 
+def test_a_developer_message_is_the_system_message(client):
+    """OpenAI's newer name for the system prompt; chat templates know only "system" (the tiny ones refuse others)."""
+    args = {"model": "tiny-llama", "max_tokens": 6, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    system = client.chat.completions.create(messages=MESSAGES, **args)
+    developer = client.chat.completions.create(messages=[{**MESSAGES[0], "role": "developer"}, MESSAGES[1]], **args)
+    assert developer.choices[0].message.content == system.choices[0].message.content
+    assert developer.usage.prompt_tokens == system.usage.prompt_tokens
+
+
 def token_name(server, token_id: int) -> tuple[str, list[int]]:
     """(text, bytes) a logprobs entry names a token by: its vocabulary bytes, from transformers' tokenizer."""
     from transformers import AutoTokenizer

@@ -43,7 +43,9 @@ async def convert_messages(state: AppState, messages: list[ChatMessage]) -> list
             parts = [{"type": "text", "text": message.content}]
         else:
             parts = [await _part(state, p, f"messages[{i}].content[{j}]") for j, p in enumerate(message.content)]
-        converted: dict[str, Any] = {"role": message.role, "content": parts}
+        # "developer" is OpenAI's newer name for the system prompt; chat templates know only "system"
+        role = "system" if message.role == "developer" else message.role
+        converted: dict[str, Any] = {"role": role, "content": parts}
         if message.name:
             converted["name"] = message.name
         out.append(converted)
