@@ -105,7 +105,8 @@ def test_chat_n_choices_and_stop_string(client: openai.OpenAI) -> None:
 
 
 def test_explicit_none_takes_the_default(client: openai.OpenAI) -> None:
-    """The client types n, stream and echo as Optional and sends ``null`` for None; OpenAI reads that as unset."""
+    """The client types n, stream, echo (and images' output_format) as Optional and sends ``null`` for None; OpenAI
+    reads that as unset."""
     messages = [{"role": "user", "content": "Hi there"}]
     chat = client.chat.completions.create(model=MODEL, messages=messages, seed=3, n=None, stream=None)
     assert len(chat.choices) == 1
@@ -113,6 +114,9 @@ def test_explicit_none_takes_the_default(client: openai.OpenAI) -> None:
         model=MODEL, messages=messages, seed=3).choices[0].message.content
     completion = client.completions.create(model=MODEL, prompt="Once upon", max_tokens=3, n=None, echo=None, stream=None)
     assert len(completion.choices) == 1 and not completion.choices[0].text.startswith("Once upon")
+    image = client.images.generate(model=MODEL, prompt="a red square", size="16x8", response_format="b64_json", n=None,
+                                   output_format=None)
+    assert len(image.data) == 1 and Image.open(io.BytesIO(base64.b64decode(image.data[0].b64_json))).format == "PNG"
 
 
 @pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "opus", "pcm"])

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from walkserve.api.schemas.common import ApiModel, Seed, model_field
+from walkserve.api.schemas.common import ApiModel, Seed, model_field, null_is
 
 SIZE_PATTERN = r"^(auto|[1-9][0-9]{0,4}x[1-9][0-9]{0,4})$"
 # A model's own generation parameters (BAGEL's flow and guidance), passed on when set; the model checks them.
@@ -43,10 +43,10 @@ class ImageExtensions(ApiModel):
 class ImageGenerationRequest(ImageExtensions):
     model: str | None = model_field()
     prompt: str = Field(min_length=1, max_length=32000)
-    n: Annotated[int, Field(strict=True, ge=1, le=128)] = 1
+    n: Annotated[Annotated[int, Field(strict=True, ge=1, le=128)] | None, null_is(1)] = 1
     size: str | None = Field(None, pattern=SIZE_PATTERN, description="WIDTHxHEIGHT or auto")
     response_format: Literal["b64_json", "url"] | None = None
-    output_format: Literal["png", "jpeg", "webp"] = "png"
+    output_format: Annotated[Literal["png", "jpeg", "webp"] | None, null_is("png")] = "png"
     quality: str | None = None
     style: str | None = None
     background: str | None = None
