@@ -72,12 +72,16 @@ def test_completion_greedy_equals_engine(server, client):
     assert chunks[-1].usage.prompt_tokens == n_prompt
 
 
-def test_completion_that_may_stop_at_eos_equals_engine(server, client):
-    ids, text, finished, _ = direct(server, "completion", {"prompt": "Once"}, max_tokens=40, temperature=0.0)
-    answer = client.completions.create(model="tiny-llama", prompt="Once", max_tokens=40, temperature=0)
-    assert answer.choices[0].text == text
-    assert answer.choices[0].finish_reason == ("stop" if finished.reason.value == "stop" else "length")
-    assert answer.usage.completion_tokens == len(ids) + (finished.reason.value == "stop")  # the stop token counts
+def test_completion_that_stops_at_eos_equals_engine(server, client):
+    eos = server.engine.processor.eos_token_ids[0]
+    bias = ((eos, 100.0),)  # end-of-text as likely as it gets: it is the first token sampled
+    ids, text, finished, _ = direct(server, "completion", {"prompt": "Once"}, max_tokens=40, temperature=0.0,
+                                    logit_bias=bias)
+    assert finished.reason.value == "stop" and ids == []
+    answer = client.completions.create(model="tiny-llama", prompt="Once", max_tokens=40, temperature=0,
+                                       logit_bias={str(eos): 100})
+    assert answer.choices[0].text == text == "" and answer.choices[0].finish_reason == "stop"
+    assert answer.usage.completion_tokens == len(ids) == 0  # the answer's tokens; the stop token is not one of them
 
 
 def test_chat_greedy_equals_engine(server, client):
