@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,6 +23,7 @@ from walkserve.entrypoint.interface import EngineClient, Health
 from walkserve.models.processor import ModelCard
 
 AUDIO_CAPS = ("speech", "audio_out")
+log = logging.getLogger(__name__)
 
 
 class AppState:
@@ -39,12 +41,35 @@ class AppState:
         self.realtime_sessions: set[Any] = set()  # open /v1/realtime sessions (api/realtime/socket.py)
         # One thread for processor calls (templates, tokenization): off the event loop, never concurrent.
         self._processor_thread = ThreadPoolExecutor(1, thread_name_prefix="walkserve-processor")
+        self._warned_pool: int | None = None
+
+    def kv_tokens(self) -> int | None:
+        """What the runtime's smallest KV pool holds, in tokens (its workers' reports; None before the first, or
+        with no KV engine). One request's context cannot outgrow it: the served context is at most this."""
+        try:
+            pools = [e["kv_tokens_total"] for e in self.engine.stats().engine_ranks.values() if "kv_tokens_total" in e]
+        except Exception:  # a runtime that cannot report: requests are fitted to the model's context alone
+            return None
+        if not pools:
+            return None
+        tokens = int(min(pools))
+        if tokens < self.card.max_context and tokens != self._warned_pool:
+            self._warned_pool = tokens
+            log.warning("a KV pool holds %d tokens, fewer than the model's context of %d: requests are fitted to %d "
+                        "(raise --kv-blocks, or the engine's kv_bytes, to serve more)", tokens, self.card.max_context, tokens)
+        return tokens
+
+    def served_context(self) -> int:
+        """The model's context, or less where a KV pool holds less (``kv_tokens``): what /v1/models reports."""
+        tokens = self.kv_tokens()
+        return self.card.max_context if tokens is None else min(tokens, self.card.max_context)
 
     async def build_request(
         self, task: str, payload: dict[str, Any], sampling: SamplingParams, params: dict[str, Any]
     ) -> RequestSpec:
         loop = asyncio.get_running_loop()
         processor = self.processor
+        processor.kv_tokens = self.kv_tokens()  # fitted to the pool too: a context that outgrew it would fail halfway
 
         def build() -> RequestSpec:  # the parameters are checked against the model's struct first
             return processor.build_request(task, payload, sampling, processor.check_params(dict(params)))

@@ -25,21 +25,23 @@ def context_fits(tokens: int, positions: int) -> bool:
     return tokens <= positions
 
 
-def max_new_tokens(prompt_tokens: int, context: int, max_tokens: int | None, prompt_param: str = "prompt") -> int:
+def max_new_tokens(prompt_tokens: int, context: int, max_tokens: int | None, prompt_param: str = "prompt",
+                   what: str = "the model's context") -> int:
     """The max_tokens a request of ``prompt_tokens`` runs with in a context of ``context`` positions.
 
     ``max_tokens`` None means "as many as fit": the room left. InvalidRequest names ``prompt_param``
-    when the prompt fills the context, ``max_tokens`` when an explicit value does not fit.
+    when the prompt fills the context, ``max_tokens`` when an explicit value does not fit; ``what`` is
+    what the messages call the bound (``Processor.served_context``).
     """
     if not context_fits(prompt_tokens + 1, context):
-        raise InvalidRequest(f"the prompt has {prompt_tokens} tokens; the model's context is {context}",
+        raise InvalidRequest(f"the prompt has {prompt_tokens} tokens; {what} is {context}",
                              param=prompt_param, code=CONTEXT_LENGTH_EXCEEDED)
     room = context - prompt_tokens
     if max_tokens is None:
         return room
     if not context_fits(prompt_tokens + max_tokens, context):
         raise InvalidRequest(
-            f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the model's context of "
+            f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds {what} of "
             f"{context} tokens; at most {room} tokens can be generated",
             param="max_tokens", code=CONTEXT_LENGTH_EXCEEDED,
         )

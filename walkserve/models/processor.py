@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from walkserve.core.context import max_new_tokens
 from walkserve.core.params import Params, parse_params
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
@@ -69,6 +70,20 @@ class Processor(ABC):
     """
 
     params_type: type[Params] = Params
+    kv_tokens: int | None = None  # what the runtime's smallest KV pool holds, once known (the API sets it)
+
+    def served_context(self, context: int) -> tuple[int, str]:
+        """The context a request fits (``core.context.max_new_tokens``), and what bounds it: the model's
+        ``context``, or less when a KV pool of the runtime holds fewer tokens (``kv_tokens``): a request that
+        outgrew the pool would fail halfway, so it is fitted to it, or refused, before it starts."""
+        if self.kv_tokens is not None and self.kv_tokens < context:
+            return self.kv_tokens, "the served context (what the KV pool holds)"
+        return context, "the model's context"
+
+    def fit_max_tokens(self, prompt_tokens: int, context: int, max_tokens: int | None, prompt_param: str) -> int:
+        """``core.context.max_new_tokens`` in the served context (``served_context``) of the model's ``context``."""
+        served, what = self.served_context(context)
+        return max_new_tokens(prompt_tokens, served, max_tokens, prompt_param, what)
 
     def check_params(self, params: dict[str, Any]) -> Params:
         """The request's parameters as a ``params_type``, every field filled (InvalidRequest naming a bad one)."""

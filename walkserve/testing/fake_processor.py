@@ -11,7 +11,6 @@ import dataclasses
 from typing import Any
 
 from walkserve.core.array import ArrayData
-from walkserve.core.context import max_new_tokens
 from walkserve.core.errors import InvalidRequest
 from walkserve.core.params import Params
 from walkserve.core.request import RequestSpec
@@ -97,7 +96,7 @@ class FakeProcessor(Processor):
         if prompt is not None:
             field = {"chat": "messages", "speech": "input", "generate": "inputs"}.get(task, "prompt")
             length = prompt.numel if isinstance(prompt, ArrayData) else len(prompt)
-            max_tokens = max_new_tokens(length, self._card.max_context, sampling.max_tokens, field)
+            max_tokens = self.fit_max_tokens(length, self._card.max_context, sampling.max_tokens, field)
             sampling = dataclasses.replace(sampling, max_tokens=max_tokens)
         return RequestSpec(inputs=inputs, task=task, modalities=modalities, sampling=sampling, params=params)
 

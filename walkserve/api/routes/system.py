@@ -40,7 +40,7 @@ def model_entry(state: AppState) -> dict[str, Any]:
         "family": card.family,
         "capabilities": sorted(card.capabilities),
         "random_weights": card.random_weights,
-        "max_context": card.max_context,
+        "max_context": state.served_context(),
         "voices": list(card.voices),
         "default_voice": card.default_voice,
         "sample_rate": card.sample_rate,

@@ -270,6 +270,7 @@ class KVCacheEngine(Engine):
         return extra | forwards | {
             "kv_blocks_used": bm.num_used,
             "kv_blocks_total": bm.num_blocks,
+            "kv_tokens_total": bm.num_blocks * bm.block_size,  # what one context may grow to (the API's bound)
             "kv_blocks_cached": bm.num_evictable,
             "kv_contexts": len(self.scheduler.contexts),
             "forward_steps": self.forwards,

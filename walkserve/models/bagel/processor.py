@@ -116,7 +116,8 @@ class BagelProcessor(TokenizedProcessor):
             inputs["system_token_ids"] = ints(self.tokenize(GEN_THINK_SYSTEM_PROMPT))
         modalities = self._image_modalities(payload.get("modalities"))
         plan = (sampling.max_tokens or THINK_MAX_TOKENS) if settings.think else 1  # the think plan's bound
-        max_new_tokens(self._context_tokens(inputs, 0), self.max_context, plan, f"{where}prompt")
+        context, what = self.served_context(self.max_context)
+        max_new_tokens(self._context_tokens(inputs, 0), context, plan, f"{where}prompt", what)
         sampling = dataclasses.replace(sampling, max_tokens=plan, stop_token_ids=(self.tokens.im_end,),
                                        ignore_eos=False)
         return RequestSpec(inputs, task="image", modalities=modalities, sampling=sampling, params=params)
@@ -140,7 +141,7 @@ class BagelProcessor(TokenizedProcessor):
         if options.think:
             inputs["system_token_ids"] = ints(self.tokenize(VLM_THINK_SYSTEM_PROMPT))
         context = self._context_tokens(inputs, len(images))
-        max_tokens = max_new_tokens(context, self.max_context, sampling.max_tokens, field)
+        max_tokens = self.fit_max_tokens(context, self.max_context, sampling.max_tokens, field)
         if sampling.max_tokens is None:
             max_tokens = min(max_tokens, THINK_MAX_TOKENS if options.think else UNDERSTAND_MAX_TOKENS)
         stop = () if sampling.ignore_eos else (self.tokens.im_end,)  # ignore_eos: exactly max_tokens tokens

@@ -9,7 +9,6 @@ from typing import Any
 from jinja2 import TemplateError
 
 from walkserve.core.array import ArrayData
-from walkserve.core.context import max_new_tokens
 from walkserve.core.errors import ConfigError, InvalidRequest
 from walkserve.core.params import Params
 from walkserve.core.request import RequestSpec
@@ -78,7 +77,7 @@ class TextLMProcessor(TokenizedProcessor):
             raise InvalidRequest(f"{self._card.id} does not serve task {task!r}", param="task")
         if not ids:
             raise InvalidRequest("the prompt has no tokens", param=field)
-        max_tokens = max_new_tokens(len(ids), self.config.max_position_embeddings, sampling.max_tokens, field)
+        max_tokens = self.fit_max_tokens(len(ids), self.config.max_position_embeddings, sampling.max_tokens, field)
         self._check_token_ids(sampling)
         return RequestSpec(
             inputs={PROMPT_INPUT: ArrayData.from_list(ids, "int64")},

@@ -25,7 +25,6 @@ from typing import Annotated, Any
 import msgspec
 
 from walkserve.core.array import ArrayData
-from walkserve.core.context import max_new_tokens
 from walkserve.core.errors import InvalidRequest
 from walkserve.core.params import Params
 from walkserve.core.request import RequestSpec
@@ -132,7 +131,7 @@ class OrpheusProcessor(Processor):
 
     def _sampling_for(self, sampling: SamplingParams, prompt_len: int) -> SamplingParams:
         """Stop ids merged in; max_tokens fitted to the context (None: the room left)."""
-        max_tokens = max_new_tokens(prompt_len, self._card.max_context, sampling.max_tokens, "input")
+        max_tokens = self.fit_max_tokens(prompt_len, self._card.max_context, sampling.max_tokens, "input")
         extra = (END_OF_SPEECH,) if sampling.ignore_eos else self.stop_ids
         stops = tuple(dict.fromkeys((*sampling.stop_token_ids, *extra)))
         return dataclasses.replace(sampling, stop_token_ids=stops, max_tokens=max_tokens)

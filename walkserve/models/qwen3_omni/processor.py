@@ -23,7 +23,6 @@ import msgspec
 from jinja2 import TemplateError
 
 from walkserve.core.array import ArrayData
-from walkserve.core.context import max_new_tokens
 from walkserve.core.errors import ConfigError, InvalidRequest
 from walkserve.core.params import Params
 from walkserve.core.request import RequestSpec
@@ -105,7 +104,7 @@ class Qwen3OmniProcessor(TokenizedProcessor):
             raise InvalidRequest("prompt logprobs (echo with logprobs) are not supported by Qwen3-Omni", param="echo")
         request, field = self.thinker_request(task, payload, params)
         n = len(request.input_ids)
-        max_tokens = max_new_tokens(n, self.config.text.max_position_embeddings, sampling.max_tokens, field)
+        max_tokens = self.fit_max_tokens(n, self.config.text.max_position_embeddings, sampling.max_tokens, field)
         sampling = self._with_stop_ids(dataclasses.replace(sampling, max_tokens=max_tokens))
         inputs = request_inputs(request, self.config.tokens, merge=not speak)
         if not speak:
