@@ -167,6 +167,21 @@ def test_images_generate_and_edit(client: openai.OpenAI) -> None:
     assert out.shape == (4, 5, 3) and tuple(out[0, 0]) == (245, 235, 225)
 
 
+@pytest.mark.parametrize("route", ["generate", "edit"])
+def test_images_with_stream_is_a_400_not_an_empty_stream(client: openai.OpenAI, route: str) -> None:
+    """The server answers images whole: asked to stream (partial images), the openai package would read the JSON
+    answer as an SSE stream of no events, so the server says it does not stream instead of answering."""
+    with pytest.raises(openai.BadRequestError) as info:
+        if route == "generate":
+            client.images.generate(model=MODEL, prompt="a red square", size="16x8", stream=True, partial_images=1)
+        else:
+            buffer = io.BytesIO()
+            Image.new("RGB", (5, 4)).save(buffer, format="PNG")
+            client.images.edit(model=MODEL, image=("in.png", buffer.getvalue(), "image/png"), prompt="x", stream=True)
+    assert (info.value.body["param"], info.value.body["code"]) == ("stream", "unsupported_parameter")
+    assert len(client.images.generate(model=MODEL, prompt="a", size="16x8", extra_body={"stream": False}).data) == 1
+
+
 def test_unknown_model_is_a_404(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as info:
         client.chat.completions.create(model="gpt-nope", messages=[{"role": "user", "content": "x"}])

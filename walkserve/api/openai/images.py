@@ -12,7 +12,7 @@ from walkserve.api.errors import bad_request
 from walkserve.api.media.image_codec import encode_image
 from walkserve.api.merge import EventMerger
 from walkserve.api.openai.choices import failure
-from walkserve.api.openai.plan import build_sampling, check_n, with_seed_offset
+from walkserve.api.openai.plan import build_sampling, check_n, unsupported, with_seed_offset
 from walkserve.api.state import AppState
 from walkserve.core.array import ArrayData
 from walkserve.core.finish import FinishReason
@@ -63,9 +63,13 @@ def interval_field(joined: str | None, items: list[str] | None) -> str | None:
     return ",".join(items)
 
 
-def check_response_format(response_format: str | None) -> None:
+def check_response_format(response_format: str | None, stream: bool | None) -> None:
+    """b64_json, answered whole: a streamed answer (OpenAI's partial images) is a 400, since the openai package
+    would read the JSON answer as an SSE stream of no events."""
     if response_format not in (None, "b64_json"):
         raise bad_request("only response_format 'b64_json' is supported (this server does not host files)", "response_format", "unsupported_format")
+    if stream:
+        raise unsupported("stream", "streamed image generation (stream, partial_images)")
 
 
 async def plan_images(

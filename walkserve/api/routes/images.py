@@ -41,7 +41,7 @@ async def generations(body: ImageGenerationRequest, request: Request) -> Respons
     state.check_ready()
     state.check_model(body.model)
     state.require("images", "image generation")
-    check_response_format(body.response_format)
+    check_response_format(body.response_format, body.stream)
     specs = await plan_images(state, {"prompt": body.prompt}, body.n, body.size, body.seed, body.steps, body.extensions())
     return await collect(request, images_response(state, specs, ROUTE_GENERATIONS, body.output_format))
 
@@ -57,6 +57,7 @@ async def edits(
     n: Annotated[int, Form(ge=1, le=128)] = 1,
     size: Annotated[str | None, Form(pattern=SIZE_PATTERN)] = None,
     response_format: Annotated[Literal["b64_json", "url"] | None, Form()] = None,
+    stream: Annotated[bool | None, Form(description="not supported: true is a 400 (images are answered whole)")] = None,
     output_format: Annotated[Literal["png", "jpeg", "webp"], Form()] = "png",
     seed: Annotated[FormSeed | None, Form()] = None,
     num_timesteps: Annotated[int | None, Form(ge=2, le=MAX_TIMESTEPS)] = None,
@@ -75,7 +76,7 @@ async def edits(
     state.check_ready()
     state.check_model(model)
     state.require("image_edit", "image editing")
-    check_response_format(response_format)
+    check_response_format(response_format, stream)
     uploads = [*(image or []), *(image_list or [])]
     if not uploads:
         raise ApiError(400, "at least one image file is required", "image", "missing_image")

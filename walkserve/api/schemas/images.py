@@ -46,6 +46,7 @@ class ImageGenerationRequest(ImageExtensions):
     n: Annotated[Annotated[int, Field(strict=True, ge=1, le=128)] | None, null_is(1)] = 1
     size: str | None = Field(None, pattern=SIZE_PATTERN, description="WIDTHxHEIGHT or auto")
     response_format: Literal["b64_json", "url"] | None = None
+    stream: bool | None = Field(None, description="not supported: true is a 400 (images are answered whole)")
     output_format: Annotated[Literal["png", "jpeg", "webp"] | None, null_is("png")] = "png"
     quality: str | None = None
     style: str | None = None
