@@ -10,6 +10,7 @@ import pytest
 from walkserve.core.array import ArrayData
 from walkserve.core.errors import InvalidRequest
 from walkserve.models.vjepa2.validate import (
+    MAX_SAMPLES,
     array_spec,
     check_frame_count,
     check_frames,
@@ -67,6 +68,8 @@ def test_rollout_and_plan_parameters():
     _refused("topk", check_plan, 400, 1, 10, 2)
     _refused("topk", check_plan, 8, 10, 10, 2)
     _refused("samples", check_plan, 0, 10, 10, 2)
+    check_plan(MAX_SAMPLES, 10, 10, 2)
+    assert str(MAX_SAMPLES) in _refused("samples", check_plan, 10**9, 10, 10, 2)  # not a 500 from its allocation
     _refused("iterations", check_plan, 10, 2, 1.5, 2)
     _refused("horizon", check_plan, 10, 2, 2, 40)
 

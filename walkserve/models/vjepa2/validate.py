@@ -18,6 +18,10 @@ FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 IMAGE_DTYPES = ("uint8",)
 INT_DTYPES = ("int64", "int32")
 MAX_STEPS = 32  # the released AC predictor's mask is prebuilt for 32 steps
+# CEM candidates per iteration: ten times the released planner's 400, a power of two. A plan holds K predicted
+# frames (K x 256 x 1408 float32: 5.9 GB at 4096) and K x H predictor steps of KV; a larger K failed its
+# allocation inside the runtime (a 500) or thrashed the pool.
+MAX_SAMPLES = 4096
 
 
 def array_spec(value: Any, field: str) -> tuple[str, tuple[int, ...]]:
@@ -113,10 +117,12 @@ def check_rollout(context_frames: int, horizon: Any, actions: tuple[str, Sequenc
 
 def check_plan(samples: Any, topk: Any, iterations: Any, horizon: Any, context_frames: int = 1,
                max_steps: int = MAX_STEPS) -> None:
-    """CEM parameters: positive counts, 2 <= topk <= samples, the horizon within the mask."""
+    """CEM parameters: positive counts, samples <= MAX_SAMPLES, 2 <= topk <= samples, the horizon within the mask."""
     for field, value in (("samples", samples), ("iterations", iterations), ("topk", topk)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise InvalidRequest(f"{field} must be a positive integer, got {value!r}", param=field)
+    if samples > MAX_SAMPLES:
+        raise InvalidRequest(f"samples must be at most {MAX_SAMPLES}, got {samples}", param="samples")
     if not 2 <= topk <= samples:
         raise InvalidRequest(f"topk must be in [2, samples={samples}], got {topk}", param="topk")
     check_horizon(horizon, context_frames, max_steps)
