@@ -324,6 +324,16 @@ def test_an_unreadable_edit_image_is_a_400_naming_it(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "image[0]"
 
 
+def test_an_edit_mask_is_a_400_naming_it_not_ignored(server):
+    """BAGEL edits the whole image from the instruction; a client's inpainting mask would be silently dropped."""
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+    png = _png_bytes(picture(16, 16, 1))
+    with pytest.raises(openai.BadRequestError) as info:
+        client.images.edit(image=("in.png", png, "image/png"), mask=("mask.png", png, "image/png"), prompt="x",
+                           extra_body={"num_timesteps": 2})
+    assert info.value.body["param"] == "mask"
+
+
 def test_checkpoint_dir_is_detected(tiny_dir):
     from walkserve.cli.serve_target import detect_family
 

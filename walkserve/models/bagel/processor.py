@@ -98,6 +98,8 @@ class BagelProcessor(TokenizedProcessor):
         images = payload.get("images") or ([payload["image"]] if payload.get("image") is not None else [])
         if len(images) > 1:
             raise InvalidRequest("BAGEL edits one image at a time", param=f"{where}image")
+        if payload.get("mask") is not None:
+            raise InvalidRequest("BAGEL edits the whole image from the prompt; it takes no mask", param=f"{where}mask")
         flow = FLOW_EDIT if images else FLOW_T2I
         settings = options.resolve(EDIT if images else GENERATE, self.limits)
         inputs: dict[str, Any] = {"prompt_token_ids": ints(self._prompt(payload.get("prompt"), f"{where}prompt"))}
