@@ -185,6 +185,18 @@ async def test_media_limits() -> None:
         assert_envelope(await client.post("/v1/chat/completions", json=image_message("file:///etc/passwd")), 400)
 
 
+async def test_an_image_past_pillows_bomb_threshold_is_too_large_not_undecodable() -> None:
+    """A 108-megapixel photo is a real upload: over Pillow's decompression-bomb threshold (89 M pixels) it is
+    refused as too large, like any image over max_image_pixels, not called unreadable."""
+    buffer = io.BytesIO()
+    Image.new("1", (12000, 9000)).save(buffer, format="PNG")  # 1 bit a pixel: a small file
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    async with asgi_client() as client:
+        error = assert_envelope(await client.post("/v1/chat/completions", json=image_message(url)), 400,
+                                code="image_too_large")
+    assert "pixels" in error["message"]
+
+
 def wav_base64(seconds: float, rate: int = 16000) -> str:
     buffer = io.BytesIO()
     sf.write(buffer, np.zeros(int(seconds * rate), np.float32), rate, format="WAV")

@@ -24,7 +24,10 @@ def decode_image(data: bytes, max_pixels: int, param: str) -> ArrayData:
             if width * height > max_pixels:
                 raise bad_request(f"the image has {width}x{height} pixels; the limit is {max_pixels}", param, "image_too_large")
             rgb = np.asarray(image.convert("RGB"), dtype=np.uint8)  # rgb: [H, W, 3]
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombWarning, Image.DecompressionBombError):
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError):  # Pillow's own cap, read from the header
+        limit = min(max_pixels, Image.MAX_IMAGE_PIXELS or max_pixels)
+        raise bad_request(f"the image has more than {limit} pixels, the limit", param, "image_too_large") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
         raise bad_request("is not an image this server can decode", param, "invalid_image") from None
     return ArrayData("uint8", tuple(rgb.shape), rgb.tobytes())
 
