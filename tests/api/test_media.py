@@ -66,6 +66,22 @@ async def test_data_url_image_and_audio_reach_the_processor() -> None:
     assert parts[2]["sample_rate"] == 8000 and np.allclose(samples, tone, atol=1e-6)  # stereo mixed to mono
 
 
+async def test_an_image_is_read_upright_by_its_exif_orientation() -> None:
+    """A phone's portrait photo is stored sideways with an EXIF orientation tag (6: turn 90 degrees clockwise to
+    view); the model gets it as every viewer shows it, not on its side."""
+    engine, processor = recording_engine()
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buffer = io.BytesIO()
+    Image.fromarray(PIXELS).save(buffer, format="PNG", exif=exif)
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()}}
+    async with asgi_client(engine) as client:
+        assert (await client.post("/v1/chat/completions", json=chat_with(image))).status_code == 200
+    got = processor.payloads[-1]["messages"][0]["content"][1]["image"]
+    assert got.shape == (6, 4, 3)
+    assert np.array_equal(np.frombuffer(got.data, np.uint8).reshape(6, 4, 3), np.rot90(PIXELS, k=-1))
+
+
 class MediaHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/media/cat.png":

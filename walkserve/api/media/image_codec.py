@@ -6,7 +6,7 @@ import io
 import warnings
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from walkserve.api.errors import bad_request
 from walkserve.core.array import ArrayData
@@ -15,7 +15,8 @@ OUTPUT_FORMATS = {"png": ("PNG", "image/png"), "jpeg": ("JPEG", "image/jpeg"), "
 
 
 def decode_image(data: bytes, max_pixels: int, param: str) -> ArrayData:
-    """Any format Pillow reads -> RGB uint8 [H, W, 3]; the first frame of an animation."""
+    """Any format Pillow reads -> RGB uint8 [H, W, 3], turned upright by its EXIF orientation; the first frame of
+    an animation."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -23,6 +24,7 @@ def decode_image(data: bytes, max_pixels: int, param: str) -> ArrayData:
             width, height = image.size
             if width * height > max_pixels:
                 raise bad_request(f"the image has {width}x{height} pixels; the limit is {max_pixels}", param, "image_too_large")
+            ImageOps.exif_transpose(image, in_place=True)  # upright, as viewers show it (a phone's portrait photo)
             rgb = np.asarray(image.convert("RGB"), dtype=np.uint8)  # rgb: [H, W, 3]
     except (Image.DecompressionBombWarning, Image.DecompressionBombError):  # Pillow's own cap, read from the header
         limit = min(max_pixels, Image.MAX_IMAGE_PIXELS or max_pixels)
