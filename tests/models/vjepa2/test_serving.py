@@ -299,6 +299,12 @@ BAD = [
                                                         "states": arr(STATES[:1])}, "params": {"horizon": 3}},
      "actions", "float array"),
     ("too few actions", rollout_body(2, 3) | {"params": {"horizon": 5}}, "actions", "must have 6 rows"),
+    ("a NaN action", {"task": "rollout", "inputs": {"frames": arr(FRAMES[:1]),
+                                                     "actions": arr(np.where(np.eye(3, 7) > 0, np.nan, ACTIONS[:3])),
+                                                     "states": arr(STATES[:1])}, "params": {"horizon": 3}},
+     "actions", "finite"),
+    ("an infinite float16 state", plan_body(1, 0) | {"inputs": {
+        **plan_body(1, 0)["inputs"], "states": arr(np.full((1, 7), np.inf, np.float16))}}, "states", "finite"),
     ("odd frame count", {"task": "encode", "inputs": {"video": arr(VIDEO[:3])}}, "video", "multiple of the tubelet"),
     ("non-square, no resize", rollout_body(1, 2) | {"params": {"horizon": 2, "resize": False}}, "frames", "64x64"),
     ("topk above samples", plan_body(1, 0) | {"params": {"samples": 4, "topk": 5}}, "topk", "topk"),

@@ -23,6 +23,8 @@ import math
 from array import array
 from typing import Any
 
+import numpy as np
+
 from walkserve.core.array import ArrayData
 from walkserve.core.errors import InvalidRequest
 from walkserve.core.request import RequestSpec
@@ -217,4 +219,13 @@ def _vectors(inputs: dict[str, Any], name: str) -> ArrayData:
         raise InvalidRequest(f"{name} must be a [T, 7] float array, got {type(value).__name__}", param=name)
     if value.dtype not in FLOAT_DTYPES:
         raise InvalidRequest(f"{name} must be a float array ({', '.join(FLOAT_DTYPES)}), got {value.dtype}", param=name)
+    if not np.isfinite(_floats(value)).all():  # a NaN would come back as a rollout of NaNs
+        raise InvalidRequest(f"{name} must hold finite numbers", param=name, code="invalid_input")
     return value
+
+
+def _floats(value: ArrayData) -> np.ndarray:
+    """A float ArrayData's values (bfloat16: the upper half of a float32's bits)."""
+    if value.dtype == "bfloat16":
+        return (np.frombuffer(value.data, np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return np.frombuffer(value.data, np.dtype(value.dtype))
