@@ -35,11 +35,10 @@ SIZE_STRIDE = 16
 
 @dataclass(frozen=True)
 class ImageLimits:
-    """Caps the server applies: sides in [min_side, max_side] (the latent table covers 1024), n <= max_n."""
+    """Caps the server applies: sides in [min_side, max_side] (the latent table covers 1024)."""
 
     max_side: int = 1024
     min_side: int = 16
-    max_n: int = 4
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,6 @@ class ImageSettings:
     timestep_shift: float
     think: bool = False
     size: tuple[int, int] | None = None  # (width, height); None for an edit: the input's
-    n: int = 1
 
 
 TASK_DEFAULTS = {
@@ -81,7 +79,6 @@ class BagelImageParams(Params, frozen=True, tag="bagel"):
     think: bool = False
     size: str | tuple[int, int] | None = None
     steps: int | None = None
-    n: int = 1
 
     def resolve(self, task: str, limits: ImageLimits = ImageLimits()) -> ImageSettings:
         """The settings for ``task`` (``generate`` or ``edit``); raises InvalidRequest naming the field."""
@@ -95,8 +92,6 @@ class BagelImageParams(Params, frozen=True, tag="bagel"):
         if self.timestep_shift is not None and not 0.0 < self.timestep_shift <= MAX_SHIFT:
             raise InvalidRequest(f"timestep_shift must be in (0, {MAX_SHIFT:g}], got {self.timestep_shift}", "timestep_shift")
         _check_interval(self.cfg_interval)
-        if not 1 <= self.n <= limits.max_n:
-            raise InvalidRequest(f"n must be in [1, {limits.max_n}], got {self.n}", "n")
         size = default_size(d.size, limits) if task == GENERATE else None
         if self.size not in (None, "", "auto"):
             if task == EDIT:
@@ -112,7 +107,6 @@ class BagelImageParams(Params, frozen=True, tag="bagel"):
             timestep_shift=float(_pick(self.timestep_shift, d.timestep_shift)),
             think=self.think,
             size=size,
-            n=self.n,
         )
 
 

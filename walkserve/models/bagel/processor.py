@@ -182,7 +182,7 @@ class BagelProcessor(TokenizedProcessor):
 
 def _settings_params(settings: Any) -> dict[str, Any]:
     fields = dataclasses.asdict(settings)
-    fields.pop("size"), fields.pop("n")
+    fields.pop("size")
     return fields
 
 
