@@ -79,6 +79,16 @@ def test_bad_inputs_name_the_field(changes, param, code):
         assert e.value.code == code
 
 
+def test_a_png_past_pillows_bomb_threshold_is_too_large_not_undecodable():
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("1", (12000, 9000)).save(buffer, format="PNG")  # 108 M pixels (Pillow refuses 89 M), a small file
+    with pytest.raises(InvalidRequest) as e:
+        validate_inputs(SPEC, _good(left_wrist_0_rgb=buffer.getvalue()))
+    assert (e.value.param, e.value.code) == ("inputs.left_wrist_0_rgb", "image_too_large")
+
+
 def test_prompt_over_the_token_limit_names_the_prompt(tiny_pi05):
     spec = InputSpec.from_config(tiny_pi05.policy.config)
     inputs = validate_inputs(spec, _good(prompt="pick up the red cube and put it in the bowl " * 4))

@@ -123,8 +123,11 @@ def _decode(data: bytes, max_pixels: int, param: str) -> np.ndarray:
                 raise InvalidRequest(f"the image has {width}x{height} pixels; the limit is {max_pixels}",
                                      param=param, code="image_too_large")
             return np.asarray(image.convert("RGB"), dtype=np.uint8)  # [H, W, 3]
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombWarning,
-            Image.DecompressionBombError):
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError):  # Pillow's own cap, read from the header
+        limit = min(max_pixels, Image.MAX_IMAGE_PIXELS or max_pixels)
+        raise InvalidRequest(f"the image has more than {limit} pixels, the limit", param=param,
+                             code="image_too_large") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
         raise InvalidRequest("is not an image this server can decode", param=param, code="invalid_image") from None
 
 
