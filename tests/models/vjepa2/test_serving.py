@@ -311,6 +311,8 @@ BAD = [
     ("a goal of two frames", plan_body(1, 0) | {"inputs": {**plan_body(1, 0)["inputs"], "goal": arr(VIDEO[:2])}},
      "goal", "one image"),
     ("an unknown parameter", rollout_body(1, 2) | {"params": {"horizon": 2, "horizn": 3}}, "horizn", "horizn"),
+    ("an unknown input", rollout_body(1, 2) | {"inputs": {**rollout_body(1, 2)["inputs"], "action": arr(ACTIONS[:2])}},
+     "action", "unknown input 'action'"),
     ("image parts of two sizes", rollout_body(2, 2) | {"inputs": {**rollout_body(2, 2)["inputs"], "frames": [
         {"type": "image", "url": png_url(FRAMES[0])}, {"type": "image", "url": png_url(GOAL)}]}},
      "frames[1]", "80x72"),

@@ -46,6 +46,10 @@ from walkserve.models.vjepa2.validate import (
 from walkserve.models.vjepa2.video_file import decode_video_file
 
 EMBEDDING = "embedding"
+TASK_INPUTS = {  # what each task reads; another input is a 400 naming it (a misspelt one is not silently dropped)
+    ENCODE: ("video", "frames"), EMBEDDING: ("video", "frames"), PREDICT: ("video", "frames", "context_ids", "target_ids"),
+    ROLLOUT: ("frames", "actions", "states"), PLAN: ("frames", "goal", "states", "actions"),
+}
 class VJEPA2Processor(Processor):
     params_type = VJEPA2Params
 
@@ -75,6 +79,10 @@ class VJEPA2Processor(Processor):
     def build_request(self, task: str, payload: dict[str, Any], sampling: SamplingParams,
                       params: VJEPA2Params) -> RequestSpec:
         inputs = payload.get("inputs", payload)
+        unknown = sorted(set(inputs) - set(TASK_INPUTS.get(task, inputs)))
+        if unknown:
+            raise InvalidRequest(f"unknown input {unknown[0]!r}; the {task} task takes {', '.join(TASK_INPUTS[task])}",
+                                 param=unknown[0])
         if task in (ENCODE, EMBEDDING):
             return self._encode(inputs, params, pool=task == EMBEDDING)
         if task in self._card.unsupported:
