@@ -66,6 +66,18 @@ async def test_data_url_image_and_audio_reach_the_processor() -> None:
     assert parts[2]["sample_rate"] == 8000 and np.allclose(samples, tone, atol=1e-6)  # stereo mixed to mono
 
 
+async def test_base64_wrapped_in_lines_reads_as_the_same_image() -> None:
+    """MIME base64 (``base64 file`` on the command line) breaks its lines every 76 characters."""
+    engine, processor = recording_engine()
+    text = base64.encodebytes(png_bytes()).decode()  # 76-character lines, each ending in a newline
+    assert "\n" in text.strip()
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + text.replace("\n", "\r\n")}}
+    async with asgi_client(engine) as client:
+        assert (await client.post("/v1/chat/completions", json=chat_with(image))).status_code == 200
+    got = processor.payloads[-1]["messages"][0]["content"][1]["image"]
+    assert np.array_equal(np.frombuffer(got.data, np.uint8).reshape(4, 6, 3), PIXELS)
+
+
 async def test_an_image_is_read_upright_by_its_exif_orientation() -> None:
     """A phone's portrait photo is stored sideways with an EXIF orientation tag (6: turn 90 degrees clockwise to
     view); the model gets it as every viewer shows it, not on its side."""

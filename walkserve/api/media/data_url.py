@@ -9,8 +9,9 @@ from walkserve.api.errors import bad_request
 
 
 def decode_base64(text: str, param: str) -> bytes:
+    """Standard base64; line breaks and other whitespace in it are skipped (MIME wraps it at 76 characters)."""
     try:
-        return base64.b64decode(text.strip(), validate=True)
+        return base64.b64decode("".join(text.split()), validate=True)
     except (binascii.Error, ValueError):
         raise bad_request("is not valid base64", param, "invalid_base64") from None
 
