@@ -157,6 +157,8 @@ def test_openpi_observations_map_and_their_errors_name_the_observation_key(model
     assert spec.inputs["image_shapes"].shape == (2, 2) and spec.inputs["state"].shape == (32,)
     again = proc.build_request("act", {"observation": droid}, SamplingParams(), proc.check_params({"seed": 3}))
     assert again.inputs["noise"].data == spec.inputs["noise"].data  # seeded noise is reproducible
+    by_sampling = proc.build_request("act", {"observation": droid}, SamplingParams(seed=3), proc.check_params({}))
+    assert by_sampling.inputs["noise"].data == spec.inputs["noise"].data  # the sampling seed, when params has none
     with pytest.raises(InvalidRequest) as e:
         proc.build_request("act", {"observation": {**droid, "observation/joint_position": np.zeros(6)}}, SamplingParams(), proc.check_params({}))
     assert e.value.param == "observation/joint_position + observation/gripper_position"

@@ -118,9 +118,9 @@ class PolicyProcessor(Processor):
     def _spec(self, prepared: Any, sampling: SamplingParams, params: PolicyParams) -> RequestSpec:
         c = self.config
         noise = prepared.noise
-        if noise is None:
-            noise = np.random.default_rng(params.seed).standard_normal((c.chunk_size, c.max_action_dim),
-                                                                              dtype=np.float32)
+        if noise is None:  # params.seed, else the request's sampling seed (what /v1/generate's "sampling" sets)
+            seed = params.seed if params.seed is not None else sampling.seed
+            noise = np.random.default_rng(seed).standard_normal((c.chunk_size, c.max_action_dim), dtype=np.float32)
         arrays = {**walk_inputs(prepared, c.image_tokens), NOISE: np.asarray(noise, dtype=np.float32)}
         inputs = {name: array_data(a) for name, a in arrays.items()}
         sampling = dataclasses.replace(sampling, max_tokens=1)  # nothing is sampled; it only has to be a number
