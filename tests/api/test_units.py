@@ -205,3 +205,15 @@ async def test_aac_only_with_pyav() -> None:
     with av.open(io.BytesIO(response.content)) as container:
         samples = sum(frame.samples for frame in container.decode(audio=0))
     assert abs(samples - 2 * 2400) <= 2048  # encoder priming and padding
+
+
+def test_a_realtime_response_error_names_the_conversation_item_not_the_chat_message():
+    from walkserve.api.errors import ApiError
+    from walkserve.api.realtime.response import as_items
+
+    sources = [None, "item_a", "item_b"]  # the instructions' system message, then the conversation's items
+    audio = as_items(ApiError(400, "the audio is too short", "messages[2].content[0]", "invalid_value"), sources)
+    assert (audio.param, audio.code) == ("item.content[0]", "invalid_value") and "item_b" in audio.message
+    assert as_items(ApiError(400, "bad", "messages[0]", None), sources).param == "session.instructions"
+    for param in ("messages", "messages[7].content", "model", None):  # no message of this response: as it was
+        assert as_items(ApiError(400, "x", param, None), sources).param == param

@@ -315,3 +315,29 @@ def test_speech_in_small_pieces_is_prefilled_while_it_arrives(server, client) ->
     # prefills (65 rows computed after commit when they were text answers); the engine-level test of a clip
     # extended by windows is tests/engines/kv/test_capture_cache.py
     assert prefilled < 60 - 26
+
+
+def test_a_response_that_fails_on_an_item_names_the_item(server) -> None:
+    """The model refuses a clip shorter than 12.5 ms: the error names the conversation item the client sent (its id,
+    param ``item.content[0]``), not the chat message the server built from it."""
+    async def run():
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        async with client.realtime.connect(model="tiny-omni") as conn:
+            assert (await conn.recv()).type == "session.created"
+            await conn.session.update(session={"type": "realtime", "instructions": INSTRUCTIONS,
+                                               "output_modalities": ["text"]})
+            assert (await conn.recv()).type == "session.updated"
+            clip = base64.b64encode(speech(0.005, seed=1)).decode()  # 120 samples at 24 kHz
+            await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                      "content": [{"type": "input_audio", "audio": clip}]})
+            added = await conn.recv()
+            assert added.type == "conversation.item.added"
+            assert (await conn.recv()).type == "conversation.item.done"
+            await conn.response.create()
+            events = []
+            while not events or events[-1].type != "response.done":
+                events.append(await conn.recv())
+            [error] = [e for e in events if e.type == "error"]
+            assert error.error.param == "item.content[0]" and added.item.id in error.error.message, error
+            assert "too short" in error.error.message and events[-1].response.status == "failed"
+    asyncio.run(run())

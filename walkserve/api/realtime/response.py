@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from walkserve.api.audio.pcm import pcm16_base64
-from walkserve.api.errors import to_api_error
+from walkserve.api.errors import ApiError, to_api_error
 from walkserve.api.openai.chat import plan_chat
 from walkserve.api.openai.choices import ChoiceUpdate, drive_choices, usage
 from walkserve.api.openai.text_plan import TextPlan
@@ -61,10 +62,25 @@ def realtime_usage(chat: dict[str, Any]) -> dict[str, Any]:
                                      "audio_tokens": details.get("audio_tokens", 0)}}
 
 
+def as_items(error: ApiError, sources: list[str | None]) -> ApiError:
+    """An error of a response's chat request, its ``messages[i]`` param told as what the client sent: the
+    conversation item behind message i (``sources[i]``; param ``item.content[j]...``, the item's id in the
+    message), or the session's instructions (``sources[i]`` None)."""
+    found = re.fullmatch(r"messages\[(\d+)\](.*)", error.param or "")
+    if found is None or int(found[1]) >= len(sources):
+        return error
+    source, rest = sources[int(found[1])], found[2]
+    if source is None:
+        return ApiError(error.status, error.message, "session.instructions", error.code)
+    return ApiError(error.status, f"conversation item {source}: {error.message}", f"item{rest}", error.code)
+
+
 class Response:
     def __init__(self, state: AppState, config: SessionConfig, messages: list[dict[str, Any]], send: Send,
-                 add_item: Callable[[Item], str | None] | None, after: Callable[[], Awaitable[None]] | None = None):
+                 add_item: Callable[[Item], str | None] | None, after: Callable[[], Awaitable[None]] | None = None,
+                 sources: list[str | None] | None = None):
         self.state, self.config, self.messages, self.send = state, config, messages, send
+        self.sources = sources or []  # per message: the conversation item it is (None: the instructions)
         self.after = after  # awaited before the request is made (the session's prefill of this turn's speech)
         self.add_item = add_item  # None: an out-of-band response (conversation "none")
         self.id = new_id("resp")
@@ -106,7 +122,7 @@ class Response:
         except asyncio.CancelledError:
             self.status, self.details = "cancelled", {"type": "cancelled", "reason": self.cancel_reason}
         except Exception as e:
-            error = to_api_error(e)
+            error = as_items(to_api_error(e), self.sources)
             self.status = "failed"
             self.details = {"type": "failed", "error": {"type": error.type, "code": error.code, "message": error.message}}
             await self.send(error_event(error))

@@ -243,8 +243,9 @@ class RealtimeSession:
                                'pcm16 at 24 kHz only: ask for output_modalities ["text"]', "output_modalities",
                                "unsupported_format")
         messages = self.conversation.messages(config.instructions)
+        sources = [None] * (len(messages) - len(self.conversation.items)) + [i.id for i in self.conversation.items]
         self.response = Response(self.state, config, messages, self.send, self.conversation.add if add else None,
-                                 after=self.prefill.settled)
+                                 after=self.prefill.settled, sources=sources)
         self.response.start()
 
     async def _response_cancel(self, message: dict[str, Any]) -> None:
