@@ -240,6 +240,17 @@ async def test_capabilities_and_limits() -> None:
         assert result["usage"]["prompt_tokens"] + result["usage"]["completion_tokens"] <= 64
 
 
+async def test_a_field_of_several_types_names_what_is_wrong_in_the_type_sent() -> None:
+    async with asgi_client() as client:
+        ids = assert_envelope(await client.post("/v1/completions", json={"prompt": [5, -1]}), 400, param="prompt[1]")
+        assert "greater than or equal to 0" in ids["message"], ids  # not "prompt: should be a valid string"
+        part = {"messages": [{"role": "user", "content": [{"type": "picture", "url": "x"}]}]}
+        error = assert_envelope(await client.post("/v1/chat/completions", json=part), 400, param="messages[0].content[0]")
+        assert "picture" in error["message"] and "image_url" in error["message"], error
+        wrong = assert_envelope(await client.post("/v1/completions", json={"prompt": 5}), 400, param="prompt")
+        assert "valid string" in wrong["message"], wrong  # no type got further: the first one's error
+
+
 async def test_min_tokens_above_max_tokens_is_refused() -> None:
     async with asgi_client() as client:
         for route, body in (("/v1/completions", {"prompt": "x"}), ("/v1/chat/completions", CHAT),

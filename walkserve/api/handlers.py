@@ -14,6 +14,7 @@ from walkserve.api.errors import ApiError, scrub, to_api_error
 from walkserve.core.errors import WalkserveError
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large", 415: "unsupported_media_type"}
+_BRANCHES = {"str", "int", "float", "bool", "bytes", "none"}  # how pydantic names a union's plain-type branches
 
 
 def param_path(loc: tuple[Any, ...]) -> str | None:
@@ -23,9 +24,22 @@ def param_path(loc: tuple[Any, ...]) -> str | None:
     for part in parts:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part and not str(part).startswith(("function-", "tagged-union[")) and "[" not in str(part):
+        elif part and not str(part).startswith(("function-", "tagged-union[")) and "[" not in str(part) \
+                and str(part) not in _BRANCHES:
             out += f".{part}" if out else str(part)
     return out or None
+
+
+def _most_telling(errors: list[dict[str, Any]]) -> dict[str, Any]:
+    """The error to answer: the first, unless it is a wrong type and its field has another error: a field of
+    several types (``prompt``: a string or token ids) fails once per type, and the type the client's value has
+    got further (``prompt[0]`` below 0, not "prompt: should be a valid string")."""
+    first = errors[0]
+    field = tuple(first.get("loc", ()))[:2]
+    if not str(first.get("type", "")).endswith("_type"):
+        return first
+    same = [e for e in errors if tuple(e.get("loc", ()))[:2] == field]
+    return next((e for e in same if not str(e.get("type", "")).endswith("_type")), first)
 
 
 def _respond(error: ApiError) -> JSONResponse:
@@ -38,7 +52,7 @@ async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     errors = exc.errors() if isinstance(exc, RequestValidationError) else []
-    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    first = _most_telling(errors) if errors else {"loc": (), "msg": "invalid request"}
     param = param_path(tuple(first.get("loc", ())))
     if first.get("type") == "missing" and param is None:
         message = "a request body is required"
