@@ -247,6 +247,11 @@ async def test_a_field_of_several_types_names_what_is_wrong_in_the_type_sent() -
         part = {"messages": [{"role": "user", "content": [{"type": "picture", "url": "x"}]}]}
         error = assert_envelope(await client.post("/v1/chat/completions", json=part), 400, param="messages[0].content[0]")
         assert "picture" in error["message"] and "image_url" in error["message"], error
+        vocabulary = assert_envelope(await client.post("/v1/completions", json={"prompt": [5, 10**9]}), 400,
+                                     param="prompt")  # past the vocabulary: the field the client sent, not the processor's
+        assert "token ids" in vocabulary["message"], vocabulary
+        second = await client.post("/v1/completions", json={"prompt": [[5], [10**9]]})
+        assert_envelope(second, 400, param="prompt[1]")
         wrong = assert_envelope(await client.post("/v1/completions", json={"prompt": 5}), 400, param="prompt")
         assert "valid string" in wrong["message"], wrong  # no type got further: the first one's error
 

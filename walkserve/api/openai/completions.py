@@ -30,6 +30,7 @@ from walkserve.api.schemas.completions import CompletionRequest
 from walkserve.api.sse import SSE_DONE, sse
 from walkserve.api.state import AppState
 from walkserve.api.text_stream import TextStream
+from walkserve.core.errors import InvalidRequest
 
 ROUTE = "/v1/completions"
 
@@ -76,7 +77,12 @@ async def plan_completion(state: AppState, body: CompletionRequest) -> TextPlan:
         if body.echo:
             echo = prompt if isinstance(prompt, str) else state.processor.decode(prompt, body.skip_special_tokens)
         for i in range(body.n):
-            spec = await state.build_request("completion", payload, with_seed_offset(sampling, i), {})
+            try:
+                spec = await state.build_request("completion", payload, with_seed_offset(sampling, i), {})
+            except InvalidRequest as e:  # the processor's field for token ids, told as the client's: prompt
+                if e.param in ("prompt", "prompt_token_ids"):
+                    e.param = "prompt" if len(prompts) == 1 else f"prompt[{p}]"
+                raise
             apply_default_max_tokens(spec, state.card, body.max_tokens is not None)
             text = TextStream(state.processor.detokenizer(body.skip_special_tokens), stops)
             specs.append(spec)
