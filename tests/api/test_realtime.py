@@ -382,3 +382,28 @@ def test_drawn_events_get_answers_never_internal_errors(url, engine) -> None:
 
     check()
     asyncio.run(wait_idle(engine))
+
+
+
+def test_a_client_that_stops_reading_ends_its_session_and_frees_its_request(monkeypatch) -> None:
+    """The response outruns a client that reads nothing (no writer takes the session's events here): once its outbox
+    stayed full for ``STALLED_S`` the session ends, and closing it (as the socket then does) aborts the response's
+    request instead of holding it until the session's time limit."""
+    from walkserve.api.config import ServerConfig
+    from walkserve.api.realtime import session as realtime_session
+    from walkserve.api.state import AppState
+
+    monkeypatch.setattr(realtime_session, "OUTBOX", 8)
+    monkeypatch.setattr(realtime_session, "STALLED_S", 0.3)
+    engine = fake()  # a token every 5 ms: 2000 of them outlast the test
+
+    async def run() -> None:
+        session = realtime_session.RealtimeSession(AppState(engine, ServerConfig()), MODEL)
+        await session.handle(json.dumps({"type": "session.update", "session": {"max_output_tokens": 2000}}))
+        await session.handle(json.dumps({"type": "response.create"}))
+        await asyncio.wait_for(session.ended.wait(), 10)
+        assert session.end_reason.code == "client_not_reading" and engine.active_requests == 1
+        await session.close()
+        await wait_idle(engine)
+        assert engine.stats().aborted == 1
+    asyncio.run(run())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 from walkserve.api.errors import ApiError, to_api_error
@@ -28,7 +29,11 @@ from walkserve.api.realtime.speech_prefill import SpeechPrefill
 from walkserve.api.realtime.vad import ServerVad
 from walkserve.api.state import AppState
 
+log = logging.getLogger(__name__)
 OUTBOX = 4096  # queued server events; a response that outruns its client waits here
+STALLED_S = 30.0  # a full outbox the client takes nothing from for this long: it stopped reading, the session ends
+STALLED = ApiError(400, f"the client read none of the server's events for {STALLED_S:g} s; the session is closed", None,
+                   "client_not_reading")
 
 
 class RealtimeSession:
@@ -59,8 +64,18 @@ class RealtimeSession:
         }
 
     async def send(self, message: dict[str, Any]) -> None:
-        if not self.closing:
-            await self.outbox.put(message)
+        """Queue an event for the client. A response outruns a slow client here; a client that stopped reading
+        (nothing taken for ``STALLED_S``) ends the session, so its running response is aborted, not held open."""
+        if not self.closing and not self.outbox.full():
+            self.outbox.put_nowait(message)  # the common case, as cheap as it was: no timer for a put that cannot wait
+        elif not self.closing:
+            try:
+                await asyncio.wait_for(self.outbox.put(message), STALLED_S)
+            except TimeoutError:
+                log.warning("realtime session: the client read nothing for %g s (%d events waiting); closing it",
+                            STALLED_S, self.outbox.qsize())
+                self.closing, self.end_reason = True, STALLED
+                self.ended.set()
         elif not self.outbox.full():  # closing: what fits still goes out, nothing waits for a writer that may be gone
             self.outbox.put_nowait(message)
 
