@@ -20,7 +20,6 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from walkserve.core.context import max_new_tokens
 from walkserve.core.errors import InvalidRequest
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import MAX_SEED, SamplingParams
@@ -118,8 +117,7 @@ class BagelProcessor(TokenizedProcessor):
             inputs["system_token_ids"] = ints(self.tokenize(GEN_THINK_SYSTEM_PROMPT))
         modalities = self._image_modalities(payload.get("modalities"))
         plan = (sampling.max_tokens or THINK_MAX_TOKENS) if settings.think else 1  # the think plan's bound
-        context, what = self.served_context(self.max_context)
-        max_new_tokens(self._context_tokens(inputs, 0), context, plan, f"{where}prompt", what)
+        self.fit_max_tokens(self._context_tokens(inputs, 0), self.max_context, plan, f"{where}prompt")
         sampling = dataclasses.replace(sampling, max_tokens=plan, stop_token_ids=(self.tokens.im_end,),
                                        ignore_eos=False)
         return RequestSpec(inputs, task="image", modalities=modalities, sampling=sampling, params=params)
