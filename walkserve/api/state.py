@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -23,6 +24,7 @@ from walkserve.entrypoint.interface import EngineClient, Health
 from walkserve.models.processor import ModelCard
 
 AUDIO_CAPS = ("speech", "audio_out")
+KV_RECHECK_S = 0.5  # how long the runtime's KV pools, read from its workers' reports, are taken as read
 log = logging.getLogger(__name__)
 
 
@@ -42,10 +44,21 @@ class AppState:
         # One thread for processor calls (templates, tokenization): off the event loop, never concurrent.
         self._processor_thread = ThreadPoolExecutor(1, thread_name_prefix="walkserve-processor")
         self._warned_pool: int | None = None
+        self._kv_read: tuple[float, int | None] = (float("-inf"), None)  # (when, what) kv_tokens last read
 
     def kv_tokens(self) -> int | None:
         """What the runtime's smallest KV pool holds, in tokens (its workers' reports; None before the first, or
-        with no KV engine). One request's context cannot outgrow it: the served context is at most this."""
+        with no KV engine). One request's context cannot outgrow it: the served context is at most this. Read
+        from the reports at most every ``KV_RECHECK_S``: every request asks."""
+        read_at, tokens = self._kv_read
+        now = time.monotonic()
+        if now - read_at < KV_RECHECK_S:
+            return tokens
+        tokens = self._smallest_pool()
+        self._kv_read = (now, tokens)
+        return tokens
+
+    def _smallest_pool(self) -> int | None:
         try:
             pools = [e["kv_tokens_total"] for e in self.engine.stats().engine_ranks.values() if "kv_tokens_total" in e]
         except Exception:  # a runtime that cannot report: requests are fitted to the model's context alone
