@@ -189,3 +189,53 @@ def test_a_rank_waiting_for_the_other_ranks_rows_is_not_passed_again_until_they_
     got, expected = _run(_WireSim({"a": 0, "b": 1}))
     assert got == expected
     assert idle[0] <= 2 and idle[1] <= 2, dict(idle)  # the start and the end at most, not one per step
+
+
+class _HandOffSim(_WireSim):
+    """Records each mid-pass hand-off: the sending rank, the kinds of message in it, and the iteration its
+    members are at as it leaves."""
+
+    def __init__(self, ranks: dict[str, int]):
+        super().__init__(ranks)
+        self.hand_offs: list[tuple[int, set[str], set[int]]] = []
+
+    def handed_off(self, rank: int, messages: list) -> None:
+        ks = {mb.k for run in self._runs(rank) for mb in run.members.values() if mb.local.level.depth}  # the loop's
+        self.hand_offs.append((rank, {type(msg).__name__ for _, msg in messages}, ks))
+        super().handed_off(rank, messages)
+
+    def _runs(self, rank: int) -> list:
+        return [run for req in self.executors[rank].requests.values() for run in req.walks.values()]
+
+
+def test_the_deciding_rank_hands_its_step_off_before_setting_up_the_next_iteration():
+    """Rank 1 runs b and decides: b's carry and the decisions leave in one frame mid-pass, while its members are
+    still at the iteration that was decided, so rank 0 can start the next step as rank 1 goes on."""
+    sim = _HandOffSim({"a": 0, "b": 1})
+    got, expected = _run(sim)
+    assert got == expected
+    from_1 = [(kinds, ks) for rank, kinds, ks in sim.hand_offs if rank == 1]
+    assert len(from_1) == STEPS  # the last one too: its decision ends the loop
+    for step, (kinds, ks) in enumerate(from_1):
+        assert kinds == {"Values", "LoopEvents"}
+        assert ks == {step}  # not yet moved on to step + 1
+    assert all(rank == 1 for rank, _, _ in sim.hand_offs)  # rank 0 waits for decisions: nothing to hand off early
+
+
+def test_rows_taken_early_leave_before_those_put_later_and_the_rest_waits():
+    from walkserve.worker.outgoing import CONDUCTOR, Outgoing, to_rank
+
+    out = Outgoing()
+    out.value(1, "w", "a", "y", "r1", (0,), 10)
+    out.client("w", "b", "x", "text", "r1", (0,), 11)
+    out.to(1, "moved state")
+    out.loop(1, "w", "loop", "r1", (), 0, -1)
+    assert out.rows_for_ranks
+    early = out.take_ranks()
+    assert [(dest, type(msg).__name__) for dest, msg in early] == [(to_rank(1), "Values"), (to_rank(1), "LoopEvents")]
+    assert not out.rows_for_ranks and out
+    out.value(1, "w", "a", "y", "r1", (1,), 12)
+    rest = out.take()
+    assert [(dest, type(msg).__name__ if not isinstance(msg, str) else msg) for dest, msg in rest] == [
+        (CONDUCTOR, "ClientOuts"), (to_rank(1), "Values"), (to_rank(1), "moved state")]
+    assert rest[1][1].paths == [(1,)] and not out

@@ -5,7 +5,9 @@ stacked), the codec's frame, then ``wire.unpack_message`` and
 ``Executor.receive`` on the other side. No processes, no sockets, no waiting:
 what a split placement costs in the executors and on the wire alone
 (``./dev bench runtime`` prints it beside the real runtimes; the wire tests
-check each member gets its own rows). The conductor's side is the simulator's.
+check each member gets its own rows). A rank hands its rows for other ranks
+off mid-pass as a worker does (``Effects.hand_off``), so a frame may leave
+before the pass ends. The conductor's side is the simulator's.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ class WireSimulator(Simulator):
 
     def executor(self, rank: int) -> Executor:
         if rank not in self.executors:
-            self.executors[rank] = self.new_executor(rank, self.engines_of(rank))
+            ex = self.executors[rank] = self.new_executor(rank, self.engines_of(rank))
             self.codecs[rank] = TensorCodec(TOKEN, str(rank), use_shm=False)
+            ex.fx.hand_off = lambda: self.handed_off(rank, ex.out.take_ranks())
         return self.executors[rank]
 
     def new_executor(self, rank: int, engines: dict[str, Engine]) -> Executor:
@@ -65,9 +68,16 @@ class WireSimulator(Simulator):
     def packed(self, rank: int, msg: Any) -> None:
         """``msg`` left ``rank`` packed (for a subclass that looks at what went)."""
 
+    def handed_off(self, rank: int, messages: list) -> None:
+        """Mid-pass, ``rank``'s rows for other ranks leave as the worker's would (``Effects.hand_off_now``)."""
+        self._frames(rank, messages)
+
     def _flush(self, rank: int) -> None:
+        self._frames(rank, self.executors[rank].out.take())
+
+    def _frames(self, rank: int, messages: list) -> None:
         frames = defaultdict(list)
-        for dest, msg in self.executors[rank].out.take():
+        for dest, msg in messages:
             if dest == CONDUCTOR:
                 self.channels[(("rank", rank), dest)].append(msg)
                 continue

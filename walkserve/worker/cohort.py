@@ -330,6 +330,7 @@ class Cohort:
                     iteration.expose(fx, m)
                 else:
                     m.take_held()  # not exposed: what waited for it is dropped
+        fx.hand_off_now()  # the step's values and decisions for other ranks go before the next iteration's set-up
         first, ready, waits = self.buckets[0], self.ready, self.start_waits
         n_first = len(first)
         for m, end in decided:

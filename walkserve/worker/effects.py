@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 class Effects:
-    __slots__ = ("concat", "counters", "dirty", "done", "out", "rank")
+    __slots__ = ("concat", "counters", "dirty", "done", "hand_off", "out", "rank")
 
     def __init__(self, rank: int, concat: Callable[[list, Any], Any]):
         """``concat`` joins stream items and accumulated exits (tensors, in practice)."""
@@ -36,6 +36,7 @@ class Effects:
         self.dirty: dict[Any, None] = {}  # cohorts the next pass looks at, in order
         self.done: list[WalkRun] = []  # walks that ended here, for the executor
         self.counters: dict[str, int] = defaultdict(int)
+        self.hand_off: Callable[[], None] | None = None  # sends the rows for other ranks now (the worker's)
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] += n
@@ -51,6 +52,12 @@ class Effects:
     def forget(self, cohort: Any) -> None:
         """A cohort that is gone (its request released, with loop cohorts off)."""
         self.dirty.pop(cohort, None)
+
+    def hand_off_now(self) -> None:
+        """A step's rows for other ranks are complete: send them before this rank's own bookkeeping of the step,
+        so the next rank starts while this one goes on (a no-op without a ``hand_off``, or with no rows)."""
+        if self.hand_off is not None and self.out.rows_for_ranks:
+            self.hand_off()
 
     def fail(self, run: WalkRun, error: str) -> None:
         """The request cannot go on: report it once; its members stop (the conductor releases it)."""

@@ -99,11 +99,26 @@ class Outgoing:
         """A message for another rank that carries no rows (a request's moved state)."""
         self._other.append((to_rank(rank), message))
 
+    @property
+    def rows_for_ranks(self) -> bool:
+        """Rows for other ranks wait here (``take_ranks`` has something)."""
+        return bool(self._values or self._items or self._ends or self._loops or self._flows)
+
     def take(self) -> list[tuple[Any, Any]]:
         """Every message gathered since the last take, as (destination, message), in sending order."""
         out: list[tuple[Any, Any]] = []
         for (walk, node, output, modality), (rids, paths, values) in self._client.items():
             out.append((CONDUCTOR, m.ClientOuts(walk, node, modality, output, rids, paths, values=values)))
+        out += self.take_ranks()
+        out.extend(self._other)
+        self._client, self._other = {}, []
+        return out
+
+    def take_ranks(self) -> list[tuple[Any, Any]]:
+        """The rows for other ranks gathered since the last take, in sending order; the conductor's messages and
+        the rankless ones (``to``) stay for ``take``. Rows taken early leave before any put later, so the order per
+        destination holds: a value, item or decision never follows one put after it."""
+        out: list[tuple[Any, Any]] = []
         for (rank, walk, node, output), (rids, paths, values) in self._values.items():
             out.append((to_rank(rank), m.Values(walk, node, output, rids, paths, values=values)))
         for (rank, walk, stream), (rids, prefixes, indices, values) in self._items.items():
@@ -114,7 +129,5 @@ class Outgoing:
             out.append((to_rank(rank), m.LoopEvents(walk, scope, rids, outers, ks, ends)))
         for (rank, walk, stream), (rids, prefixes, pauses) in self._flows.items():
             out.append((to_rank(rank), m.Flows(walk, stream, rids, prefixes, pauses)))
-        out.extend(self._other)
-        self._client, self._values, self._items, self._ends, self._loops, self._flows = {}, {}, {}, {}, {}, {}
-        self._other = []
+        self._values, self._items, self._ends, self._loops, self._flows = {}, {}, {}, {}, {}
         return out

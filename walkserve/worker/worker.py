@@ -3,7 +3,8 @@
     receive       frames from the conductor and other ranks: decoded, tensors unpacked,
                   applied to the executor (walks to start, rows of batched messages, releases)
     advance       one pass of every cohort that may move, each engine called with its
-                  groups (``executor``, ``cohort``)
+                  groups (``executor``, ``cohort``); a cohort that decided its step hands
+                  its rows for other ranks off at once (``_hand_off``), mid-pass
     send          what the executor produced, tensors packed for each destination; other
                   ranks' frames first, then the conductor's
     housekeeping  this rank's counters every half second; rows that waited too long dropped
@@ -66,6 +67,7 @@ class Worker:
             rank, graph, engines, concat, placement, batched=spec.config.cohorts, convert=(to_array, to_tensor),
             scheduling=spec.config.stream_scheduling, split_steps=spec.config.split_steps,
         )
+        self.executor.fx.hand_off = self._hand_off  # a step's rows for other ranks may leave mid-pass
         self.timing = TimingLog(rank) if spec.config.timings else None  # firings and transfers, per request
         self.executor.engine_set.timing = self.timing
         self.stopping = False
@@ -145,11 +147,17 @@ class Worker:
                 self.outbox.put(CONDUCTOR, pack(msg, self.codec, True))
         self.outbox.flush()
 
-    def _pack(self) -> list:
-        """Packs the messages for other ranks into the outbox; returns the conductor's, in order."""
+    def _hand_off(self) -> None:
+        """Mid-pass: the rows for other ranks leave now (``Effects.hand_off_now``); the conductor's wait for ``send``."""
+        self._pack(self.executor.out.take_ranks())
+        self.outbox.flush()
+
+    def _pack(self, messages: list | None = None) -> list:
+        """Packs the messages for other ranks into the outbox (``messages``, else all the executor has); returns
+        the conductor's, in order."""
         nodes, node, codec = self.nodes, self.site.node, self.codec
         conductor = []
-        for dest, msg in self.executor.out.take():
+        for dest, msg in self.executor.out.take() if messages is None else messages:
             if isinstance(msg, m.WorkerStats):
                 self._site_stats(msg.stats)
             if dest == CONDUCTOR:
