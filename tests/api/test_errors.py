@@ -267,6 +267,17 @@ async def test_min_tokens_above_max_tokens_is_refused() -> None:
         assert equal.status_code == 200, equal.text
 
 
+async def test_stream_options_without_streaming_are_refused() -> None:
+    async with asgi_client() as client:
+        for route, body in (("/v1/completions", {"prompt": "x"}), ("/v1/chat/completions", CHAT)):
+            for stream in ({}, {"stream": False}):
+                sent = {**body, **stream, "stream_options": {"include_usage": True}}
+                error = assert_envelope(await client.post(route, json=sent), 400, param="stream_options")
+                assert "stream" in error["message"], error
+            plain = await client.post(route, json={**body, "stream": False, "stream_options": None})
+            assert plain.status_code == 200, plain.text  # a null is no options
+
+
 async def test_api_key() -> None:
     async with asgi_client(api_key="s3cret") as client:
         assert_envelope(await client.post("/v1/chat/completions", json=CHAT), 401, code="invalid_api_key")

@@ -27,6 +27,7 @@ from walkserve.api.openai.plan import (
     build_sampling,
     check_n,
     check_stops,
+    include_usage,
     logprob_joiner,
     prompt_length,
     unsupported,
@@ -70,6 +71,7 @@ async def plan_chat(state: AppState, body: ChatCompletionRequest, messages: list
     realtime route's items, whose audio is decoded already); None converts ``body.messages``."""
     _reject_unsupported(body)
     check_n(body.n, state.config)
+    with_usage = include_usage(body.stream, body.stream_options)
     stops = body.stop_strings()
     check_stops(stops, state.config)
     audio = _audio_out(state, body)
@@ -96,8 +98,7 @@ async def plan_chat(state: AppState, body: ChatCompletionRequest, messages: list
         specs.append(spec)
         joiner = logprob_joiner(state, "logprobs") if body.logprobs else None
         trackers.append(ChoiceTracker(i, text, prompt_length(spec), logprobs=joiner))
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return TextPlan(body.model or state.card.id, specs, trackers, include_usage, audio)
+    return TextPlan(body.model or state.card.id, specs, trackers, with_usage, audio)
 
 
 class ChatChunks:

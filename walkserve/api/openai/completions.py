@@ -20,6 +20,7 @@ from walkserve.api.openai.plan import (
     build_sampling,
     check_n,
     check_stops,
+    include_usage,
     logprob_joiner,
     prompt_length,
     unsupported,
@@ -62,6 +63,7 @@ async def plan_completion(state: AppState, body: CompletionRequest) -> TextPlan:
     _reject_unsupported(body)
     prompts = _prompts(body.prompt)
     check_n(len(prompts) * body.n, state.config, "n")
+    with_usage = include_usage(body.stream, body.stream_options)
     stops = body.stop_strings()
     check_stops(stops, state.config)
     overrides = body.sampling_overrides()
@@ -91,8 +93,7 @@ async def plan_completion(state: AppState, body: CompletionRequest) -> TextPlan:
             trackers.append(ChoiceTracker(len(trackers), text, prompt_length(spec), group=p, logprobs=joiner,
                                           prompt=prompt_lps))
             prefixes.append(echo)
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return TextPlan(body.model or state.card.id, specs, trackers, include_usage, prefixes=prefixes,
+    return TextPlan(body.model or state.card.id, specs, trackers, with_usage, prefixes=prefixes,
                     shows=_shown_tokens(state.processor, body.skip_special_tokens))
 
 

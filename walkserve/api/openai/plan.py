@@ -39,6 +39,16 @@ def build_sampling(card: ModelCard, overrides: dict[str, Any], stops: tuple[str,
         raise bad_request(str(e), e.param) from None
 
 
+def include_usage(stream: bool, options: Any) -> bool:
+    """A streamed response's usage chunk, as ``stream_options`` asks; options without streaming are refused (there
+    is no stream for them to shape), as OpenAI's API does."""
+    if options is None:
+        return False
+    if not stream:
+        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+    return bool(options.include_usage)
+
+
 def with_seed_offset(sampling: SamplingParams, offset: int) -> SamplingParams:
     """Choice ``offset`` of n: a different (still reproducible) seed when the client gave one."""
     if sampling.seed is None or offset == 0:
