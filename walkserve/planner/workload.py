@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 from walkserve.core.array import ArrayData
-from walkserve.core.errors import ConfigError
+from walkserve.core.errors import ConfigError, InvalidRequest
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
 from walkserve.planner.simulate import Load
@@ -187,7 +187,7 @@ def _media(where: str, decode: Any) -> ArrayData:
 
     try:
         return decode()
-    except (ApiError, ValueError, binascii.Error) as e:
+    except (ApiError, InvalidRequest, ValueError, binascii.Error) as e:
         raise ConfigError(f"{where}: {getattr(e, 'message', None) or e}") from None
 
 

@@ -89,6 +89,22 @@ def test_a_png_past_pillows_bomb_threshold_is_too_large_not_undecodable():
     assert (e.value.param, e.value.code) == ("inputs.left_wrist_0_rgb", "image_too_large")
 
 
+def test_an_encoded_camera_image_is_read_upright_by_its_exif_orientation():
+    """The API's image decoder (``models.common.images``): a camera frame stored sideways with EXIF orientation 6 reaches
+    the policy as viewers show it."""
+    from PIL import Image
+
+    pixels = _image(4, 6)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # turn 90 degrees clockwise to view
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG", exif=exif)
+    inputs = validate_inputs(SPEC, _good(left_wrist_0_rgb=buffer.getvalue()))
+    assert np.array_equal(inputs.images["left_wrist_0_rgb"], np.rot90(pixels, k=-1))
+    plain = validate_inputs(SPEC, _good(left_wrist_0_rgb=_png(pixels)))
+    assert np.array_equal(plain.images["left_wrist_0_rgb"], pixels)
+
+
 def test_prompt_over_the_token_limit_names_the_prompt(tiny_pi05):
     spec = InputSpec.from_config(tiny_pi05.policy.config)
     inputs = validate_inputs(spec, _good(prompt="pick up the red cube and put it in the bowl " * 4))

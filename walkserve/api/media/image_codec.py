@@ -3,34 +3,20 @@
 from __future__ import annotations
 
 import io
-import warnings
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image
 
-from walkserve.api.errors import bad_request
 from walkserve.core.array import ArrayData
+from walkserve.models.common.images import decode_rgb
 
 OUTPUT_FORMATS = {"png": ("PNG", "image/png"), "jpeg": ("JPEG", "image/jpeg"), "webp": ("WEBP", "image/webp")}
 
 
 def decode_image(data: bytes, max_pixels: int, param: str) -> ArrayData:
-    """Any format Pillow reads -> RGB uint8 [H, W, 3], turned upright by its EXIF orientation; the first frame of
-    an animation."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
-            width, height = image.size
-            if width * height > max_pixels:
-                raise bad_request(f"the image has {width}x{height} pixels; the limit is {max_pixels}", param, "image_too_large")
-            ImageOps.exif_transpose(image, in_place=True)  # upright, as viewers show it (a phone's portrait photo)
-            rgb = np.asarray(image.convert("RGB"), dtype=np.uint8)  # rgb: [H, W, 3]
-    except (Image.DecompressionBombWarning, Image.DecompressionBombError):  # Pillow's own cap, read from the header
-        limit = min(max_pixels, Image.MAX_IMAGE_PIXELS or max_pixels)
-        raise bad_request(f"the image has more than {limit} pixels, the limit", param, "image_too_large") from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
-        raise bad_request("is not an image this server can decode", param, "invalid_image") from None
+    """Any format Pillow reads -> RGB uint8 [H, W, 3] (``models.common.images.decode_rgb``: upright, the first frame, the
+    pixel cap checked first), as an ArrayData."""
+    rgb = decode_rgb(data, max_pixels, param)
     return ArrayData("uint8", tuple(rgb.shape), rgb.tobytes())
 
 

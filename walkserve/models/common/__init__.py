@@ -11,6 +11,8 @@
     kv_sizing.py          KV bytes per token and the pool-size rule from the typed ``KVOptions``
     memory_report.py      components per rank and rank budgets for ``Model.memory_report``
     tiny_tokenizer.py     the tiny byte-level BPE tokenizer writer of the tiny checkpoints
+    images.py             client images (PNG, JPEG, ...) decoded to RGB pixels, capped before decoding: the
+                          API's media and the policies' encoded camera frames
 
 The rule (checked by ``tests/models/test_family_imports.py``): a family imports
 ``models/common``, the shared towers (``snac``, ``siglip``) and the model API

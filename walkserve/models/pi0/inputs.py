@@ -16,8 +16,6 @@ leave the right wrist out); ``InputSpec.required_cameras`` must be present.
 
 from __future__ import annotations
 
-import io
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +24,7 @@ import numpy as np
 
 from walkserve.core.array import ArrayData
 from walkserve.core.errors import InvalidRequest
+from walkserve.models.common.images import decode_rgb
 from walkserve.models.pi0.config import PolicyConfig
 
 STATE, PROMPT, NOISE = "state", "prompt", "noise"
@@ -86,7 +85,7 @@ def validate_inputs(spec: InputSpec, inputs: Mapping[str, Any]) -> PolicyInputs:
 def to_image(value: Any, max_pixels: int, param: str) -> np.ndarray:
     """One camera image -> uint8 [H, W, 3], or float32 [H, W, 3] in [0, 1]."""
     if isinstance(value, (bytes, bytearray, memoryview)):
-        return _decode(bytes(value), max_pixels, param)
+        return decode_rgb(bytes(value), max_pixels, param)
     array = _as_array(value, param)
     if array.ndim == 3 and array.shape[0] == 3 and array.shape[-1] != 3:
         array = array.transpose(1, 2, 0)  # [3, H, W] -> [H, W, 3]
@@ -109,26 +108,6 @@ def to_image(value: Any, max_pixels: int, param: str) -> np.ndarray:
     if not np.isfinite(array).all() or array.min() < 0.0 or array.max() > 1.0:
         raise InvalidRequest("a float image must hold finite values in [0, 1]", param=param, code="invalid_image")
     return np.ascontiguousarray(array)
-
-
-def _decode(data: bytes, max_pixels: int, param: str) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
-            width, height = image.size
-            if width * height > max_pixels:
-                raise InvalidRequest(f"the image has {width}x{height} pixels; the limit is {max_pixels}",
-                                     param=param, code="image_too_large")
-            return np.asarray(image.convert("RGB"), dtype=np.uint8)  # [H, W, 3]
-    except (Image.DecompressionBombWarning, Image.DecompressionBombError):  # Pillow's own cap, read from the header
-        limit = min(max_pixels, Image.MAX_IMAGE_PIXELS or max_pixels)
-        raise InvalidRequest(f"the image has more than {limit} pixels, the limit", param=param,
-                             code="image_too_large") from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
-        raise InvalidRequest("is not an image this server can decode", param=param, code="invalid_image") from None
 
 
 def _as_array(value: Any, param: str) -> np.ndarray:
