@@ -103,25 +103,12 @@ class AttentionShape:
         )
 
 
-@dataclass(frozen=True)
-class TalkerConfig:
-    """The talker MoE LM (``talker.model``, ``talker.codec_head``, the two projections).
-
-    Real checkpoint: 20 layers, hidden 1024, 16/2 heads of 128, 128 experts
-    top-6 renormalised (SwiGLU 384), shared expert 768, vocab 3072.
-    """
+class _Geometry:
+    """The KV-cache component interface reads a transformer's geometry off its config directly: here, from its
+    ``attention`` shape."""
 
     attention: AttentionShape
-    vocab_size: int
-    num_experts: int
-    num_experts_per_tok: int
-    norm_topk_prob: bool
-    moe_intermediate_size: int
-    shared_expert_intermediate_size: int
-    projection_intermediate_size: int  # text_config.intermediate_size: the width of text/hidden_projection
-    thinker_hidden_size: int
 
-    # the KV-cache component interface reads these directly
     @property
     def num_hidden_layers(self) -> int:
         return self.attention.num_hidden_layers
@@ -141,6 +128,25 @@ class TalkerConfig:
     @property
     def hidden_size(self) -> int:
         return self.attention.hidden_size
+
+
+@dataclass(frozen=True)
+class TalkerConfig(_Geometry):
+    """The talker MoE LM (``talker.model``, ``talker.codec_head``, the two projections).
+
+    Real checkpoint: 20 layers, hidden 1024, 16/2 heads of 128, 128 experts
+    top-6 renormalised (SwiGLU 384), shared expert 768, vocab 3072.
+    """
+
+    attention: AttentionShape
+    vocab_size: int
+    num_experts: int
+    num_experts_per_tok: int
+    norm_topk_prob: bool
+    moe_intermediate_size: int
+    shared_expert_intermediate_size: int
+    projection_intermediate_size: int  # text_config.intermediate_size: the width of text/hidden_projection
+    thinker_hidden_size: int
 
     @classmethod
     def from_hf(cls, talker: Mapping[str, Any]) -> TalkerConfig:
@@ -171,7 +177,7 @@ class TalkerConfig:
 
 
 @dataclass(frozen=True)
-class CodePredictorConfig:
+class CodePredictorConfig(_Geometry):
     """The dense depth model that writes codes 1..15 of a frame (``talker.code_predictor``).
 
     Real checkpoint: 5 layers, hidden 1024, 16/8 heads of 128, SwiGLU 3072,
@@ -192,26 +198,6 @@ class CodePredictorConfig:
     def vocab_size(self) -> int:
         """The stacked vocabulary: one block of ``codebook_size`` ids per residual group."""
         return self.num_residual_groups * self.codebook_size
-
-    @property
-    def num_hidden_layers(self) -> int:
-        return self.attention.num_hidden_layers
-
-    @property
-    def num_attention_heads(self) -> int:
-        return self.attention.num_attention_heads
-
-    @property
-    def num_key_value_heads(self) -> int:
-        return self.attention.num_key_value_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.attention.head_dim
-
-    @property
-    def hidden_size(self) -> int:
-        return self.attention.hidden_size
 
     @classmethod
     def from_hf(cls, talker: Mapping[str, Any]) -> CodePredictorConfig:
