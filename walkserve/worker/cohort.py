@@ -394,12 +394,11 @@ class Cohorts:
             except ValueError as e:
                 self.fx.fail(run, str(e))
                 return False
-        path = pm.path
-        member = Member(run, child, path, pm, entry, bound)
+        member = Member(run, child, pm.path, pm, entry, bound)
         run.add(member)
         pm.child_started()
         self.add(child, member)
-        for row in run.take_early((level.id, path)):
+        for row in run.take_early((level.id, pm.path)):
             self.apply(run, row)
         return True
 
