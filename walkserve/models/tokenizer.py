@@ -12,9 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from walkserve.core.errors import ConfigError
+from walkserve.core.errors import ConfigError, InvalidRequest
 from walkserve.models.chat_template import ChatTemplate
 from walkserve.models.detokenizer import IncrementalDetokenizer
+from walkserve.models.token_span import max_chars_per_token
 
 
 class Tokenizer:
@@ -25,6 +26,9 @@ class Tokenizer:
         decoder = json.loads(backend.decoder.__getstate__()) if backend.decoder is not None else {}
         self._pieces = _piece_bytes(decoder)  # vocabulary piece -> the bytes it stands for
         self._added = set(backend.get_added_tokens_decoder())  # ids of added (special) tokens
+        # the most characters of text one token can cover (token_span.py; None: no bound), read once here and
+        # not at the first request: the API asks on its event loop
+        self.chars_per_token = max_chars_per_token(json.loads(backend.to_str()))
         self.config = dict(config or {})
         self.chat_template = ChatTemplate(chat_template) if chat_template else None
         self.bos_token = _token_text(self.config.get("bos_token"))
@@ -63,8 +67,24 @@ class Tokenizer:
         return self.token_id(self.eos_token)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids; ``add_special_tokens`` runs the tokenizer's post-processor (e.g. a BOS prefix)."""
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        """Token ids; ``add_special_tokens`` runs the tokenizer's post-processor (e.g. a BOS prefix).
+
+        Through ``encode_batch_fast``: the same ids as ``encode``, but it lets go of the GIL while it works
+        (``encode`` holds it: a 2 MB prompt froze every other thread of the API process, its event loop
+        included, for seconds) and computes no offsets (about 3x faster).
+        """
+        try:
+            return self.backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
+        except BaseException as e:  # a panic in the library is pyo3's PanicException, a BaseException
+            if type(e).__name__ != "PanicException":
+                raise
+            # e.g. its split regex on a run of millions of spaces ("retry-limit-in-match over"): the text's fault
+            raise InvalidRequest(f"the tokenizer cannot split this text ({e})", code="untokenizable_text") from None
+
+    def min_tokens(self, text: str) -> int:
+        """A floor on the tokens of ``text`` without tokenizing it (0 where no bound holds)."""
+        per_token = self.chars_per_token
+        return 0 if per_token is None else -(-len(text) // per_token)
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
