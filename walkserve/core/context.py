@@ -4,6 +4,7 @@ every API route), by the API's defaults and by the KV engine's admission (stdlib
 A context of C positions holds the prompt (P tokens) and what is generated from it:
 
     P < C                  the prompt leaves room for at least one token, else an error on the prompt
+                           (a floor on P known before tokenizing is enough to refuse it: ``check_prompt_floor``)
     P + max_tokens <= C    an explicit max_tokens must fit, else an error on max_tokens (HTTP 400)
     max_tokens = C - P     when none is given: the request runs to a stop condition or to the end
                            of the context (the room left)
@@ -46,3 +47,13 @@ def max_new_tokens(prompt_tokens: int, context: int, max_tokens: int | None, pro
             param="max_tokens", code=CONTEXT_LENGTH_EXCEEDED,
         )
     return max_tokens
+
+
+def check_prompt_floor(min_tokens: int, context: int, prompt_param: str = "prompt", what: str = "the model's context",
+                       why: str = "") -> None:
+    """Refuses a prompt known, without tokenizing it, to have at least ``min_tokens`` tokens, when even that
+    many leave no room in ``context``: the error ``max_new_tokens`` would give once it is tokenized (``why``
+    says how the floor was found)."""
+    if not context_fits(min_tokens + 1, context):
+        raise InvalidRequest(f"the prompt has at least {min_tokens} tokens{why}; {what} is {context}",
+                             param=prompt_param, code=CONTEXT_LENGTH_EXCEEDED)

@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from walkserve.core.context import max_new_tokens
+from walkserve.core.context import check_prompt_floor, max_new_tokens
 from walkserve.core.params import Params, parse_params
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
@@ -85,6 +85,15 @@ class Processor(ABC):
         served, what = self.served_context(context)
         return max_new_tokens(prompt_tokens, served, max_tokens, prompt_param, what)
 
+    def check_prompt_size(self, task: str, payload: dict[str, Any]) -> None:
+        """Refuse a payload whose prompt, as given, cannot fit the served context however it tokenizes.
+
+        Called by the API on its event loop before the request waits for ``build_request``: it must be cheap
+        (lengths, not tokenization) and refuse only what ``build_request`` would refuse (InvalidRequest with
+        code ``context_length_exceeded``). The base checks nothing.
+        """
+        return None
+
     def check_params(self, params: dict[str, Any]) -> Params:
         """The request's parameters as a ``params_type``, every field filled (InvalidRequest naming a bad one)."""
         return parse_params(self.params_type, params)
@@ -126,6 +135,16 @@ class TokenizedProcessor(Processor):
 
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
+
+    def check_text_fits(self, text: str, context: int, prompt_param: str) -> None:
+        """Refuse, before tokenizing it, a text too long to fit the served context of ``context`` whatever its
+        tokens: n characters are at least ceil(n / L) tokens (L: ``Tokenizer.chars_per_token``)."""
+        per_token = self.tokenizer.chars_per_token
+        if per_token is None:
+            return
+        served, what = self.served_context(context)
+        check_prompt_floor(self.tokenizer.min_tokens(text), served, prompt_param, what,
+                           f" ({len(text)} characters, at most {per_token} per token)")
 
     def detokenizer(self, skip_special_tokens: bool = True) -> Detokenizer:
         return self.tokenizer.detokenizer(skip_special_tokens)

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from walkserve.core.array import ArrayData
+from walkserve.core.context import check_prompt_floor
 from walkserve.core.errors import InvalidRequest
 from walkserve.core.params import Params
 from walkserve.core.request import RequestSpec
@@ -78,6 +79,12 @@ class FakeProcessor(Processor):
     def detokenizer(self, skip_special_tokens: bool = True) -> Detokenizer:
         return ByteDetokenizer(skip_special_tokens)
 
+    def check_prompt_size(self, task: str, payload: dict[str, Any]) -> None:
+        prompt = payload.get("prompt") if task == "completion" else None
+        if isinstance(prompt, str):  # a token per UTF-8 byte: at least one per character
+            served, what = self.served_context(self._card.max_context)
+            check_prompt_floor(len(prompt), served, "prompt", what, f" ({len(prompt)} characters, at most 1 per token)")
+
     def build_request(
         self, task: str, payload: dict[str, Any], sampling: SamplingParams, params: FakeParams
     ) -> RequestSpec:
@@ -117,6 +124,7 @@ class FakeProcessor(Processor):
     def _completion(self, payload: dict, params: FakeParams) -> tuple[dict, tuple[str, ...]]:
         if "prompt_token_ids" in payload:
             return self._ids(list(payload["prompt_token_ids"]), "prompt"), ("text",)
+        self.check_prompt_size("completion", payload)
         return self._ids(self.tokenize(str(payload.get("prompt", ""))), "prompt"), ("text",)
 
     def _chat(self, payload: dict, params: FakeParams) -> tuple[dict, tuple[str, ...]]:

@@ -168,6 +168,7 @@ class BagelProcessor(TokenizedProcessor):
     def _prompt(self, text: Any, param: str) -> list[int]:
         if not isinstance(text, str) or not text.strip():
             raise InvalidRequest("a non-empty prompt is required", param=param)
+        self.check_text_fits(text, self.max_context, param)
         return self.tokenize(text)
 
     @staticmethod

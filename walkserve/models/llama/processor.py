@@ -64,6 +64,24 @@ class TextLMProcessor(TokenizedProcessor):
     def card(self) -> ModelCard:
         return self._card
 
+    def check_prompt_size(self, task: str, payload: dict[str, Any]) -> None:
+        """A completion's or a native generate's prompt, text or ids, that cannot fit (a chat's must be
+        rendered first: ``_chat_ids`` checks it then)."""
+        if task == "completion":
+            self._check_prompt(payload.get("prompt", payload.get("prompt_token_ids")), "prompt")
+        elif task == "generate" and isinstance(payload.get("inputs"), dict):
+            inputs = payload["inputs"]
+            self._check_prompt(inputs.get("prompt", inputs.get("prompt_token_ids")), "inputs")
+
+    def _check_prompt(self, prompt: Any, field: str) -> None:
+        """A text (by its length: ``check_text_fits``) or token ids (by their count) that cannot fit."""
+        context = self.config.max_position_embeddings
+        if isinstance(prompt, str):
+            self.check_text_fits(prompt, context, field)
+        elif isinstance(prompt, (list, ArrayData)):
+            count = prompt.numel if isinstance(prompt, ArrayData) else len(prompt)
+            self.fit_max_tokens(count, context, None, field)
+
     def build_request(
         self, task: str, payload: dict[str, Any], sampling: SamplingParams, params: TextParams
     ) -> RequestSpec:
@@ -87,10 +105,11 @@ class TextLMProcessor(TokenizedProcessor):
             params=params,
         )
 
-    def _completion_ids(self, payload: dict[str, Any]) -> list[int]:
+    def _completion_ids(self, payload: dict[str, Any], field: str = "prompt") -> list[int]:
         prompt, token_ids = payload.get("prompt"), payload.get("prompt_token_ids")
         if prompt is not None and token_ids is not None:
             raise InvalidRequest("give either prompt or prompt_token_ids, not both", param="prompt")
+        self._check_prompt(prompt if token_ids is None else token_ids, field)
         if token_ids is not None:
             return self._valid_ids(token_ids)
         if isinstance(prompt, list):  # OpenAI also accepts a prompt given as token ids
@@ -118,7 +137,7 @@ class TextLMProcessor(TokenizedProcessor):
                 raise InvalidRequest(f"prompt_token_ids must be a 1-D integer array, got {ids.dtype} {list(ids.shape)}",
                                      param="inputs.prompt_token_ids")
             inputs = {**inputs, "prompt_token_ids": [int(t) for t in ids.tolist()]}
-        return self._completion_ids(inputs)
+        return self._completion_ids(inputs, "inputs")
 
     def _valid_ids(self, token_ids: Any) -> list[int]:
         vocab = self.config.vocab_size
@@ -140,7 +159,8 @@ class TextLMProcessor(TokenizedProcessor):
             raise InvalidRequest(f"{self._card.id}: {e}", param="messages") from None
         except TemplateError as e:
             raise InvalidRequest(f"chat template: {e}", param="messages") from None
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        self.check_text_fits(text, self.config.max_position_embeddings, "messages")  # the rendered text, not the
+        return self.tokenizer.encode(text, add_special_tokens=False)  # messages: a template may trim them
 
     def _check_token_ids(self, sampling: SamplingParams) -> None:
         vocab = self.config.vocab_size

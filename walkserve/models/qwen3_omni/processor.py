@@ -162,6 +162,7 @@ class Qwen3OmniProcessor(TokenizedProcessor):
             text = render_chat(self.tokenizer, messages, add_generation_prompt=add_generation_prompt)
         except (ConfigError, TemplateError, ValueError) as e:
             raise InvalidRequest(f"chat template: {e}", param="messages") from None
+        self.check_text_fits(text, self.config.text.max_position_embeddings, "messages")  # placeholders only grow
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _completion(self, payload: dict[str, Any]) -> list[int]:
@@ -172,6 +173,7 @@ class Qwen3OmniProcessor(TokenizedProcessor):
             return self._valid_ids(token_ids if token_ids is not None else prompt)
         if not isinstance(prompt, str) or not prompt:
             raise InvalidRequest("prompt must be a non-empty string", param="prompt")
+        self.check_text_fits(prompt, self.config.text.max_position_embeddings, "prompt")
         return self.tokenize(prompt)
 
     def _generate(self, inputs: Any, params: OmniParams) -> tuple[list[int], MediaInputs]:
