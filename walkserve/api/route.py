@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from walkserve.api.disconnect import ClientGone
 from walkserve.api.errors import ApiError, to_api_error
 from walkserve.api.strict_json import loads_strict
 from walkserve.core.errors import WalkserveError
@@ -76,7 +77,7 @@ class StrictRoute(APIRoute):
                     else:
                         await request.body()
                 return await inner(request)
-            except ClientDisconnect:
+            except (ClientDisconnect, ClientGone):  # ClientGone: gone while its request was planned (text.py)
                 return Response(status_code=CLIENT_GONE)
             except (ApiError, HTTPException, RequestValidationError, WalkserveError):
                 raise  # the app's exception handlers answer these

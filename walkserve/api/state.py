@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from starlette.requests import Request
@@ -17,6 +15,7 @@ from walkserve.api.drain import DrainState
 from walkserve.api.errors import ApiError, bad_request, unavailable
 from walkserve.api.media.loader import MediaLoader
 from walkserve.api.metrics import ApiMetrics
+from walkserve.api.processor_lanes import ProcessorLanes
 from walkserve.api.runner import RequestRunner
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import SamplingParams
@@ -41,8 +40,7 @@ class AppState:
         self.media = MediaLoader(config)
         self.runner = RequestRunner(engine, self.metrics, self.card.sample_rate, config.stream_startup_buffer_s)
         self.realtime_sessions: set[Any] = set()  # open /v1/realtime sessions (api/realtime/socket.py)
-        # One thread for processor calls (templates, tokenization): off the event loop, never concurrent.
-        self._processor_thread = ThreadPoolExecutor(1, thread_name_prefix="walkserve-processor")
+        self.lanes = ProcessorLanes()  # processor calls (templates, tokenization): off the event loop, big ones apart
         self._warned_pool: int | None = None
         self._kv_read: tuple[float, int | None] = (float("-inf"), None)  # (when, what) kv_tokens last read
 
@@ -80,14 +78,16 @@ class AppState:
     async def build_request(
         self, task: str, payload: dict[str, Any], sampling: SamplingParams, params: dict[str, Any]
     ) -> RequestSpec:
-        loop = asyncio.get_running_loop()
+        """The processor's request, built in a processor lane; a prompt whose length alone shows it cannot fit
+        the served context is refused first, here, before it waits for a lane or is tokenized."""
         processor = self.processor
         processor.kv_tokens = self.kv_tokens()  # fitted to the pool too: a context that outgrew it would fail halfway
+        processor.check_prompt_size(task, payload)
 
         def build() -> RequestSpec:  # the parameters are checked against the model's struct first
             return processor.build_request(task, payload, sampling, processor.check_params(dict(params)))
 
-        return await loop.run_in_executor(self._processor_thread, build)
+        return await self.lanes.run(payload, build)
 
     @property
     def model_names(self) -> tuple[str, ...]:

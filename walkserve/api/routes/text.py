@@ -5,6 +5,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from walkserve.api.disconnect import race_disconnect
 from walkserve.api.openai.chat import chat_collect, chat_stream, plan_chat
 from walkserve.api.openai.completions import completion_collect, completion_stream, plan_completion
 from walkserve.api.routes.common import ERRORS, collect, router, stream
@@ -23,7 +24,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     state.check_ready()
     state.check_model(body.model)
     state.require("completions", "text completions")
-    plan = await plan_completion(state, body)
+    plan = await race_disconnect(request.receive, plan_completion(state, body))  # a long prompt's client may leave
     if body.stream:
         return stream(completion_stream(state, plan), SSE, sse_error_then_done)
     return await collect(request, completion_collect(state, plan))
@@ -35,7 +36,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     state.check_ready()
     state.check_model(body.model)
     state.require("chat", "chat completions")
-    plan = await plan_chat(state, body)
+    plan = await race_disconnect(request.receive, plan_chat(state, body))
     if body.stream:
         return stream(chat_stream(state, plan), SSE, sse_error_then_done)
     return await collect(request, chat_collect(state, plan))
