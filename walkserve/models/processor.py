@@ -94,6 +94,18 @@ class Processor(ABC):
         """
         return None
 
+    def check_text_fits(self, text: str, context: int, prompt_param: str) -> None:
+        """Refuse, before tokenizing it, a text too long to fit the served context of ``context`` whatever its
+        tokens: n characters are at least ceil(n / L) tokens (L: ``Tokenizer.chars_per_token`` of the
+        processor's ``tokenizer``; a processor without one refuses nothing here)."""
+        tokenizer = getattr(self, "tokenizer", None)
+        per_token = getattr(tokenizer, "chars_per_token", None)
+        if per_token is None:
+            return
+        served, what = self.served_context(context)
+        check_prompt_floor(tokenizer.min_tokens(text), served, prompt_param, what,
+                           f" ({len(text)} characters, at most {per_token} per token)")
+
     def check_params(self, params: dict[str, Any]) -> Params:
         """The request's parameters as a ``params_type``, every field filled (InvalidRequest naming a bad one)."""
         return parse_params(self.params_type, params)
@@ -135,16 +147,6 @@ class TokenizedProcessor(Processor):
 
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
-
-    def check_text_fits(self, text: str, context: int, prompt_param: str) -> None:
-        """Refuse, before tokenizing it, a text too long to fit the served context of ``context`` whatever its
-        tokens: n characters are at least ceil(n / L) tokens (L: ``Tokenizer.chars_per_token``)."""
-        per_token = self.tokenizer.chars_per_token
-        if per_token is None:
-            return
-        served, what = self.served_context(context)
-        check_prompt_floor(self.tokenizer.min_tokens(text), served, prompt_param, what,
-                           f" ({len(text)} characters, at most {per_token} per token)")
 
     def detokenizer(self, skip_special_tokens: bool = True) -> Detokenizer:
         return self.tokenizer.detokenizer(skip_special_tokens)

@@ -163,6 +163,14 @@ def test_generate_task_and_context_room(processor):
     assert (err.value.param, err.value.code) == ("max_tokens", "context_length_exceeded")
 
 
+def test_a_generate_text_too_long_for_the_context_is_refused_untokenized(processor, monkeypatch):
+    monkeypatch.setattr(processor.tokenizer, "encode", lambda *a, **k: pytest.fail("tokenized"))
+    payload = {"inputs": {"text": "Good morning. " * 200_000, "voice": "mia"}, "modalities": ["audio"]}
+    with pytest.raises(InvalidRequest, match="the prompt has at least") as err:
+        processor.build_request("generate", payload, processor.sampling(), processor.check_params({}))
+    assert (err.value.param, err.value.code) == ("input", "context_length_exceeded")
+
+
 @pytest.mark.parametrize(
     ("task", "payload", "params", "param"),
     [

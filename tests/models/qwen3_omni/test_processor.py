@@ -65,6 +65,16 @@ def test_bad_input_names_the_field(processor, task, payload, param):
     assert _error(processor, task, payload).param == param
 
 
+def test_a_prompt_too_long_for_the_context_is_refused_untokenized(processor, monkeypatch):
+    monkeypatch.setattr(processor.tokenizer, "encode", lambda *a, **k: pytest.fail("tokenized"))
+    text = "The river flows. " * 200_000
+    for task, payload, param in (("completion", {"prompt": text}, "prompt"),
+                                 ("chat", {"messages": [{"role": "user", "content": text}]}, "messages")):
+        error = _error(processor, task, payload)
+        assert (error.param, error.code) == (param, "context_length_exceeded")
+        assert str(error).startswith("the prompt has at least")
+
+
 def test_context_and_prompt_logprobs(processor):
     assert _error(processor, "completion", {"prompt": "Hi there"}, SamplingParams(max_tokens=5000)).param == "max_tokens"
     assert _error(processor, "completion", {"prompt": "Hi there"}, SamplingParams(prompt_logprobs=1)).param == "echo"

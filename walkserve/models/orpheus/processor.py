@@ -114,6 +114,7 @@ class OrpheusProcessor(Processor):
         fields = _fields(task, payload)
         text, voice = _text(fields), self._voice(fields, params)
         _check_unsupported(payload, params)
+        self.check_text_fits(text, self._card.max_context, "input")  # /v1/generate's text has no max_speech_chars
         ids = build_prompt_ids(self.tokenize, voice, text, self.voices)
         return RequestSpec(
             inputs={PROMPT_INPUT: ArrayData.from_list(ids, "int64")},
