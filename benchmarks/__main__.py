@@ -21,6 +21,7 @@ BENCHMARKS = {
     "bagel": "benchmarks.bagel",
     "plan": "benchmarks.plan",
     "realtime": "benchmarks.realtime",
+    "prompt-stall": "benchmarks.prompt_stall",
 }
 
 
