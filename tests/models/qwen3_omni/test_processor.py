@@ -69,7 +69,8 @@ def test_a_prompt_too_long_for_the_context_is_refused_untokenized(processor, mon
     monkeypatch.setattr(processor.tokenizer, "encode", lambda *a, **k: pytest.fail("tokenized"))
     text = "The river flows. " * 200_000
     for task, payload, param in (("completion", {"prompt": text}, "prompt"),
-                                 ("chat", {"messages": [{"role": "user", "content": text}]}, "messages")):
+                                 ("chat", {"messages": [{"role": "user", "content": text}]}, "messages"),
+                                 ("generate", {"inputs": {"prompt": text}}, "inputs")):
         error = _error(processor, task, payload)
         assert (error.param, error.code) == (param, "context_length_exceeded")
         assert str(error).startswith("the prompt has at least")

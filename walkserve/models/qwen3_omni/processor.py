@@ -157,12 +157,12 @@ class Qwen3OmniProcessor(TokenizedProcessor):
         media = convert_messages(messages, self.media)
         return self._render(media.messages, params.add_generation_prompt), media
 
-    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, field: str = "messages") -> list[int]:
         try:
             text = render_chat(self.tokenizer, messages, add_generation_prompt=add_generation_prompt)
         except (ConfigError, TemplateError, ValueError) as e:
             raise InvalidRequest(f"chat template: {e}", param="messages") from None
-        self.check_text_fits(text, self.config.text.max_position_embeddings, "messages")  # placeholders only grow
+        self.check_text_fits(text, self.config.text.max_position_embeddings, field)  # placeholders only grow
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _completion(self, payload: dict[str, Any]) -> list[int]:
@@ -193,7 +193,7 @@ class Qwen3OmniProcessor(TokenizedProcessor):
         if not isinstance(prompt, str):
             raise InvalidRequest("inputs.prompt must be a string (the user's turn)", param="inputs.prompt")
         turn = [{"role": "user", "content": [*parts, {"type": "text", "text": prompt}]}]
-        return self._render(turn, params.add_generation_prompt), media
+        return self._render(turn, params.add_generation_prompt, "inputs"), media
 
     def _valid_ids(self, token_ids: Any, param: str = "prompt_token_ids") -> list[int]:
         vocab = self.config.text.vocab_size
