@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import unicodedata
 
 import jinja2
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from walkserve.core.errors import ConfigError
@@ -123,11 +124,12 @@ def test_detokenizer_deltas_concatenate_to_one_shot_decode(tiny_dirs, text_index
 @settings(max_examples=40, deadline=None)
 @given(text=st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40),
        cuts=st.lists(st.integers(0, 100), max_size=8))
+@example(text="\u0fb9", cuts=[])  # NFC-unstable: the tokenizer reads it as U+0F90 U+0FB5
 def test_detokenizer_on_arbitrary_unicode(tiny_dirs, text, cuts):
     tok = Tokenizer.from_dir(tiny_dirs["qwen3"])
     ids = tok.encode(text, add_special_tokens=False)
     deltas = _stream(tok, ids, cuts)
-    assert "".join(deltas) == tok.decode(ids) == text
+    assert "".join(deltas) == tok.decode(ids) == unicodedata.normalize("NFC", text)  # Qwen's tokenizer normalizes
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
