@@ -66,7 +66,8 @@ class Group:
     Member ``i`` is request ``request_ids[i]`` at ``paths[i]`` with ``inputs[i]``
     (and ``spans[i]`` when the node reads a stream), ``sampling[i]`` (this node's)
     and, for a KV-cache component, ``kv[i]`` (its bound context operations;
-    ``kv`` None: the engine binds them); the other fields are those of a Firing,
+    ``kv`` None: the engine binds them; ``kv[i]`` None for a member offered again
+    after ``LATER``: the engine goes on with the firing it bound); the other fields are those of a Firing,
     shared by every member. Members come in the rank's order (its deadline
     scheduler's: least playback slack first): an engine that cannot run them
     all in one step runs the first first.
@@ -122,10 +123,11 @@ class Engine(ABC):
         every member of the call.
       - With ``may_yield`` (a call of one group whose members wait for it), the
         engine may answer ``LATER`` for a member it started but did not finish
-        (a long prefill split over passes, so it does not hold the worker's
-        whole pass). The worker offers that member again, unchanged (same
-        request, node and path), in a later pass; the engine goes on with its
-        work instead of starting it again, and answers when it is done.
+        (a long prefill split over passes, a fan wider than a step, so it does
+        not hold the worker's whole pass). The worker offers that member again
+        (same request, node and path; its ``Group.kv`` entry None, not bound
+        again), in a later pass; the engine goes on with its work instead of
+        starting it again, and answers when it is done.
       - ``gathers = True``: the worker collects this engine's groups over a
         whole pass (every cohort's) and calls it once after the pass, so it can
         batch members of different cohorts (a codec's windows of several

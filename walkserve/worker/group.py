@@ -20,7 +20,7 @@ from walkserve.engines.kv.ops import bind as bind_kv
 from walkserve.worker.effects import Effects
 from walkserve.worker.local import NodeUnit
 from walkserve.worker.program import CHUNK, NodeProgram
-from walkserve.worker.state import Member
+from walkserve.worker.state import YIELDED, Member
 
 
 def build_group(fx: Effects, unit: NodeUnit, ready: list[Member], kv_contexts: bool) -> tuple[list[Member], Group] | None:
@@ -84,11 +84,13 @@ def _chunks(fx: Effects, m: Member, reads: tuple, inp: dict) -> dict:
     return sp
 
 def _bind(fx: Effects, node: NodeProgram, members: list, inputs: list, spans: list | None) -> tuple[list, list, list | None, list]:
-    """Each member's context operations bound to its inputs (a member whose inputs do not fit fails)."""
+    """Each member's context operations bound to its inputs (a member whose inputs do not fit fails). A member the
+    engine answered LATER gets None: its firing goes on there, bound when it was first offered (a fan of K
+    members binds K operations per operation, too many to bind again at every pass)."""
     kept, kept_inputs, kept_spans, kv = [], [], [] if spans is not None else None, []
     for j, m in enumerate(members):
         try:
-            kv.append(bind_kv(node.name, node.params, inputs[j]))
+            kv.append(None if m.phase is YIELDED else bind_kv(node.name, node.params, inputs[j]))
         except ValueError as e:
             fx.fail(m.run, f"{node.component}: {e}")
             continue

@@ -12,6 +12,7 @@ import torch
 
 from tests.engines.kv.contexts_ref import Seg, dense, firing, run
 from walkserve.core.options import KVOptions
+from walkserve.engines.base import LATER, Group
 from walkserve.engines.kv.engine import KVCacheEngine
 from walkserve.graph.kv import ALL, Rows, append, fork, kv_params
 
@@ -103,3 +104,39 @@ def test_candidates_beyond_the_pool_are_preempted_and_recomputed_not_lost(tiny_l
     preempted and recomputed from their steps), and every step's answer equals the run with room for all."""
     for tight, roomy in zip(_steps(tiny_lm, 8), _steps(tiny_lm, 200)):
         torch.testing.assert_close(tight, roomy, **TOL)
+
+
+def _fan_group(rid: str, inputs: dict, params: dict) -> Group:
+    return Group("w", "lm", "lm", "forward", ("hidden",), params, [rid], [(0,)], [inputs], [{}], [None])
+
+
+def test_a_fan_wider_than_a_step_yields_between_its_steps_and_other_requests_run_in_each(tiny_lm):
+    """12 candidates, at most 4 chunks a step: with may_yield the fanned step answers LATER after each engine step
+    (one step a call, not all it needs); a new request's step offered between its calls is answered in one call,
+    its chunk beside fan members; the fan's answer equals the one from a call that runs it whole."""
+    d, k = tiny_lm.config.hidden_size, 12
+    gen = torch.Generator().manual_seed(0)
+    prefix, chunks = torch.randn(2 * FRAME, d, generator=gen), torch.randn(k * FRAME, d, generator=gen)
+    params = kv_params(fork("prefix", into="cand", fan="reset"), append("cand", fan="k", mask="full", rows=Rows.tail(TAIL)))
+    fan = {"embeds": chunks, "k": torch.tensor([k]), "reset": torch.tensor([k])}
+    answers = []
+    for max_running in (64, 4):
+        engine = KVCacheEngine("lm", tiny_lm, "cpu", torch.float32, KVOptions(
+            block_size=FRAME, num_blocks=64, max_batch_tokens=128, max_running=max_running, seed=0))
+        run(engine, [firing("p", kv_params(append("prefix", mask="block_causal", frame=FRAME)), {"embeds": prefix})])
+        answers.append([engine.run_groups([_fan_group("p", fan, params)], may_yield=True)[0][0]])
+    whole, yielded = answers
+    other = kv_params(append("main", mask="full", rows=Rows.tail(TAIL)))
+    for i in range(5):
+        if yielded[-1] is not LATER:
+            break
+        step = torch.randn(FRAME, d, generator=gen)
+        (got,) = engine.run_groups([_fan_group(f"o{i}", {"embeds": step}, other)], may_yield=True)[0]
+        assert isinstance(got, dict), got  # answered in its own call, not LATER behind the fan
+        torch.testing.assert_close(got["hidden"], dense(tiny_lm, [[_seg(step, 0, "full")]])[0][-TAIL:], **TOL)
+        yielded.append(engine.run_groups([_fan_group("p", fan, params)], may_yield=True)[0][0])
+    assert isinstance(whole[0], dict) and yielded[:-1] == [LATER] * 2 and isinstance(yielded[-1], dict)
+    torch.testing.assert_close(yielded[-1]["hidden"], whole[0]["hidden"], **TOL)
+    # members a step: 4 (fan), 3 (o0's call: 2 before o0's chunk, 1 after), 4 (fan), 1 (o1's call, beside o1's): the
+    # last member ran in o1's call, so the fan's third call is answered without a step
+    assert engine.stats()["forward_steps"] == 1 + 4 and engine.stats()["forward_rows.lm"] == 2 * FRAME + (k + 2) * FRAME

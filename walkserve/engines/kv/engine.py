@@ -124,7 +124,7 @@ class KVCacheEngine(Engine):
         self._answers: dict[int, Any] = {}  # a group member's answer, until the worker takes it
         # id(pending) -> (it, its piece's start, the captured rows of the piece's first rows, from the capture cache)
         self._kept: dict[int, tuple[PendingFiring, int, dict[str, torch.Tensor]]] = {}
-        self._partial = False  # the last step ran a chunk that did not finish its firing (a prefill goes on)
+        self._partial = False  # the last step ran a chunk that did not finish its firing (a prefill, a fan goes on)
 
     # ---- Engine contract -------------------------------------------------
     def submit(self, firing: Firing) -> None:
@@ -182,6 +182,9 @@ class KVCacheEngine(Engine):
                     continue
                 del self._fans[id(pending.firing)]
             results.append(FiringResult(pending.firing, outputs=out))
+        # a fanned firing with members still to run goes on too: yield between its steps, as between prefill chunks
+        self._partial = self._partial or any(c.pending is not None and id(c.pending.firing) in self._fans
+                                             for c in plan.chunks)
         for rid in [rid for rid, queue in self._queues.items() if queue]:  # operations waiting for idle contexts
             self._start(rid)
         return results + self._take_ready()
@@ -191,9 +194,10 @@ class KVCacheEngine(Engine):
         several nodes (a CFG step's passes) and of every member share the steps' forwards.
 
         With ``may_yield`` it returns (``LATER`` for the members not answered yet) after a step that ran a
-        prefill chunk short of its firing's end: those members stay in flight here, and the worker offers
-        them again in a later pass, which goes on from there (``_inflight``); a long prefill runs one chunk
-        per pass and the other cohorts' steps run between its chunks."""
+        prefill chunk short of its firing's end, or some of a fanned firing's member chunks with more to run:
+        those members stay in flight here, and the worker offers them again in a later pass, which goes on from
+        there (``_inflight``); a long prefill runs one chunk per pass, a fan wider than a step one step of its
+        members per pass, and the other cohorts' steps run between."""
         for group in groups:  # the members come in the rank's order (least slack first): the steps keep it
             for rid in group.request_ids:
                 self.scheduler.urge(rid)
