@@ -225,3 +225,38 @@ def test_an_urgent_prompt_takes_the_prefill_budget_first():
     s.urge("text")
     assert _run(s) == ([("stream", 0, 8)], ["stream:8"])
     assert _run(s)[0] == [("text", 0, 8)]
+
+
+def test_a_request_with_many_contexts_takes_half_a_step_before_the_others_have_their_turn():
+    """A fan of 6 member contexts (held, with work) and, admitted later, another request's held decode and a new
+    request's prompt (waiting): with max_running 4 the fan takes 2 chunks, the others theirs, the fan the rest;
+    alone, the fan fills the step. (Before, the fan took all 4 and the others waited for its last member.)"""
+    s = _sched(num_blocks=32, max_batch_tokens=100, max_running=4)
+    _submit(s, "d", [1, 2])
+    for k in range(6):
+        _submit(s, "fan", [1, 2, 3], tag=f"cand[{k}]")
+    while _run(s)[0]:
+        pass
+    for k in range(6):
+        _submit(s, "fan", [4, 5, 6], tag=f"cand[{k}]")
+    _submit(s, "d", [3])  # a decode of a request admitted before
+    _submit(s, "new", [7, 8])  # a prompt of a request admitted after
+    assert _run(s)[0] == [("d", 2, 1), ("fan", 3, 3), ("fan", 3, 3), ("new", 0, 2)]
+    assert _run(s)[0] == [("fan", 3, 3)] * 4
+    assert _run(s)[0] == []
+
+
+def test_a_new_request_takes_the_pool_from_idle_members_of_a_request_that_holds_more_than_its_share():
+    """A full pool: 6 fan members hold a block each, 2 of them run a next step into the last 2 blocks. A new
+    request's prompt preempts the latest idle member (the fan holds blocks for 6 > 2 contexts) and runs in the same
+    step, instead of waiting for a step with nothing else in it (before, it waited for the fan's step to end)."""
+    s = _sched(num_blocks=8, max_batch_tokens=100, max_running=4)
+    for k in range(6):
+        _submit(s, "fan", [1, 2, 3, 4], tag=f"cand[{k}]")
+    while _run(s)[0]:
+        pass
+    for k in range(2):
+        _submit(s, "fan", [5, 6, 7, 8], tag=f"cand[{k}]")
+    _submit(s, "new", [9, 9, 9])
+    assert _run(s)[0] == [("fan", 4, 4), ("fan", 4, 4), ("new", 0, 3)]
+    assert not s.bm.has(("fan", "cand[5]")) and s.preemptions == 1

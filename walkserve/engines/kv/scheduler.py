@@ -14,7 +14,13 @@ Each step fills a token budget:
   3. waiting contexts (work, no blocks) in urgency order: attach their
      cached prefix, then take a chunk of what the budget and pool allow; a
      waiting context preempts idle ones only when nothing else runs this step,
-     so progress is guaranteed without thrashing running work.
+     so progress is guaranteed without thrashing running work, or (a *hog's*)
+     idle contexts of another request that holds blocks for more than
+     ``share`` contexts;
+  4. the contexts of 1. and 3. past their request's first ``share``
+     (``SchedulerConfig.share``, half of ``max_running``), in the same order:
+     a request with many contexts at work (a fan's K members) fills what the
+     others left, never the whole step ahead of them.
 A chunk lies inside one segment and never runs past the end of the context's
 oldest pending firing; a ``full`` segment runs whole and a ``block_causal``
 one in whole frames. A unit larger than the budget runs alone in a step.
@@ -45,6 +51,11 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.max_batch_tokens < 1 or self.max_running < 1:
             raise ValueError(f"max_batch_tokens and max_running must be >= 1, got {self}")
+
+    @property
+    def share(self) -> int:
+        """Chunks one request's contexts take in a step before the other requests' contexts have had theirs."""
+        return max(1, self.max_running // 2)
 
 
 @dataclass
@@ -191,27 +202,62 @@ class Scheduler:
 
     # ---- planning ------------------------------------------------------
     def schedule(self) -> StepPlan:
-        """Plan one step and reserve its slots. Call ``finish(plan)`` once the step ran."""
+        """Plan one step and reserve its slots. Call ``finish(plan)`` once the step ran.
+
+        A request's contexts take at most ``config.share`` chunks until every other request's (held, queries,
+        waiting) had its turn; its other contexts then fill what the step has left. So a fan of thousands of
+        member contexts (a CEM plan's candidates) leaves room in every step for the other requests' chunks."""
         plan = StepPlan()
         budget = self.config.max_batch_tokens
         held = [c for c in self.contexts.values() if c.has_work and self.bm.has(c.key)]
-        for ctx in sorted(held, key=lambda c: (c.remaining > 1, self._urgency(c), c.order)):
-            if budget <= 0 or len(plan.chunks) == self.config.max_running:
-                return plan
-            if self.bm.has(ctx.key):  # not preempted earlier in this loop
-                budget -= self._add(plan, ctx, self._reserve_running(ctx, self._running_chunk(ctx, budget, plan), plan))
+        held, held_rest = self._share(sorted(held, key=lambda c: (c.remaining > 1, self._urgency(c), c.order)))
+        budget = self._schedule_held(plan, held, budget)
+        if budget is None:  # full before every held context had its turn
+            return plan
         budget = self._schedule_queries(plan, budget)
         waiting = [c for c in self.contexts.values() if c.has_work and not self.bm.has(c.key)]
-        for ctx in sorted(waiting, key=lambda c: (self._urgency(c), c.order)):
-            if budget <= 0 or len(plan.chunks) == self.config.max_running:
-                break
+        waiting, waiting_rest = self._share(sorted(waiting, key=lambda c: (self._urgency(c), c.order)))
+        budget, admitting = self._schedule_waiting(plan, waiting, budget)
+        budget = self._schedule_held(plan, held_rest, budget)
+        if budget is not None and admitting:
+            self._schedule_waiting(plan, waiting_rest, budget)
+        return plan
+
+    def _share(self, contexts: list[Context]) -> tuple[list[Context], list[Context]]:
+        """``contexts`` (in order) split into each request's first ``config.share`` and the rest."""
+        first: list[Context] = []
+        rest: list[Context] = []
+        taken: dict[str, int] = {}
+        for ctx in contexts:
+            n = taken.get(ctx.request_id, 0)
+            (first if n < self.config.share else rest).append(ctx)
+            taken[ctx.request_id] = n + 1
+        return first, rest
+
+    def _full(self, plan: StepPlan, budget: int) -> bool:
+        return budget <= 0 or len(plan.chunks) == self.config.max_running
+
+    def _schedule_held(self, plan: StepPlan, held: list[Context], budget: int) -> int | None:
+        """The budget left after ``held``'s chunks; None when the step filled up before the last had its turn."""
+        for ctx in held:
+            if self._full(plan, budget):
+                return None
+            if self.bm.has(ctx.key):  # not preempted earlier in this step
+                budget -= self._add(plan, ctx, self._reserve_running(ctx, self._running_chunk(ctx, budget, plan), plan))
+        return budget
+
+    def _schedule_waiting(self, plan: StepPlan, waiting: list[Context], budget: int) -> tuple[int, bool]:
+        """The budget left after admitting ``waiting`` in turn, and False once one could not be (no more this step)."""
+        for ctx in waiting:
+            if self._full(plan, budget):
+                return budget, False
             if ctx.key in plan.preempted:
                 continue
             n = self._admit(ctx, budget, plan)
             if n == 0:
-                break
+                return budget, False
             budget -= self._add(plan, ctx, n)
-        return plan
+        return budget, True
 
     def _schedule_queries(self, plan: StepPlan, budget: int) -> int:
         for query in self.queries:
@@ -319,9 +365,9 @@ class Scheduler:
         hits = self.bm.attach_prefix(ctx.key, ctx.row_keys(), self._attachable(ctx))
         ctx.num_computed = hits
         n = self._chunk(ctx, budget, plan)
-        protected = plan.scheduled() | {ctx.key}  # the loop runs only while nothing else is scheduled
-        while not plan.chunks and n and not self.bm.can_append(ctx.key, n):
-            victim = self._victim(ctx, protected, running_too=False)
+        protected = plan.scheduled() | {ctx.key}
+        while n and not self.bm.can_append(ctx.key, n):  # with other chunks in the step: only a hog's idle contexts
+            victim = self._victim(ctx, protected, running_too=False) if not plan.chunks else self._hog_victim(ctx, protected)
             if victim is None:
                 break
             self._preempt(victim, plan)
@@ -362,6 +408,20 @@ class Scheduler:
             return max(idle, key=lambda c: c.order)
         later = [c for c in holders if running_too and c.order > ctx.order]
         return max(later, key=lambda c: c.order) if later else None
+
+    def _hog_victim(self, ctx: Context, protected: set[ContextKey]) -> Context | None:
+        """An idle holder (no work, no waiting reader) of another request that holds blocks for more than
+        ``config.share`` contexts (a fan's members between their steps), latest first: so a request that fills the
+        pool with idle members does not keep a new request out until its fan ends."""
+        holding: dict[str, int] = {}
+        idle = []
+        for c in self.contexts.values():
+            if self.bm.has(c.key):
+                holding[c.request_id] = holding.get(c.request_id, 0) + 1
+                if not c.has_work and not c.readers and c.key not in protected and c.request_id != ctx.request_id:
+                    idle.append(c)
+        idle = [c for c in idle if holding[c.request_id] > self.config.share]
+        return max(idle, key=lambda c: c.order) if idle else None
 
     def _preempt(self, ctx: Context, plan: StepPlan) -> None:
         self.bm.free(ctx.key)
