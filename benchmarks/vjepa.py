@@ -21,7 +21,10 @@ blocks, 64 tokens per frame; encoder width 128, 2 blocks at a 128 crop), from on
    the FLOP ratio (concurrent rollouts share each predictor forward, which amortises its fixed cost);
 3. plan latency: one CEM iteration of ``--candidates`` candidates x horizon 2, served (one fanned
    append of K forked contexts a step) against each candidate rolled out alone (our offline planner,
-   KV forks) and the released way (each candidate's whole history re-run).
+   KV forks) and the released way (each candidate's whole history re-run);
+4. ``beside`` (only when ``--parts`` names it): a big plan (``--beside-plan K,H,iterations``) served
+   alone, then again with horizon-2 rollouts sent one after another while it runs: the rollouts'
+   latency alone and beside the plan (median, max), and the plan's time alone and with them.
 
 Each case includes encoding the context frame (and the goal) with the same encoder. Figures are medians
 of ``--repeat`` runs (rollout latency: of ``rounds_for(H, repeat)`` rounds); the offline cases run in
@@ -53,7 +56,8 @@ from benchmarks.vjepa_cases import (
 from benchmarks.vjepa_ceiling import ForwardCost, ceiling, measure_forward_cost
 from benchmarks.vjepa_offline import rollout_flops
 
-PARTS = ("rollout", "throughput", "plan")
+PARTS = ("rollout", "throughput", "plan", "beside")
+DEFAULT_PARTS = PARTS[:3]
 
 
 def describe(path: Path) -> str:
@@ -153,6 +157,34 @@ def plan_row(offline: Offline, served: Served, work: Work, samples: int, h: int 
             t["forks"] / t["walkserve"]]
 
 
+def beside_row(served: Served, work: Work, samples: int, h: int, iterations: int) -> list:
+    """A plan of ``samples`` x ``h`` x ``iterations`` alone, then with horizon-2 rollouts one after another
+    beside it (as many as it lasts): rollout latency alone and beside it, the plan's time alone and with them."""
+    return served.loop.run_until_complete(_beside(served, work, samples, h, iterations))
+
+
+async def _beside(served: Served, work: Work, samples: int, h: int, iterations: int) -> list:
+    import asyncio
+
+    async def timed_one(body: tuple) -> float:
+        t0 = time.perf_counter()
+        await served._one(*body)
+        return time.perf_counter() - t0
+
+    _, states = actions_states(1, 100)
+    plan = served.plan_body(frames_of(work, 1, 100), frames_of(work, 1, 101), states, samples, h, iterations)
+    small = served.rollout_body(frames_of(work, 1, 0), *actions_states(2, 0), 2)
+    load0 = os.getloadavg()[0]
+    alone = [await timed_one(small) for _ in range(5)]
+    plan_alone = await timed_one(plan)
+    task = asyncio.ensure_future(timed_one(plan))
+    beside = []
+    while not task.done():
+        beside.append(await timed_one(small))
+    return [samples, h, iterations, 1e3 * statistics.median(alone), 1e3 * statistics.median(beside),
+            1e3 * max(beside), len(beside), plan_alone, await task, f"{load0:.1f}-{os.getloadavg()[0]:.1f}"]
+
+
 def report(path: Path, work: Work, loads: tuple[str, str], parts: dict[str, object]) -> str:
     lines = [f"V-JEPA 2-AC served, {describe(path)}; 1 context frame; {work.threads} thread(s) per side, median of "
              f"{work.repeat}; {conditions()}; load average (1, 5, 15 min) at the start {loads[0]}, at the end "
@@ -176,6 +208,10 @@ def report(path: Path, work: Work, loads: tuple[str, str], parts: dict[str, obje
         lines += ["", "Plan latency, one CEM iteration (encode frame and goal + K candidates x H steps):",
                   table(["candidates", "H", "official ms", "KV forks (offline) ms", "walkserve ms",
                          "official / walkserve", "forks / walkserve"], [parts["plan"]])]
+    if "beside" in parts:
+        lines += ["", "A big plan and small rollouts beside it (horizon-2 rollouts sent one after another while it runs):",
+                  table(["candidates", "H", "iterations", "rollout alone ms", "rollout beside: median ms", "max ms",
+                         "rollouts", "plan alone s", "plan beside them s", "load (1 min)"], [parts["beside"]])]
     return "\n".join(lines)
 
 
@@ -192,12 +228,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--candidates", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--parts", default=",".join(PARTS), help="which tables: rollout, throughput, plan")
-    p.add_argument("--quick", action="store_true", help="the tiny preset, horizons 2,4, 2 rollouts, 8 candidates")
+    p.add_argument("--parts", default=",".join(DEFAULT_PARTS), help="which tables: rollout, throughput, plan, beside")
+    p.add_argument("--beside-plan", default="4096,2,2", help="the beside table's plan: candidates,horizon,iterations")
+    p.add_argument("--quick", action="store_true",
+                   help="the tiny preset, horizons 2,4, 2 rollouts, 8 candidates (beside: 512,2,1)")
     args = p.parse_args(argv)
     if args.quick:
         args.preset, args.horizons, args.throughput_horizons = "tiny", "2,4", "4"
-        args.concurrency, args.candidates, args.repeat = 2, 8, 1
+        args.concurrency, args.candidates, args.repeat, args.beside_plan = 2, 8, 1, "512,2,1"
     horizons = [int(h) for h in args.horizons.split(",")]
     parts = [x for x in args.parts.split(",") if x]
     if set(parts) - set(PARTS):
@@ -219,6 +257,8 @@ def main(argv: list[str]) -> int:
                                          for h in args.throughput_horizons.split(",")]
             if "plan" in parts:
                 results["plan"] = plan_row(offline, served, work, args.candidates)
+            if "beside" in parts:
+                results["beside"] = beside_row(served, work, *(int(x) for x in args.beside_plan.split(",")))
         finally:
             served.close()
         print(report(path, work, (start, _loads()), results))

@@ -196,6 +196,7 @@ class Served:
     def rollout_body(self, pixels: np.ndarray, actions: np.ndarray, states: np.ndarray, h: int) -> tuple:
         return "rollout", {"frames": _array(pixels), "actions": _array(actions), "states": _array(states)}, {"horizon": h}
 
-    def plan_body(self, pixels: np.ndarray, goal: np.ndarray, states: np.ndarray, samples: int, h: int) -> tuple:
+    def plan_body(self, pixels: np.ndarray, goal: np.ndarray, states: np.ndarray, samples: int, h: int,
+                  iterations: int = 1) -> tuple:
         inputs = {"frames": _array(pixels), "goal": _array(goal), "states": _array(states)}
-        return "plan", inputs, {"horizon": h, "samples": samples, "topk": min(10, samples), "iterations": 1}
+        return "plan", inputs, {"horizon": h, "samples": samples, "topk": min(10, samples), "iterations": iterations}

@@ -36,8 +36,11 @@ def test_quick_vjepa_benchmark_prints_every_table():
 
 @pytest.mark.slow
 def test_parts_pick_the_tables():
-    proc = subprocess.run([sys.executable, "-m", "benchmarks", "vjepa", "--quick", "--parts", "throughput"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=240)
+    """throughput and beside (a big plan with rollouts beside it; not a default part)."""
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "vjepa", "--quick", "--parts", "throughput,beside"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Rollout throughput" in proc.stdout and "Rollout latency" not in proc.stdout, proc.stdout
     assert "Plan latency" not in proc.stdout and len(_rows(proc.stdout, 8)) == 1, proc.stdout
+    (beside,) = _rows(proc.stdout, 10)
+    assert beside[:3] == ["512", "2", "1"] and int(beside[6]) >= 1 and float(beside[7]) > 0, proc.stdout
