@@ -90,6 +90,38 @@ async def test_n_choices_stream_each_index() -> None:
         assert whole["usage"]["prompt_tokens"] == 6 and whole["usage"]["completion_tokens"] == 16
 
 
+async def test_a_prompts_choices_are_built_once_and_run_under_their_own_ids_and_seeds() -> None:
+    """n choices of one prompt: the processor renders and tokenizes it once; each choice is its own request
+    (its id) with its own seed (seed, seed + 1, ...), or none when the client gave none."""
+    fake = engine()
+    built, run = [], []
+    build, generate = fake._processor.build_request, fake.generate
+
+    def counted(task, payload, sampling, params):
+        built.append(task)
+        return build(task, payload, sampling, params)
+
+    def recorded(request):
+        run.append(request)
+        return generate(request)
+
+    fake._processor.build_request, fake.generate = counted, recorded
+    async with asgi_client(fake) as client:
+        for route, body in (("/v1/completions", {"prompt": ["one", "two"]}), ("/v1/chat/completions", {"messages": CHAT})):
+            for seed in (5, None):
+                built.clear()
+                run.clear()
+                sent = {**body, "n": 3, "max_tokens": 4} | ({"seed": seed} if seed is not None else {})
+                answer = await client.post(route, json=sent)
+                assert answer.status_code == 200, answer.text
+                prompts = len(body.get("prompt", [None]))
+                assert len(built) == prompts and len(run) == 3 * prompts, (route, built)
+                assert len({r.id for r in run}) == 3 * prompts
+                seeds = [r.sampling.seed for r in run]
+                assert seeds == ([5, 6, 7] * prompts if seed is not None else [None] * 3 * prompts), seeds
+                assert len(answer.json()["choices"]) == 3 * prompts
+
+
 async def test_error_after_stream_started_is_one_event_then_done() -> None:
     async with asgi_client(engine()) as client:
         body = {"messages": [{"role": "user", "content": FAIL_MAGIC}], "stream": True}

@@ -24,6 +24,7 @@ from walkserve.api.openai.choices import (
 )
 from walkserve.api.openai.plan import (
     apply_default_max_tokens,
+    build_choices,
     build_sampling,
     check_n,
     check_stops,
@@ -31,7 +32,6 @@ from walkserve.api.openai.plan import (
     logprob_joiner,
     prompt_length,
     unsupported,
-    with_seed_offset,
 )
 from walkserve.api.openai.text_plan import AudioOut, TextPlan
 from walkserve.api.schemas.chat import ChatCompletionRequest
@@ -89,8 +89,7 @@ async def plan_chat(state: AppState, body: ChatCompletionRequest, messages: list
         params |= {k: v for k, v in (("max_audio_frames", body.audio.max_frames),
                                      ("node_sampling", body.audio.node_sampling)) if v is not None}
     specs, trackers = [], []
-    for i in range(body.n):
-        spec = await state.build_request("chat", payload, with_seed_offset(sampling, i), params)
+    for i, spec in enumerate(await build_choices(state, "chat", payload, sampling, params, body.n)):
         apply_default_max_tokens(spec, state.card, explicit is not None)
         if audio:
             spec.audio_rate, spec.realtime = int(state.card.sample_rate or 24000), bool(body.stream)

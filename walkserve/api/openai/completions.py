@@ -17,6 +17,7 @@ from walkserve.api.openai.choices import (
 )
 from walkserve.api.openai.plan import (
     apply_default_max_tokens,
+    build_choices,
     build_sampling,
     check_n,
     check_stops,
@@ -24,7 +25,6 @@ from walkserve.api.openai.plan import (
     logprob_joiner,
     prompt_length,
     unsupported,
-    with_seed_offset,
 )
 from walkserve.api.openai.text_plan import TextPlan
 from walkserve.api.schemas.completions import CompletionRequest
@@ -78,13 +78,13 @@ async def plan_completion(state: AppState, body: CompletionRequest) -> TextPlan:
         echo = ""
         if body.echo:
             echo = prompt if isinstance(prompt, str) else state.processor.decode(prompt, body.skip_special_tokens)
-        for i in range(body.n):
-            try:
-                spec = await state.build_request("completion", payload, with_seed_offset(sampling, i), {})
-            except InvalidRequest as e:  # the processor's field for token ids, told as the client's: prompt
-                if e.param in ("prompt", "prompt_token_ids"):
-                    e.param = "prompt" if len(prompts) == 1 else f"prompt[{p}]"
-                raise
+        try:
+            choices = await build_choices(state, "completion", payload, sampling, {}, body.n)
+        except InvalidRequest as e:  # the processor's field for token ids, told as the client's: prompt
+            if e.param in ("prompt", "prompt_token_ids"):
+                e.param = "prompt" if len(prompts) == 1 else f"prompt[{p}]"
+            raise
+        for spec in choices:
             apply_default_max_tokens(spec, state.card, body.max_tokens is not None)
             text = TextStream(state.processor.detokenizer(body.skip_special_tokens), stops)
             specs.append(spec)

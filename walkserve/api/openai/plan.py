@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 from walkserve.api.config import ServerConfig
 from walkserve.api.errors import ApiError, bad_request
 from walkserve.api.openai.choices import LogprobJoiner
 from walkserve.core.array import ArrayData
 from walkserve.core.errors import InvalidRequest
+from walkserve.core.ids import new_request_id
 from walkserve.core.request import RequestSpec
 from walkserve.core.sampling import MAX_SEED, SamplingParams
 from walkserve.models.processor import ModelCard
+
+if TYPE_CHECKING:
+    from walkserve.api.state import AppState
 
 PROMPT_IDS = "prompt_token_ids"  # RequestSpec.inputs key whose length is the prompt length (when a processor sets it)
 MAX_STOP_CHARS = 256
@@ -54,6 +59,25 @@ def with_seed_offset(sampling: SamplingParams, offset: int) -> SamplingParams:
     if sampling.seed is None or offset == 0:
         return sampling
     return dataclasses.replace(sampling, seed=(sampling.seed + offset) % (MAX_SEED + 1))
+
+
+async def build_choices(state: AppState, task: str, payload: dict[str, Any], sampling: SamplingParams,
+                        params: dict[str, Any], n: int) -> list[RequestSpec]:
+    """The ``n`` requests of one prompt's choices (``with_seed_offset``). The prompt is rendered and tokenized once:
+    choices after the first are its request under a new id and seed. A request whose nodes sample their own way
+    (``node_sampling``, derived from the request's sampling by its processor) is built again for each choice."""
+    first = await state.build_request(task, payload, sampling, params)
+    specs = [first]
+    for i in range(1, n):
+        choice = with_seed_offset(sampling, i)
+        if first.node_sampling:
+            specs.append(await state.build_request(task, payload, choice, params))
+            continue
+        fitted = first.sampling if choice.seed == first.sampling.seed else dataclasses.replace(first.sampling,
+                                                                                                seed=choice.seed)
+        specs.append(dataclasses.replace(first, inputs=dict(first.inputs), sampling=fitted, id=new_request_id(),
+                                         arrival_time=time.time()))
+    return specs
 
 
 def check_n(n: int, config: ServerConfig, param: str = "n") -> None:
