@@ -116,7 +116,11 @@ class Processor(ABC):
     @abstractmethod
     def build_request(
         self, task: str, payload: dict[str, Any], sampling: SamplingParams, params: Params
-    ) -> RequestSpec: ...
+    ) -> RequestSpec:
+        """The request for ``task``. For "completion" and "chat" the API builds the first of a prompt's n choices
+        only and gives the others new ids and seeds (``api/openai/plan.build_choices``): such a request's inputs
+        must not depend on ``sampling.seed`` (what does, like an image's noise seed, belongs to other tasks, or
+        to ``node_sampling``, which makes the API build each choice)."""
 
     def policy_metadata(self) -> dict[str, Any]:
         """What a robot client is told first on the openpi websocket (models with the ``act`` capability)."""
