@@ -18,7 +18,9 @@ blocks, 64 tokens per frame; encoder width 128, 2 blocks at a 128 crop), from on
    and end;
 2. rollout throughput at each of ``--throughput-horizons``: ``--concurrency`` rollouts at once, served,
    in predicted frames per second, against the released loop running them one after another, beside
-   the FLOP ratio (concurrent rollouts share each predictor forward, which amortises its fixed cost);
+   the FLOP ratio (concurrent rollouts share each predictor forward, which amortises its fixed cost)
+   and beside the same rollouts stepping together offline (``vjepa_offline.batched_rollout``: dense
+   caches, no paging, no serving; the model's own bound for the served case);
 3. plan latency: one CEM iteration of ``--candidates`` candidates x horizon 2, served (one fanned
    append of K forked contexts a step) against each candidate rolled out alone (our offline planner,
    KV forks) and the released way (each candidate's whole history re-run);
@@ -131,13 +133,16 @@ def throughput_row(offline: Offline, served: Served, work: Work, h: int, concurr
     bodies = [served.rollout_body(px, a, s, h) for px, a, s in cases]
     served.run(bodies[:2])  # warm-up
     load0 = os.getloadavg()[0]
+    offline.batched(cases[:2], h)  # warm-up
     runs = interleaved({"official": (partial(_one_after_another, offline, cases, h), time.process_time),
-                        "walkserve": (partial(served.run, bodies), served.cpu)}, work.repeat)
+                        "walkserve": (partial(served.run, bodies), served.cpu),
+                        "batched": (partial(offline.batched, cases, h), time.process_time)}, work.repeat)
     wall = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
     cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
     frames = concurrency * h
     return [concurrency, h, frames / wall["official"], frames / wall["walkserve"], wall["official"] / wall["walkserve"],
-            cpu["official"] / cpu["walkserve"], flop_ratio(work.path, h), f"{load0:.1f}-{os.getloadavg()[0]:.1f}"]
+            wall["official"] / wall["batched"], cpu["official"] / cpu["walkserve"], flop_ratio(work.path, h),
+            f"{load0:.1f}-{os.getloadavg()[0]:.1f}"]
 
 
 def _one_after_another(offline: Offline, cases: list[tuple], h: int) -> None:
@@ -201,9 +206,10 @@ def report(path: Path, work: Work, loads: tuple[str, str], parts: dict[str, obje
     if "throughput" in parts:
         lines += ["", "Rollout throughput, concurrent rollouts (predicted frames per second):",
                   table(["rollouts", "H", "official frames/s (one after another)", "walkserve frames/s",
-                         "x official", "CPU s: official / walkserve", "FLOP ratio", "load (1 min)"],
-                        parts["throughput"]),
-                  "(--repeat rounds, official and walkserve interleaved, medians)"]
+                         "x official", "official / batched KV (offline)", "CPU s: official / walkserve",
+                         "FLOP ratio", "load (1 min)"], parts["throughput"]),
+                  "(--repeat rounds, official, walkserve and the batched KV loop interleaved, medians; batched KV: "
+                  "the same rollouts stepping together offline, dense caches, no serving: the model's own bound)"]
     if "plan" in parts:
         lines += ["", "Plan latency, one CEM iteration (encode frame and goal + K candidates x H steps):",
                   table(["candidates", "H", "official ms", "KV forks (offline) ms", "walkserve ms",

@@ -5,6 +5,8 @@ context frame (and the goal) with the same encoder, so the columns differ only i
 
     official   the released loop: every step re-runs the AC predictor on the whole history
     cached     our offline loop with KV reuse (``rollout.cached_rollout``), one request at a time
+    batched    the cached loop for all of a throughput row's rollouts stepping together, dense caches, no serving
+               (``vjepa_offline.batched_rollout``): the model-level bound of concurrent served rollouts
     walkserve  the served walk: one block-causal append of 2 + F tokens a step to the request's paged
                context; concurrent requests share each forward; a CEM step is one fanned append of K
                candidate contexts forked from the shared prefix
@@ -122,6 +124,17 @@ class Offline:
 
         loop = cached_rollout if cached else official_rollout
         return loop(self.model, self.features(pixels), torch.from_numpy(actions), torch.from_numpy(states), h)
+
+    @torch.inference_mode()
+    def batched(self, cases: list[tuple[np.ndarray, np.ndarray, np.ndarray]], h: int) -> torch.Tensor:
+        """Rollouts (pixels, actions, states) stepping together through the cached loop, each frame encoded alone:
+        the model-level bound of as many concurrent served rollouts (``vjepa_offline.batched_rollout``)."""
+        from benchmarks.vjepa_offline import batched_rollout
+
+        frames = torch.cat([self.features(px) for px, _, _ in cases])  # [B, F, E]
+        actions = torch.stack([torch.from_numpy(a) for _, a, _ in cases])
+        states = torch.stack([torch.from_numpy(s) for _, _, s in cases])
+        return batched_rollout(self.model, frames, actions, states, h)
 
     @torch.inference_mode()
     def plan(self, pixels: np.ndarray, goal: np.ndarray, states: np.ndarray, samples: int, h: int,

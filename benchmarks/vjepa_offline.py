@@ -9,6 +9,10 @@ vjepa2-ac --preset bench``: width 256, 8 blocks, 64 tokens per frame unless
 - official: every step re-runs the predictor on the whole history (the released notebook's loop);
 - cached:   the context is prefilled once, then each step appends 2 + F tokens and attends to the cache.
 
+``batched_rollout`` is the cached loop for B rollouts stepping together (B x (2 + F) rows a forward, dense
+per-rollout caches, no paging, no serving): the model-level bound of B concurrent served rollouts, which
+``./dev bench vjepa`` reports beside them.
+
 Reported: the median wall time of each loop per horizon and their ratio
 (official / cached), the tokens each loop pushes through the predictor, and
 the ratio of their matmul FLOPs (what the wall-time ratio tends to when the
@@ -25,9 +29,17 @@ import time
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 
 from benchmarks.common import conditions, table
-from walkserve.models.vjepa2.rollout import cached_rollout, normalize_features, official_rollout
+from walkserve.layers.attention import AttentionContext
+from walkserve.models.vjepa2.rollout import (
+    cached_rollout,
+    normalize_features,
+    official_rollout,
+    rollout_states,
+)
+from walkserve.models.vjepa2.step_tokens import step_kinds, step_positions, step_rows
 from walkserve.models.vjepa2.tiny import write_tiny_vjepa2_ac
 from walkserve.models.vjepa2.weights import load_ac_predictor
 
@@ -55,6 +67,46 @@ def rollout_flops(cfg, horizon: int, cached: bool) -> int:
     if cached:
         return sum(forward_flops(cfg, p, (h + 1) * p, f) for h in range(horizon))
     return sum(forward_flops(cfg, (h + 1) * p, (h + 1) * p, (h + 1) * f) for h in range(horizon))
+
+
+class _BatchedKV(AttentionContext):
+    """B rollouts' K/V in dense per-layer caches [B, capacity, H, Dh]; one call appends ``n`` rows to each (the
+    rows of rollout b are rows b*n .. b*n + n - 1) and attends them to their rollout's keys, unmasked (one whole
+    step after whole steps: block-causal allows every key)."""
+
+    def __init__(self, caches: list[tuple[torch.Tensor, torch.Tensor]], length: int):
+        self.caches, self.length = caches, length
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        kc, vc = self.caches[layer]
+        b = kc.shape[0]
+        n, end = q.shape[0] // b, self.length + q.shape[0] // b
+        kc[:, self.length : end] = k.view(b, n, *k.shape[1:])
+        vc[:, self.length : end] = v.view(b, n, *v.shape[1:])
+        out = F.scaled_dot_product_attention(q.view(b, n, *q.shape[1:]).transpose(1, 2), kc[:, :end].transpose(1, 2),
+                                             vc[:, :end].transpose(1, 2), scale=scale)  # [B, Hq, n, Dh]
+        return out.transpose(1, 2).reshape(q.shape)
+
+
+def batched_rollout(model, frames: torch.Tensor, actions: torch.Tensor, states: torch.Tensor,
+                    horizon: int) -> torch.Tensor:
+    """B rollouts of ``horizon`` from one context frame each, stepping together: frames [B, F, E], actions
+    [B, >= H, 7], states [B, 1, 7] -> [B, H, F, E] (each rollout as ``cached_rollout`` gives it)."""
+    cfg = model.config
+    b, per_step, f = frames.shape[0], cfg.tokens_per_step, cfg.frame_tokens
+    heads, device = cfg.vit.num_attention_heads, frames.device
+    states = torch.stack([rollout_states(states[i], actions[i], horizon) for i in range(b)])  # [B, H, 7]
+    caches = [tuple(frames.new_empty(b, horizon * per_step, heads, cfg.head_dim) for _ in range(2))
+              for _ in range(cfg.num_hidden_layers)]
+    kinds = step_kinds(1, f, device).repeat(b)
+    frame, out = frames, []
+    for t in range(horizon):
+        rows = torch.cat([step_rows(frame[i : i + 1], actions[i, t : t + 1], states[i, t : t + 1]) for i in range(b)])
+        hidden = model(None, step_positions(t, 1, cfg.grid_size, device).repeat(1, b), _BatchedKV(caches, t * per_step),
+                       inputs_embeds=rows, token_kind=kinds)  # [B * (2 + F), D]
+        frame = normalize_features(model.compute_logits(hidden.view(b, per_step, -1)[:, -f:]))  # [B, F, E]
+        out.append(frame)
+    return torch.stack(out, dim=1)
 
 
 def _time(fn, device: str) -> float:
