@@ -28,8 +28,9 @@ class HeldBuilds:
         build = engine.processor.build_request
 
         def held(task, payload, sampling, params):
-            self.prompts.append(payload.get("prompt", "")[:8])
-            if len(payload.get("prompt", "")) > BIG_INPUT:
+            prompt = payload.get("prompt") or payload.get("inputs", {}).get("prompt", "")  # /v1/generate: its inputs
+            self.prompts.append(prompt[:8])
+            if len(prompt) > BIG_INPUT:
                 self.started.set()
                 assert self.release.wait(20), "never released"
             return build(task, payload, sampling, params)
@@ -76,21 +77,30 @@ async def test_a_small_request_is_answered_while_a_big_one_is_being_built(monkey
         assert (await big).status_code == 200
 
 
-def test_a_client_gone_while_its_big_request_waits_drops_it(monkeypatch):
+def _completion(prompt: str) -> tuple[str, dict]:
+    return "/v1/completions", {"prompt": prompt, "max_tokens": 1}
+
+
+def _generate(prompt: str) -> tuple[str, dict]:
+    return "/v1/generate", {"inputs": {"prompt": prompt}, "sampling": {"max_tokens": 1}}
+
+
+@pytest.mark.parametrize("body", [_completion, _generate], ids=["completions", "generate"])
+def test_a_client_gone_while_its_big_request_waits_drops_it(monkeypatch, body):
     engine = big_engine()
     held = HeldBuilds(engine, monkeypatch)
     with live_server(engine) as url:
-        first = threading.Thread(target=httpx.post, args=(f"{url}/v1/completions",),
-                                 kwargs={"json": {"prompt": "a" * 2 * BIG_INPUT, "max_tokens": 1}, "timeout": 30})
+        route, first_body = body("a" * 2 * BIG_INPUT)
+        first = threading.Thread(target=httpx.post, args=(f"{url}{route}",), kwargs={"json": first_body, "timeout": 30})
         first.start()
         assert held.started.wait(10)  # the big lane is busy: the next big request waits for it
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(f"{url}/v1/completions", json={"prompt": "b" * 2 * BIG_INPUT, "max_tokens": 1}, timeout=0.5)
+            httpx.post(f"{url}{route}", json=body("b" * 2 * BIG_INPUT)[1], timeout=0.5)
         time.sleep(0.5)  # the server hears of the disconnect
         held.release.set()
         first.join(10)
-        ok = httpx.post(f"{url}/v1/completions", json={"prompt": "c" * 2 * BIG_INPUT, "max_tokens": 1}, timeout=10)
-        assert ok.status_code == 200
+        ok = httpx.post(f"{url}{route}", json=body("c" * 2 * BIG_INPUT)[1], timeout=10)
+        assert ok.status_code == 200, ok.text
     assert held.prompts == ["a" * 8, "c" * 8]  # the gone client's prompt was never built
 
 
