@@ -151,3 +151,21 @@ def test_logprobs_of_each_token_match_transformers(tiny_llama, engine):
                 assert top_ids == ids.tolist()
                 assert max(abs(a - b) for a, b in zip(top_lps, values.tolist(), strict=True)) < 1e-4
                 assert top_ids[0] == tok  # greedy: the drawn token is the most likely one
+
+
+def test_an_odd_shape_served_end_to_end_matches_transformers(tmp_path):
+    """Qwen3 with one KV head, a head_dim unrelated to hidden/heads, a tied head over a vocabulary larger than its
+    tokenizer (and odd), one layer, an odd MLP width and a 64-token context that the request fills to the end."""
+    from walkserve.core.config import RuntimeConfig
+    from walkserve.entrypoint.sync import Engine
+    from walkserve.models.llama.tiny import write_tiny
+
+    path = write_tiny("qwen3", tmp_path / "odd", vocab_size=1001, hidden_size=40, num_attention_heads=3,
+                      num_key_value_heads=1, head_dim=24, intermediate_size=97, num_hidden_layers=1,
+                      tie_word_embeddings=True, max_position_embeddings=64, rope="llama3", seed=5)
+    prompt = [(37 * i + 11) % 1001 for i in range(56)]  # ids past the tokenizer's (about 830) included
+    place = {"ranks": [{"id": 0, "device": "cpu"}], "nodes": [{"nodes": ["lm"], "ranks": [0]}]}
+    with Engine.start("qwen3", placement=place, config=RuntimeConfig(), model_path=str(path)) as engine:
+        [result] = engine.run([spec(prompt, 8)])
+    assert result.finished.error is None, result.finished
+    assert tokens(result) == hf_greedy(path, prompt, 8)

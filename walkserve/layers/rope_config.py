@@ -67,7 +67,10 @@ class RopeConfig:
         """Parse the rope fields of an HF ``config.json`` dict (either spelling)."""
         params = config.get("rope_parameters")
         if params is None:
-            params = dict(config.get("rope_scaling") or {})
+            scaling = config.get("rope_scaling") or {}
+            if not isinstance(scaling, Mapping):
+                raise ConfigError(f"rope_scaling must be an object, got {scaling!r}")
+            params = {**scaling}
             params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
         if not isinstance(params, Mapping):
             raise ConfigError(f"rope_parameters must be an object, got {params!r}")
@@ -80,19 +83,32 @@ class RopeConfig:
         rope_type = params.get("rope_type", params.get("type", "default"))
         if rope_type == "mrope":  # older Qwen2-VL spelling: default rope with 3-D sections
             rope_type = "default"
-        partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
         original = params.get("original_max_position_embeddings")
         if original is None and rope_type == "llama3":
             original = config.get("max_position_embeddings")
         section = params.get("mrope_section")
+        if rope_type in ("linear", "llama3") and "factor" not in params:
+            raise ConfigError(f"rope {rope_type} needs a factor")
+        numbers = {
+            "rope_theta": params.get("rope_theta", config.get("rope_theta", 10000.0)),
+            "factor": params.get("factor", 1.0),
+            "low_freq_factor": params.get("low_freq_factor", 1.0),
+            "high_freq_factor": params.get("high_freq_factor", 4.0),
+            "partial_rotary_factor": params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)),
+        }
+        for name, value in numbers.items():
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ConfigError(f"rope {name} must be a number, got {value!r}")
+        if original is not None and (not isinstance(original, (int, float)) or isinstance(original, bool)):
+            raise ConfigError(f"rope original_max_position_embeddings must be an integer, got {original!r}")
         return cls(
             rope_type=str(rope_type),
-            theta=float(params.get("rope_theta", config.get("rope_theta", 10000.0))),
-            factor=float(params.get("factor", 1.0)),
-            low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-            high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+            theta=float(numbers["rope_theta"]),
+            factor=float(numbers["factor"]),
+            low_freq_factor=float(numbers["low_freq_factor"]),
+            high_freq_factor=float(numbers["high_freq_factor"]),
             original_max_position_embeddings=None if original is None else int(original),
-            partial_rotary_factor=float(partial),
+            partial_rotary_factor=float(numbers["partial_rotary_factor"]),
             mrope_section=None if section is None else tuple(int(s) for s in section),
             mrope_interleaved=bool(params.get("mrope_interleaved", params.get("interleaved", False))),
         )

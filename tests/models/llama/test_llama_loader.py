@@ -133,3 +133,35 @@ def test_config_fields():
         LMConfig.from_hf({**base, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
     with pytest.raises(ConfigError, match="intermediate_size"):
         LMConfig.from_hf({k: v for k, v in base.items() if k != "intermediate_size"})
+
+
+_QWEN2 = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "vocab_size": 100}
+
+
+@pytest.mark.parametrize("field, extra", [
+    # transformers rotates whole heads in these families, whatever partial_rotary_factor says
+    ("partial_rotary_factor", {"partial_rotary_factor": 0.5}),
+    ("partial_rotary_factor", {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.25}}),
+    ("head_dim", {"head_dim": 0}),
+    ("head_dim", {"hidden_size": 2}),
+    ("num_attention_heads", {"num_attention_heads": 0}),
+    ("rms_norm_eps", {"rms_norm_eps": None}),
+    ("rms_norm_eps", {"rms_norm_eps": "1e-6"}),
+    ("rope_scaling", {"rope_scaling": "linear"}),
+    ("rope_theta", {"rope_theta": "1e6"}),
+    ("factor", {"rope_scaling": {"type": "linear", "factor": "4"}}),
+    ("factor", {"rope_scaling": {"type": "linear"}}),
+    ("original_max_position_embeddings", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                                                           "original_max_position_embeddings": "8k"}}),
+])
+def test_bad_fields_are_config_errors_naming_the_field(field, extra):
+    with pytest.raises(ConfigError, match=field):
+        LMConfig.from_hf({**_QWEN2, **extra})
+
+
+def test_absent_head_dim_defaults_as_in_transformers():
+    """Qwen3's config class defaults head_dim to 128; Llama and Qwen2 derive it from hidden_size / heads."""
+    assert LMConfig.from_hf({**_QWEN2, "architectures": ["Qwen3ForCausalLM"]}).head_dim == 128
+    assert LMConfig.from_hf({**_QWEN2, "architectures": ["LlamaForCausalLM"]}).head_dim == 16
+    assert LMConfig.from_hf({**_QWEN2, "head_dim": None}).head_dim == 16

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -12,8 +14,10 @@ from walkserve.models.llama.weights import load_causal_lm
 pytestmark = pytest.mark.parity
 torch.set_num_threads(1)
 
-# name -> (arch, overrides). Covers GQA ratios 1/2/4, tied/untied, rope default/llama3/linear, both
-# config spellings, odd vocab and head dims, biases, sharded checkpoints.
+# name -> (arch, overrides). Covers GQA ratios 1/2/4 and one KV head (MQA), tied/untied, rope
+# default/llama3/linear, both config spellings, odd vocab (also past the tokenizer's ~830 ids), odd head dims and
+# hidden and MLP widths, one layer, a context the 48 tokens fill, biases, sharded checkpoints, and config.json
+# fields left out ("drop": transformers' defaults apply, e.g. Qwen3's head_dim of 128).
 CASES = {
     "llama-gqa2-untied-default": ("llama", {}),
     "llama-gqa4-tied-llama3-legacy": (
@@ -33,13 +37,27 @@ CASES = {
     "qwen3-gqa4-bias-v997-sharded": (
         "qwen3", {"num_attention_heads": 8, "head_dim": 8, "attention_bias": True, "vocab_size": 997,
                   "shards": 4}),
+    "llama-mqa-tied-v1001-L1-i97": (
+        "llama", {"num_key_value_heads": 1, "vocab_size": 1001, "tie_word_embeddings": True, "num_hidden_layers": 1,
+                  "intermediate_size": 97}),
+    "qwen2-mqa-hd32-llama3-v1001-ctx48": (
+        "qwen2", {"num_key_value_heads": 1, "head_dim": 32, "rope": "llama3", "vocab_size": 1001,
+                  "max_position_embeddings": 48}),
+    "qwen3-h3-hd10-d30-i131-L1": (
+        "qwen3", {"hidden_size": 30, "num_attention_heads": 3, "num_key_value_heads": 1, "head_dim": 10,
+                  "intermediate_size": 131, "num_hidden_layers": 1}),
+    "qwen3-no-head-dim-field": ("qwen3", {"head_dim": 128, "num_hidden_layers": 1, "drop": ("head_dim",)}),
 }
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_logits_match_transformers(name, tmp_path, oracle):
     arch, overrides = CASES[name]
-    path = write_tiny(arch, tmp_path / name, seed=7, **overrides)
+    drop = overrides.get("drop", ())
+    path = write_tiny(arch, tmp_path / name, seed=7, **{k: v for k, v in overrides.items() if k != "drop"})
+    if drop:
+        config = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k not in drop}))
     ours = load_causal_lm(path, progress=False)
     ref = oracle.hf_model(path)
     ids = torch.randint(0, ours.config.vocab_size, (48,), generator=torch.Generator().manual_seed(3))

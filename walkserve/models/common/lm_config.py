@@ -18,6 +18,8 @@ from walkserve.models.common.config_files import RANDOM_WEIGHTS_KEY, read_config
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 _DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "Qwen2ForCausalLM": 32768, "Qwen3ForCausalLM": 32768}
+# transformers' head_dim where config.json has none, if not hidden_size // num_attention_heads
+_DEFAULT_HEAD_DIM = {"Qwen3ForCausalLM": 128}
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -101,23 +103,26 @@ class LMConfig:
         hidden, heads = _required(d, "hidden_size", arch), _required(d, "num_attention_heads", arch)
         attention_bias = bool(d.get("attention_bias", False))
         qwen2 = arch == "Qwen2ForCausalLM"
+        rope = RopeConfig.from_hf(d)
+        if rope.partial_rotary_factor != 1.0:  # transformers rotates the whole head for these families
+            raise ConfigError(f"{arch}: partial_rotary_factor {rope.partial_rotary_factor} is not supported (only 1.0)")
         return cls(
             architecture=arch,
             hidden_size=hidden,
             intermediate_size=_required(d, "intermediate_size", arch),
             num_hidden_layers=_required(d, "num_hidden_layers", arch),
             num_attention_heads=heads,
-            num_key_value_heads=d.get("num_key_value_heads") or heads,
-            head_dim=d.get("head_dim") or hidden // heads,
+            num_key_value_heads=_optional(d, "num_key_value_heads", heads),
+            head_dim=_optional(d, "head_dim", _DEFAULT_HEAD_DIM.get(arch) or _floor_div(hidden, heads)),
             vocab_size=_required(d, "vocab_size", arch),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=_float(d, "rms_norm_eps", 1e-6, arch),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             qkv_bias=True if qwen2 else attention_bias,
             o_bias=False if qwen2 else attention_bias,
             mlp_bias=bool(d.get("mlp_bias", False)) if arch == "LlamaForCausalLM" else False,
             qk_norm=arch == "Qwen3ForCausalLM",
             max_position_embeddings=d.get("max_position_embeddings") or _DEFAULT_MAX_POSITIONS[arch],
-            rope=RopeConfig.from_hf(d),
+            rope=rope,
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=_ids(d.get("eos_token_id")),
             pad_token_id=d.get("pad_token_id"),
@@ -142,6 +147,25 @@ def _required(d: Mapping[str, Any], name: str, arch: str) -> Any:
     if d.get(name) is None:
         raise ConfigError(f"{arch}: config.json lacks {name}")
     return d[name]
+
+
+def _optional(d: Mapping[str, Any], name: str, default: Any) -> Any:
+    """``d[name]``, or ``default`` where it is absent or null (0 stays 0, for the positivity check to refuse)."""
+    value = d.get(name)
+    return default if value is None else value
+
+
+def _floor_div(a: Any, b: Any) -> Any:
+    """``a // b`` for positive integers; anything else is passed on for ``__post_init__`` to refuse."""
+    ok = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (a, b))
+    return a // b if ok else a
+
+
+def _float(d: Mapping[str, Any], name: str, default: float, arch: str) -> float:
+    value = d.get(name, default)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ConfigError(f"{arch}: {name} must be a number, got {value!r}")
+    return float(value)
 
 
 def _reject_sliding_window(arch: str, d: Mapping[str, Any]) -> None:
