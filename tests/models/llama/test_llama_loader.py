@@ -79,6 +79,19 @@ def test_tied_checkpoint_with_a_stray_lm_head_loads(tiny_dirs, tmp_path):
     assert model.lm_head is None
 
 
+@pytest.mark.parity
+def test_tied_checkpoint_with_a_different_lm_head_uses_it_as_transformers_does(tmp_path, oracle):
+    """transformers 5 keeps a stored head that differs from the embedding even where the config says tied."""
+    path = write_tiny("qwen2", tmp_path / "m", tie_word_embeddings=True, vocab_size=301)
+    _rewrite(path, lambda t: t.__setitem__("lm_head.weight", torch.randn_like(t["model.embed_tokens.weight"])))
+    model = load_causal_lm(path, progress=False)
+    assert model.lm_head is not None
+    ids = torch.arange(3, 27)
+    with torch.no_grad():
+        want = oracle.hf_model(path)(ids[None]).logits[0]
+    assert oracle.rel_err(oracle.our_logits(model, ids), want) < 1e-4
+
+
 @pytest.mark.parametrize("dtype,itemsize", [(None, 4), ("bfloat16", 2), ("float32", 4)])
 def test_weight_bytes_estimate_matches_loaded_model(tiny_dirs, dtype, itemsize):
     path = tiny_dirs["qwen3"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,13 +31,24 @@ def load_causal_lm(
     missing, unexpected or mis-shaped tensor.
     """
     path = Path(path)
-    config = LMConfig.from_file(path)
     checkpoint = SafetensorsCheckpoint(path)
+    config = LMConfig.from_file(path)
+    if _stored_head_differs(config, checkpoint):  # what transformers 5 does too: the stored head wins
+        config = replace(config, tie_word_embeddings=False)
     with on_meta():
         model = CausalLM(config)
     materialize(model, device, resolve_dtype(dtype, config))
     load_into(model, checkpoint, ignored=model.checkpoint_ignored(), progress=progress)
     return model.eval()
+
+
+def _stored_head_differs(config: LMConfig, checkpoint: SafetensorsCheckpoint) -> bool:
+    """A tied config whose checkpoint still holds an ``lm_head.weight`` that is not the embedding."""
+    names = ("lm_head.weight", "model.embed_tokens.weight")
+    if not config.tie_word_embeddings or names[0] not in checkpoint.files:
+        return False
+    head, embed = (t for _, t in checkpoint.tensors(names, progress=False))
+    return not torch.equal(head, embed)
 
 
 def estimate_weight_bytes(path: str | Path, dtype: str | torch.dtype | None = None) -> int:
