@@ -97,7 +97,7 @@ class LMConfig:
     def from_hf(cls, d: Mapping[str, Any]) -> LMConfig:
         """Parse an HF config dict (transformers 4 or 5 spelling)."""
         arch = _architecture(d)
-        if d.get("hidden_act", "silu") != "silu":
+        if d.get("hidden_act", "silu") not in ("silu", "swish"):  # transformers' two names of one function
             raise ConfigError(f"{arch}: hidden_act {d['hidden_act']!r} is not supported (only silu)")
         _reject_sliding_window(arch, d)
         hidden, heads = _required(d, "hidden_size", arch), _required(d, "num_attention_heads", arch)
