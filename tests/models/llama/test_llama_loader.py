@@ -173,8 +173,12 @@ def test_bad_fields_are_config_errors_naming_the_field(field, extra):
         LMConfig.from_hf({**_QWEN2, **extra})
 
 
-def test_absent_head_dim_defaults_as_in_transformers():
+def test_absent_fields_default_as_in_transformers():
     """Qwen3's config class defaults head_dim to 128; Llama and Qwen2 derive it from hidden_size / heads."""
     assert LMConfig.from_hf({**_QWEN2, "architectures": ["Qwen3ForCausalLM"]}).head_dim == 128
     assert LMConfig.from_hf({**_QWEN2, "architectures": ["LlamaForCausalLM"]}).head_dim == 16
     assert LMConfig.from_hf({**_QWEN2, "head_dim": None}).head_dim == 16
+    # llama3 rope without original_max_position_embeddings: the context length, the family default where absent
+    llama3 = {**_QWEN2, "architectures": ["LlamaForCausalLM"], "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
+    assert LMConfig.from_hf(llama3).rope.original_max_position_embeddings == 2048
+    assert LMConfig.from_hf({**llama3, "max_position_embeddings": 96}).rope.original_max_position_embeddings == 96

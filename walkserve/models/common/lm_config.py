@@ -103,7 +103,8 @@ class LMConfig:
         hidden, heads = _required(d, "hidden_size", arch), _required(d, "num_attention_heads", arch)
         attention_bias = bool(d.get("attention_bias", False))
         qwen2 = arch == "Qwen2ForCausalLM"
-        rope = RopeConfig.from_hf(d)
+        max_positions = d.get("max_position_embeddings") or _DEFAULT_MAX_POSITIONS[arch]
+        rope = RopeConfig.from_hf({**d, "max_position_embeddings": max_positions})  # llama3's fallback length
         if rope.partial_rotary_factor != 1.0:  # transformers rotates the whole head for these families
             raise ConfigError(f"{arch}: partial_rotary_factor {rope.partial_rotary_factor} is not supported (only 1.0)")
         return cls(
@@ -121,7 +122,7 @@ class LMConfig:
             o_bias=False if qwen2 else attention_bias,
             mlp_bias=bool(d.get("mlp_bias", False)) if arch == "LlamaForCausalLM" else False,
             qk_norm=arch == "Qwen3ForCausalLM",
-            max_position_embeddings=d.get("max_position_embeddings") or _DEFAULT_MAX_POSITIONS[arch],
+            max_position_embeddings=max_positions,
             rope=rope,
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=_ids(d.get("eos_token_id")),
