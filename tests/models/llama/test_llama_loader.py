@@ -167,6 +167,9 @@ _QWEN2 = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "intermediat
     ("factor", {"rope_scaling": {"type": "linear"}}),
     ("original_max_position_embeddings", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0,
                                                            "original_max_position_embeddings": "8k"}}),
+    ("tie_word_embeddings", {"tie_word_embeddings": "false"}),  # a string is not read as true
+    ("attention_bias", {"attention_bias": 1}),
+    ("mlp_bias", {"architectures": ["LlamaForCausalLM"], "mlp_bias": "no"}),
 ])
 def test_bad_fields_are_config_errors_naming_the_field(field, extra):
     with pytest.raises(ConfigError, match=field):
@@ -178,6 +181,8 @@ def test_absent_fields_default_as_in_transformers():
     assert LMConfig.from_hf({**_QWEN2, "architectures": ["Qwen3ForCausalLM"]}).head_dim == 128
     assert LMConfig.from_hf({**_QWEN2, "architectures": ["LlamaForCausalLM"]}).head_dim == 16
     assert LMConfig.from_hf({**_QWEN2, "head_dim": None}).head_dim == 16
+    assert LMConfig.from_hf({**_QWEN2, "tie_word_embeddings": None}).tie_word_embeddings is False
+    assert LMConfig.from_hf({**_QWEN2, "tie_word_embeddings": True}).tie_word_embeddings is True
     # llama3 rope without original_max_position_embeddings: the context length, the family default where absent
     llama3 = {**_QWEN2, "architectures": ["LlamaForCausalLM"], "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
     assert LMConfig.from_hf(llama3).rope.original_max_position_embeddings == 2048

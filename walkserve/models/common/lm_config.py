@@ -101,7 +101,7 @@ class LMConfig:
             raise ConfigError(f"{arch}: hidden_act {d['hidden_act']!r} is not supported (only silu)")
         _reject_sliding_window(arch, d)
         hidden, heads = _required(d, "hidden_size", arch), _required(d, "num_attention_heads", arch)
-        attention_bias = bool(d.get("attention_bias", False))
+        attention_bias = _flag(d, "attention_bias", arch)
         qwen2 = arch == "Qwen2ForCausalLM"
         max_positions = d.get("max_position_embeddings") or _DEFAULT_MAX_POSITIONS[arch]
         rope = RopeConfig.from_hf({**d, "max_position_embeddings": max_positions})  # llama3's fallback length
@@ -117,10 +117,10 @@ class LMConfig:
             head_dim=_optional(d, "head_dim", _DEFAULT_HEAD_DIM.get(arch) or _floor_div(hidden, heads)),
             vocab_size=_required(d, "vocab_size", arch),
             rms_norm_eps=_float(d, "rms_norm_eps", 1e-6, arch),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            tie_word_embeddings=_flag(d, "tie_word_embeddings", arch),
             qkv_bias=True if qwen2 else attention_bias,
             o_bias=False if qwen2 else attention_bias,
-            mlp_bias=bool(d.get("mlp_bias", False)) if arch == "LlamaForCausalLM" else False,
+            mlp_bias=_flag(d, "mlp_bias", arch) if arch == "LlamaForCausalLM" else False,
             qk_norm=arch == "Qwen3ForCausalLM",
             max_position_embeddings=max_positions,
             rope=rope,
@@ -167,6 +167,16 @@ def _float(d: Mapping[str, Any], name: str, default: float, arch: str) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise ConfigError(f"{arch}: {name} must be a number, got {value!r}")
     return float(value)
+
+
+def _flag(d: Mapping[str, Any], name: str, arch: str) -> bool:
+    """A true/false field (absent or null: false); a string such as "false" is refused, not read as true."""
+    value = d.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ConfigError(f"{arch}: {name} must be true or false, got {value!r}")
+    return value
 
 
 def _reject_sliding_window(arch: str, d: Mapping[str, Any]) -> None:
