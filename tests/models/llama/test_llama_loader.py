@@ -138,8 +138,16 @@ def test_config_fields():
     q3 = LMConfig.from_hf({**base, "architectures": ["Qwen3ForCausalLM"], "attention_bias": True, "head_dim": 24})
     assert (q3.qkv_bias, q3.o_bias, q3.qk_norm, q3.head_dim) == (True, True, True, 24)
     assert LMConfig.from_hf({**base, "eos_token_id": [1, 2]}).eos_token_ids == (1, 2)
+    with pytest.raises(ConfigError, match="sliding-window"):  # layers 1.. slide, as transformers builds them
+        LMConfig.from_hf({**base, "use_sliding_window": True, "max_window_layers": 1})
     with pytest.raises(ConfigError, match="sliding-window"):
-        LMConfig.from_hf({**base, "use_sliding_window": True})
+        LMConfig.from_hf({**base, "layer_types": ["full_attention", "sliding_attention"]})
+    # no layer slides: the window starts past the last layer (28 by default), or there is no window
+    for full in ({"use_sliding_window": True}, {"use_sliding_window": True, "max_window_layers": 2},
+                 {"use_sliding_window": True, "sliding_window": None, "max_window_layers": 0},
+                 {"use_sliding_window": False, "max_window_layers": 0},
+                 {"layer_types": ["full_attention", "full_attention"]}):
+        assert LMConfig.from_hf({**base, **full}).num_hidden_layers == 2, full
     with pytest.raises(ConfigError, match="num_key_value_heads"):
         LMConfig.from_hf({**base, "num_key_value_heads": 3})
     with pytest.raises(ConfigError, match="yarn"):

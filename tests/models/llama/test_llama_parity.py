@@ -17,7 +17,8 @@ torch.set_num_threads(1)
 # name -> (arch, overrides). Covers GQA ratios 1/2/4 and one KV head (MQA), tied/untied, rope
 # default/llama3/linear, both config spellings, odd vocab (also past the tokenizer's ~830 ids), odd head dims and
 # hidden and MLP widths, one layer, a context the 48 tokens fill, biases, sharded checkpoints, config.json
-# fields left out ("drop": transformers' defaults apply, e.g. Qwen3's head_dim of 128) and hidden_act "swish".
+# fields left out ("drop": transformers' defaults apply, e.g. Qwen3's head_dim of 128), hidden_act "swish" and a
+# sliding window no layer uses ("json": fields set in config.json as written).
 CASES = {
     "llama-gqa2-untied-default": ("llama", {}),
     "llama-gqa4-tied-llama3-legacy": (
@@ -49,18 +50,21 @@ CASES = {
     "qwen3-no-head-dim-field": ("qwen3", {"head_dim": 128, "num_hidden_layers": 1, "drop": ("head_dim",)}),
     "llama-swish-no-kv-field": ("llama", {"num_key_value_heads": 4, "hidden_act": "swish",
                                           "drop": ("num_key_value_heads",)}),
+    # a 4-token window that starts past the last layer: transformers builds every layer full, as we do
+    "qwen2-sliding-window-past-the-layers": ("qwen2", {"json": {"use_sliding_window": True, "sliding_window": 4,
+                                                                "max_window_layers": 2}}),
 }
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_logits_match_transformers(name, tmp_path, oracle):
     arch, overrides = CASES[name]
-    edits = {k: overrides[k] for k in ("drop", "hidden_act") if k in overrides}  # config.json edits after writing
+    edits = {k: overrides[k] for k in ("drop", "hidden_act", "json") if k in overrides}  # config.json edits after writing
     path = write_tiny(arch, tmp_path / name, seed=7, **{k: v for k, v in overrides.items() if k not in edits})
     if edits:
         config = json.loads((path / "config.json").read_text())
         config = {k: v for k, v in config.items() if k not in edits.get("drop", ())}
-        config.update({k: v for k, v in edits.items() if k != "drop"})
+        config.update({k: v for k, v in edits.items() if k not in ("drop", "json")} | edits.get("json", {}))
         (path / "config.json").write_text(json.dumps(config))
     ours = load_causal_lm(path, progress=False)
     ref = oracle.hf_model(path)

@@ -112,6 +112,21 @@ def test_both_config_spellings_parse_alike(tmp_path):
         Qwen3OmniConfig.from_hf({"architectures": ["LlamaForCausalLM"]})
 
 
+def test_swish_is_silu_and_other_activations_are_refused():
+    """transformers reads hidden_act "swish" as SiLU; the thinker and the speech path accept both names."""
+    from walkserve.models.qwen3_omni.speech.config import SpeechConfig
+
+    config = tiny_hf_config()
+    for where in (config["thinker_config"]["text_config"], config["talker_config"]["text_config"],
+                  config["talker_config"]["code_predictor_config"]):
+        where["hidden_act"] = "swish"
+    assert Qwen3OmniConfig.from_hf(config).text.hidden_size == Qwen3OmniConfig.from_hf(tiny_hf_config()).text.hidden_size
+    assert SpeechConfig.from_hf(config).talker == SpeechConfig.from_hf(tiny_hf_config()).talker
+    config["talker_config"]["text_config"]["hidden_act"] = "gelu"
+    with pytest.raises(ConfigError, match="hidden_act 'gelu'"):
+        SpeechConfig.from_hf(config)
+
+
 def test_a_checkpoint_without_vision(tmp_path):
     """-Captioner style: no vision_config, so no vision encoder and no thinker.visual tensors are expected."""
     from walkserve.models.qwen3_omni.thinker.weights import (

@@ -21,6 +21,7 @@ _DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "Qwen2ForCausalLM": 32768, "
 # transformers' head_dim where config.json has none, if not hidden_size // num_attention_heads
 _DEFAULT_HEAD_DIM = {"Qwen3ForCausalLM": 128}
 DTYPES = ("float32", "bfloat16", "float16")
+SILU = ("silu", "swish")  # transformers' two names of one activation
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ class LMConfig:
     def from_hf(cls, d: Mapping[str, Any]) -> LMConfig:
         """Parse an HF config dict (transformers 4 or 5 spelling)."""
         arch = _architecture(d)
-        if d.get("hidden_act", "silu") not in ("silu", "swish"):  # transformers' two names of one function
+        if d.get("hidden_act", "silu") not in SILU:
             raise ConfigError(f"{arch}: hidden_act {d['hidden_act']!r} is not supported (only silu)")
         _reject_sliding_window(arch, d)
         hidden, heads = _required(d, "hidden_size", arch), _required(d, "num_attention_heads", arch)
@@ -180,8 +181,19 @@ def _flag(d: Mapping[str, Any], name: str, arch: str) -> bool:
 
 
 def _reject_sliding_window(arch: str, d: Mapping[str, Any]) -> None:
-    layer_types = d.get("layer_types") or []
-    if d.get("use_sliding_window") or any(t != "full_attention" for t in layer_types):
+    """Refuse a config with a sliding-window layer, read as transformers reads it: its ``layer_types`` when given,
+    else (Qwen2, Qwen3) layer i slides when ``use_sliding_window`` is set, ``sliding_window`` is not null and
+    i >= ``max_window_layers`` (28 when absent), so a window that starts past the last layer slides none."""
+    layer_types = d.get("layer_types")
+    if layer_types:
+        slides = any(t != "full_attention" for t in layer_types)
+    elif d.get("use_sliding_window") and d.get("sliding_window", 4096) is not None:
+        first = d.get("max_window_layers", 28)
+        layers = d.get("num_hidden_layers")
+        slides = not (isinstance(first, int) and isinstance(layers, int) and first >= layers)
+    else:
+        slides = False
+    if slides:
         raise ConfigError(f"{arch}: sliding-window attention layers are not supported")
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from walkserve.core.errors import ConfigError
 from walkserve.layers.rope_config import RopeConfig
 from walkserve.models.common.config_files import RANDOM_WEIGHTS_KEY, read_config_json
+from walkserve.models.common.lm_config import SILU
 
 ARCHITECTURE = "Qwen3OmniMoeForConditionalGeneration"
 MODEL_TYPE = "qwen3_omni_moe"
@@ -220,7 +221,7 @@ def is_qwen3_omni(d: Mapping[str, Any]) -> bool:
 
 def thinker_text_config(t: Mapping[str, Any]) -> ThinkerTextConfig:
     hidden, heads = _required(t, "hidden_size"), _required(t, "num_attention_heads")
-    if t.get("hidden_act", "silu") != "silu":
+    if t.get("hidden_act", "silu") not in SILU:
         raise ConfigError(f"thinker: hidden_act {t['hidden_act']!r} is not supported (silu)")
     if t.get("sliding_window") and t.get("use_sliding_window"):
         raise ConfigError("thinker: sliding-window attention is not supported")

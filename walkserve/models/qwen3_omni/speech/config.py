@@ -25,7 +25,7 @@ from typing import Any
 from walkserve.core.errors import ConfigError
 from walkserve.layers.rope_config import RopeConfig
 from walkserve.models.common.config_files import read_config_json
-from walkserve.models.common.lm_config import DTYPES, LMConfig
+from walkserve.models.common.lm_config import DTYPES, SILU, LMConfig
 
 CONFIG_FILE = "config.json"
 
@@ -52,7 +52,7 @@ def _dtype(top: Mapping[str, Any]) -> str:
 
 
 def _act(d: Mapping[str, Any], where: str) -> None:
-    if d.get("hidden_act", "silu") != "silu":
+    if d.get("hidden_act", "silu") not in SILU:
         raise ConfigError(f"{where}: hidden_act {d['hidden_act']!r} is not supported (only silu)")
 
 
