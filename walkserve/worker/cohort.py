@@ -376,9 +376,8 @@ class Cohorts:
 
     def join(self, pm: Member, unit: ChildUnit) -> bool:
         """``pm`` starts its child instance for its current iteration; False if the request failed."""
-        child, run = unit.child, pm.run
+        child, run, entry = unit.child, pm.run, {}
         level = child.level
-        entry = {}
         for key in unit.entry_cur:
             value = pm.cur.get(key[0], {}).get(key[1], _MISSING)
             if value is _MISSING:
